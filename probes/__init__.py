@@ -1,0 +1,44 @@
+"""traintop probes: measure a PyTorch training run from inside, cheaply, every step.
+
+Usage::
+
+    import probes
+
+    with probes.watch(model, optimizer, run="mlp-baseline") as probe:
+        for batch in loader:
+            with probe.step():
+                loss = loss_fn(model(batch.x), batch.y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                probe.log(loss=loss)
+
+The torch-side API is loaded lazily, so that ``import probes.wire`` (which the monitor
+does) never imports torch.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from probes.probe import Probe, watch
+
+__all__ = ["Probe", "watch"]
+
+_LAZY = {
+    "Probe": "probes.probe",
+    "watch": "probes.probe",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'probes' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,224 @@
+"""The traintop wire protocol, version 1 (stdlib only: both sides import it).
+
+Frames are JSON objects, one per line (NDJSON). NaN and Infinity are allowed, since
+both ends are Python and a non-finite loss is exactly what a debugger must carry.
+Every frame has ``v`` (the protocol version) and ``kind``. A frame is at most
+``MAX_FRAME_BYTES`` long, newline included; a longer or undecodable one is rejected
+with a ``FrameError`` whose message fits on one line.
+
+The same frames, one per line in a file, are the run log (``traintop --record``).
+
+Addresses: a per-user Unix socket by default, or ``tcp://HOST:PORT``; the
+``TRAINTOP_ADDRESS`` environment variable overrides the default in both processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from ipaddress import ip_address
+from typing import Any, Literal
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+ADDRESS_ENV = "TRAINTOP_ADDRESS"
+TOKEN_ENV = "TRAINTOP_TOKEN"
+
+#: Frames a probe sends to the monitor.
+PROBE_KINDS = frozenset({"hello", "step", "eval", "event", "anomaly", "alert", "ack", "bye"})
+#: Frames a monitor sends to a probe.
+MONITOR_KINDS = frozenset({"command", "refuse"})
+KINDS = PROBE_KINDS | MONITOR_KINDS
+
+Frame = dict[str, Any]
+
+
+class FrameError(ValueError):
+    """A frame that cannot be accepted: too large, not JSON, or not a traintop frame."""
+
+
+class VersionMismatch(FrameError):
+    """A frame of a protocol version this side does not speak."""
+
+    def __init__(self, version: object) -> None:
+        super().__init__(
+            f"protocol version {version!r} is not supported "
+            f"(this side speaks version {PROTOCOL_VERSION}); upgrade the older of the two"
+        )
+        self.version = version
+
+
+def make_frame(kind: str, **fields: Any) -> Frame:
+    """Return a frame of ``kind`` with the protocol version set."""
+    if kind not in KINDS:
+        raise FrameError(f"unknown frame kind {kind!r}")
+    return {"v": PROTOCOL_VERSION, "kind": kind, **fields}
+
+
+def encode_frame(frame: Mapping[str, Any]) -> bytes:
+    """Encode one frame as a line of UTF-8 JSON, newline included.
+
+    Raises:
+        FrameError: the frame is larger than ``MAX_FRAME_BYTES`` or holds a value
+            JSON cannot carry.
+    """
+    try:
+        text = json.dumps(frame, separators=(",", ":"), allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        raise FrameError(f"frame cannot be encoded: {exc}") from None
+    data = text.encode() + b"\n"
+    if len(data) > MAX_FRAME_BYTES:
+        raise FrameError(f"frame of {len(data)} bytes exceeds the limit of {MAX_FRAME_BYTES}")
+    return data
+
+
+def decode_frame(line: bytes | str) -> Frame:
+    """Decode one line into a frame and check its version and kind.
+
+    Raises:
+        VersionMismatch: the frame's ``v`` is not ``PROTOCOL_VERSION``.
+        FrameError: anything else that makes the line unacceptable.
+    """
+    size = len(line)
+    if size > MAX_FRAME_BYTES:
+        raise FrameError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME_BYTES}")
+    try:
+        frame = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FrameError(f"malformed frame: {exc}") from None
+    if not isinstance(frame, dict):
+        raise FrameError(f"malformed frame: expected a JSON object, got {type(frame).__name__}")
+    if "v" not in frame:
+        raise FrameError("malformed frame: no protocol version field 'v'")
+    if frame["v"] != PROTOCOL_VERSION:
+        raise VersionMismatch(frame["v"])
+    kind = frame.get("kind")
+    if kind not in KINDS:
+        raise FrameError(f"malformed frame: unknown kind {kind!r}")
+    return frame
+
+
+class FrameReader:
+    """Split a byte stream into frames, surviving oversized and malformed lines.
+
+    ``feed`` returns, in order, a decoded frame or a ``FrameError`` for each complete
+    line. A line longer than the limit is skipped up to its newline and reported once,
+    so the stream stays in step instead of decoding the tail of a giant line.
+    """
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._max = max_frame_bytes
+        self._buffer = bytearray()
+        self._skipping = False  # inside an oversized line, waiting for its newline
+
+    def feed(self, data: bytes) -> list[Frame | FrameError]:
+        """Consume ``data``; return the frames (or errors) of every complete line."""
+        out: list[Frame | FrameError] = []
+        self._buffer += data
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline < 0:
+                if not self._skipping and len(self._buffer) > self._max:
+                    out.append(self._oversized())
+                    self._skipping = True
+                if self._skipping:
+                    self._buffer.clear()
+                return out
+            line = bytes(self._buffer[:newline])
+            del self._buffer[: newline + 1]
+            if self._skipping:
+                self._skipping = False
+                continue
+            if len(line) + 1 > self._max:
+                out.append(self._oversized())
+                continue
+            if not line.strip():
+                continue
+            try:
+                out.append(decode_frame(line))
+            except FrameError as exc:
+                out.append(exc)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of an incomplete line."""
+        return len(self._buffer)
+
+    def _oversized(self) -> FrameError:
+        return FrameError(f"frame exceeds the limit of {self._max} bytes; skipped")
+
+
+# --- addresses -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a monitor listens: a Unix socket path, or a TCP host and port."""
+
+    scheme: Literal["unix", "tcp"]
+    path: str = ""
+    host: str = ""
+    port: int = 0
+
+    def __str__(self) -> str:
+        if self.scheme == "unix":
+            return f"unix:{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        """True for Unix sockets and loopback TCP hosts (no token needed)."""
+        if self.scheme == "unix":
+            return True
+        if self.host == "localhost":
+            return True
+        try:
+            return ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_address(text: str) -> Address:
+    """Parse ``unix:/path``, a bare ``/path``, or ``tcp://HOST:PORT``.
+
+    Raises:
+        ValueError: the text is none of those forms.
+    """
+    text = text.strip()
+    if text.startswith("tcp://"):
+        rest = text[len("tcp://") :]
+        host, sep, port_text = rest.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+            raise ValueError(f"bad TCP address {text!r}: expected tcp://HOST:PORT")
+        return Address("tcp", host=host, port=int(port_text))
+    if text.startswith("unix:"):
+        text = text[len("unix:") :]
+    if not text:
+        raise ValueError("empty address")
+    if "://" in text:
+        raise ValueError(f"unsupported address {text!r}: use unix:/path or tcp://HOST:PORT")
+    return Address("unix", path=os.path.abspath(os.path.expanduser(text)))
+
+
+def default_socket_dir() -> str:
+    """The per-user folder of the default socket: ``$XDG_RUNTIME_DIR/traintop``,
+    else ``<tmp>/traintop-<uid>``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "traintop")
+    return os.path.join(tempfile.gettempdir(), f"traintop-{os.getuid()}")
+
+
+def resolve_address(explicit: str | Address | None = None) -> Address:
+    """The address to use: the argument, else ``$TRAINTOP_ADDRESS``, else the default."""
+    if isinstance(explicit, Address):
+        return explicit
+    text = explicit or os.environ.get(ADDRESS_ENV)
+    if text:
+        return parse_address(text)
+    return Address("unix", path=os.path.join(default_socket_dir(), "monitor.sock"))
