@@ -1,0 +1,106 @@
+"""Which layers a model has, for per-layer statistics.
+
+A layer is a module that owns trainable parameters directly; its name is the dotted
+module path (``(root)`` for the model itself). A parameter shared by several modules
+(tied weights) is counted once, under its first owner in ``named_modules`` order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+ROOT_LAYER_NAME = "(root)"
+
+
+@dataclass(frozen=True)
+class LayerMap:
+    """The trainable parameters of a model, grouped by the layer that owns them.
+
+    Attributes:
+        names: layer names, in the fixed order every per-layer array uses.
+        params: trainable parameters, each once.
+        param_names: the dotted name of each parameter (``layer.weight``).
+        param_layer: for each parameter, the index of its layer in ``names``.
+        param_counts: number of elements per layer.
+    """
+
+    names: tuple[str, ...]
+    params: tuple[nn.Parameter, ...]
+    param_names: tuple[str, ...]
+    param_layer: tuple[int, ...]
+    param_counts: tuple[int, ...]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.names)
+
+    def members(self) -> list[list[int]]:
+        """For each layer, the indices of its parameters in ``params``."""
+        groups: list[list[int]] = [[] for _ in self.names]
+        for param_index, layer_index in enumerate(self.param_layer):
+            groups[layer_index].append(param_index)
+        return groups
+
+
+def map_layers(model: nn.Module) -> LayerMap:
+    """Group ``model``'s trainable parameters by the module that owns them directly."""
+    seen: set[int] = set()
+    names: list[str] = []
+    params: list[nn.Parameter] = []
+    param_names: list[str] = []
+    param_layer: list[int] = []
+    counts: list[int] = []
+    for module_name, module in model.named_modules():
+        layer_index = -1
+        for param_name, param in module.named_parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                seen.add(id(param))
+                continue
+            seen.add(id(param))
+            if layer_index < 0:
+                layer_index = len(names)
+                names.append(module_name or ROOT_LAYER_NAME)
+                counts.append(0)
+            params.append(param)
+            param_names.append(f"{module_name}.{param_name}" if module_name else param_name)
+            param_layer.append(layer_index)
+            counts[layer_index] += param.numel()
+    return LayerMap(
+        names=tuple(names),
+        params=tuple(params),
+        param_names=tuple(param_names),
+        param_layer=tuple(param_layer),
+        param_counts=tuple(counts),
+    )
+
+
+def combine_layer_norms(
+    param_norms: list[float], present: tuple[int, ...] | None, layer_map: LayerMap
+) -> list[float | None]:
+    """Per-layer L2 norms from per-parameter L2 norms: ``sqrt(sum of squares)``.
+
+    Args:
+        param_norms: norms of the parameters listed in ``present`` (all when None).
+        present: indices into ``layer_map.params`` that ``param_norms`` covers.
+        layer_map: the model's layers.
+
+    Returns:
+        One norm per layer; ``None`` for a layer none of whose parameters is present.
+    """
+    sums: list[float | None] = [None] * layer_map.num_layers
+    indices = range(len(param_norms)) if present is None else present
+    param_layer = layer_map.param_layer
+    for norm, param_index in zip(param_norms, indices, strict=True):
+        layer = param_layer[param_index]
+        previous = sums[layer]
+        sums[layer] = norm * norm if previous is None else previous + norm * norm
+    return [None if s is None else s**0.5 for s in sums]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameter elements, shared ones counted once."""
+    unique = {id(p): p for p in model.parameters() if p.requires_grad}
+    return sum(p.numel() for p in unique.values())
+

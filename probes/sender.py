@@ -1,0 +1,293 @@
+"""The probe's sender: a daemon thread between the training loop and the monitor.
+
+The training thread only appends to a bounded deque (``put``). The sender wakes on a
+timer, turns finished measurements into records, keeps them in a bounded history,
+and, when a monitor is connected, encodes the batch and sends it in one write. When
+no monitor listens it retries with back-off; on connect it sends the hello and the
+history, so a monitor started late still sees the run from step 0. When the queue is
+full the oldest entries are dropped and counted, and the count travels in every step
+frame. Commands from the monitor are read on the same connection and handed to a
+callback. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from probes.history import StepHistory, thin_steps
+from probes.wire import (
+    Address,
+    Frame,
+    FrameError,
+    FrameReader,
+    encode_frame,
+    make_frame,
+)
+
+Record = dict[str, Any]
+
+CONNECT_TIMEOUT_S = 2.0
+SEND_TIMEOUT_S = 5.0
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 1.0
+REFUSED_BACKOFF_S = 30.0
+
+
+class PendingRecord(Protocol):
+    """A record still being measured (e.g. a device-to-host copy in flight)."""
+
+    def ready(self) -> bool: ...
+
+    def to_record(self) -> Record: ...
+
+
+def warn(message: str) -> None:
+    """One line to stderr, prefixed so it is clear where it comes from."""
+    print(f"traintop: {message}", file=sys.stderr, flush=True)
+
+
+class Sender:
+    """Send a run's records to the monitor from a daemon thread; never block training.
+
+    Args:
+        address: where the monitor listens.
+        hello: the hello frame's fields (run id, name, layers, ...).
+        queue_size: entries the training thread may queue before the oldest are dropped.
+        flush_interval: seconds between sends.
+        max_steps_per_s: full step records sent per second at most; faster runs are
+            thinned (``probes.history.thin_steps``), never losing a non-finite record.
+        history_capacity: step records kept for replay to a late monitor.
+        on_command: called on the sender thread with each command frame received.
+    """
+
+    def __init__(
+        self,
+        address: Address,
+        hello: Record,
+        *,
+        queue_size: int = 8192,
+        flush_interval: float = 0.05,
+        max_steps_per_s: float = 60.0,
+        history_capacity: int = 1024,
+        on_command: Callable[[Frame], None] | None = None,
+    ) -> None:
+        self.address = address
+        self.run_id = str(hello["run"])
+        self._hello = make_frame("hello", **hello)
+        self._queue: deque[Record | PendingRecord] = deque()
+        self._queue_size = queue_size
+        self._lock = threading.Lock()
+        self._flush_interval = flush_interval
+        self._max_steps_per_s = max_steps_per_s
+        self._history = StepHistory(history_capacity)
+        self._on_command = on_command
+        self._waiting: deque[PendingRecord] = deque()  # popped but not ready yet
+        self._outbox: list[Record] = []
+        self._sock: socket.socket | None = None
+        self._reader = FrameReader()
+        self._seq = 0
+        self._first_step_seen = False
+        self._next_attempt = 0.0
+        self._backoff = BACKOFF_MIN_S
+        self._last_send = time.monotonic()
+        self._warned: set[str] = set()
+        self._stop = threading.Event()
+        self.dropped = 0
+        self.connected = threading.Event()
+        self.frames_sent = 0
+        self._thread = threading.Thread(target=self._run, name="traintop-sender", daemon=True)
+        self._thread.start()
+
+    # --- training thread ------------------------------------------------------------
+
+    def put(self, item: Record | PendingRecord) -> None:
+        """Queue a record or a pending measurement; O(1), never blocks on the network."""
+        with self._lock:
+            if len(self._queue) >= self._queue_size:
+                self._queue.popleft()
+                self.dropped += 1
+            self._queue.append(item)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush what is queued, say bye, and stop the thread (at most ``timeout`` s)."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # --- sender thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                self._collect(final=stopping)
+                if self._sock is None and (stopping or time.monotonic() >= self._next_attempt):
+                    self._connect()
+                if self._sock is not None and self._outbox:
+                    self._send_outbox()
+                if stopping:
+                    self._say_bye()
+                    return
+                self._wait()
+        except Exception as exc:  # a bug here must never reach the training loop
+            warn(f"sender stopped after an internal error: {exc!r}")
+        finally:
+            self._disconnect()
+
+    def _collect(self, *, final: bool) -> None:
+        with self._lock:
+            items, self._queue = self._queue, deque()
+        self._waiting.extend(items)
+        connected = self._sock is not None
+        while self._waiting:
+            item = self._waiting[0]
+            if not isinstance(item, dict):
+                # A copy still in flight: wait for it, unless closing or far behind.
+                if not (final or len(self._waiting) > 64 or item.ready()):
+                    break
+                record = item.to_record()
+            else:
+                record = item
+            self._waiting.popleft()
+            self._seq += 1
+            record["seq"] = self._seq
+            self._history.add(record)
+            if connected:
+                self._outbox.append(record)
+
+    def _connect(self) -> None:
+        sock = None
+        try:
+            sock = self._open_socket()
+            first = [self._hello, *self._history.replay()]
+            sock.sendall(b"".join(self._encode(r) for r in first))
+        except OSError:
+            if sock is not None:
+                sock.close()
+            self._next_attempt = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+            return
+        self._sock = sock
+        self._reader = FrameReader()
+        self._backoff = BACKOFF_MIN_S
+        self._first_step_seen = self._first_step_seen or len(self._history) > 0
+        self._last_send = time.monotonic()
+        self.connected.set()
+
+    def _open_socket(self) -> socket.socket:
+        if self.address.scheme == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(CONNECT_TIMEOUT_S)
+                sock.connect(self.address.path)
+            except OSError:
+                sock.close()
+                raise
+        else:
+            sock = socket.create_connection(
+                (self.address.host, self.address.port), timeout=CONNECT_TIMEOUT_S
+            )
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(SEND_TIMEOUT_S)
+        return sock
+
+    def _send_outbox(self) -> None:
+        now = time.monotonic()
+        budget = max(1, int(self._max_steps_per_s * max(now - self._last_send, 1e-3)))
+        batch = thin_steps(self._outbox, budget, keep_first=not self._first_step_seen)
+        self._outbox = []
+        self._first_step_seen = True
+        self._last_send = now
+        self._send(b"".join(self._encode(r) for r in batch))
+
+    def _send(self, data: bytes) -> None:
+        if self._sock is None or not data:
+            return
+        try:
+            self._sock.sendall(data)
+        except OSError:
+            self._disconnect()
+
+    def _encode(self, record: Record) -> bytes:
+        frame = record if "v" in record else make_frame(record["kind"], **_without_kind(record))
+        frame["run"] = self.run_id
+        if frame["kind"] == "step":
+            frame["dropped"] = self.dropped
+        try:
+            data = encode_frame(frame)
+        except FrameError as exc:
+            self._warn_once("encode", f"a {frame['kind']} record was not sent: {exc}")
+            return b""
+        self.frames_sent += 1
+        return data
+
+    def _wait(self) -> None:
+        sock = self._sock
+        if sock is None:
+            self._stop.wait(self._flush_interval)
+            return
+        deadline = time.monotonic() + self._flush_interval
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            readable, _, _ = select.select([sock], [], [], min(remaining, self._flush_interval))
+            if readable and not self._read(sock):
+                return
+
+    def _read(self, sock: socket.socket) -> bool:
+        """Read what the monitor sent; False when the connection is gone."""
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            self._disconnect()
+            return False
+        for item in self._reader.feed(data):
+            if isinstance(item, FrameError):
+                self._warn_once("bad-frame", f"ignored a bad frame from the monitor: {item}")
+            elif item["kind"] == "refuse":
+                self._refused(str(item.get("reason", "no reason given")))
+                return False
+            elif item["kind"] == "command" and self._on_command is not None:
+                self._on_command(item)
+        return True
+
+    def _refused(self, reason: str) -> None:
+        self._warn_once(f"refused:{reason}", f"the monitor at {self.address} refused: {reason}")
+        self._disconnect()
+        self._next_attempt = time.monotonic() + REFUSED_BACKOFF_S
+
+    def _say_bye(self) -> None:
+        if self._sock is None:
+            return
+        self._send(self._encode(make_frame("bye", reason="closed", pid=os.getpid())))
+
+    def _disconnect(self) -> None:
+        sock, self._sock = self._sock, None
+        self.connected.clear()
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warn(message)
+
+
+def _without_kind(record: Record) -> Record:
+    return {k: v for k, v in record.items() if k != "kind"}
