@@ -1,0 +1,134 @@
+"""The Textual monitor: status line, loss chart, per-layer table, run list."""
+
+from __future__ import annotations
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.widgets import Footer, OptionList
+
+from tui.monitor import Monitor
+from tui.sources import FrameSource
+from tui.state import (
+    FrameRejected,
+    MonitorEvent,
+    MonitorState,
+    RunConnected,
+    RunDisconnected,
+    RunState,
+)
+from tui.widgets import LayerTable, LossChart, RunList, StatusLine
+
+FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
+
+
+class TraintopApp(App[int]):
+    """Watch training runs live (or replay a recorded one).
+
+    Args:
+        source: where frames come from (a ``ServerSource``, a ``ReplaySource``, or
+            a ``FramesSource`` in tests).
+        record_path: append every received frame to this run log.
+    """
+
+    CSS_PATH = "app.tcss"
+    TITLE = "traintop"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("l", "toggle_log_scale", "Log scale"),
+        Binding("r", "next_run", "Next run"),
+    ]
+
+    selected_run: reactive[str | None] = reactive(None, init=False)
+
+    def __init__(self, source: FrameSource, *, record_path: str | None = None) -> None:
+        super().__init__()
+        self.source = source
+        self.monitor = Monitor(record_path=record_path, on_events=self._on_monitor_events)
+        self._drawn_version = -1
+
+    @property
+    def state(self) -> MonitorState:
+        return self.monitor.state
+
+    @property
+    def current_run(self) -> RunState | None:
+        """The run the views show."""
+        if self.selected_run is None:
+            return None
+        return self.state.runs.get(self.selected_run)
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        with Horizontal(id="body"):
+            yield RunList(id="runs")
+            with Vertical(id="views"):
+                yield LossChart(id="loss")
+                yield LayerTable(id="layers")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.feed()
+        self.set_interval(1 / FRAME_RATE_HZ, self.redraw)
+        self.redraw()
+
+    @work(exclusive=True, group="source", exit_on_error=False, name="source")
+    async def feed(self) -> None:
+        """Run the frame source; its failure (e.g. cannot listen) ends the app."""
+        try:
+            await self.source.run(self.monitor)
+        except Exception as exc:  # shown as one line, never a traceback on screen
+            self.exit(return_code=1, message=f"traintop: {exc}")
+
+    def redraw(self, force: bool = False) -> None:
+        """Redraw every view from state, if anything changed since the last frame."""
+        if not force and self.state.version == self._drawn_version:
+            return
+        self._drawn_version = self.state.version
+        run = self.current_run
+        self.query_one(StatusLine).show(run, self.state, self.source.description)
+        self.query_one(RunList).show(self.state, self.selected_run)
+        self.query_one(LossChart).show(run)
+        self.query_one(LayerTable).show(run)
+
+    def _on_monitor_events(self, events: list[MonitorEvent]) -> None:
+        for event in events:
+            if isinstance(event, RunConnected):
+                if self.selected_run is None:
+                    self.selected_run = event.run.run_id
+                self.notify(f"{event.run.name} connected", timeout=3)
+            elif isinstance(event, RunDisconnected):
+                self.notify(f"{event.run.name}: {event.reason}", timeout=4)
+            elif isinstance(event, FrameRejected):
+                self.notify(event.message, title="frame rejected", severity="warning", timeout=5)
+
+    def watch_selected_run(self) -> None:
+        self.redraw(force=True)
+
+    @on(OptionList.OptionSelected, "#runs")
+    @on(OptionList.OptionHighlighted, "#runs")
+    def _pick_run(self, event: OptionList.OptionSelected | OptionList.OptionHighlighted) -> None:
+        if event.option.id is not None:
+            self.selected_run = event.option.id
+
+    def action_toggle_log_scale(self) -> None:
+        chart = self.query_one(LossChart)
+        chart.log_scale = not chart.log_scale
+        self.redraw(force=True)
+
+    def action_next_run(self) -> None:
+        ids = list(self.state.runs)
+        if not ids:
+            return
+        index = ids.index(self.selected_run) if self.selected_run in ids else -1
+        self.selected_run = ids[(index + 1) % len(ids)]
+
+    def on_unmount(self) -> None:
+        self.monitor.close()
+
+
+def make_app(source: FrameSource, *, record_path: str | None = None) -> TraintopApp:
+    """Build the monitor app around a frame source (injected, so tests need no socket)."""
+    return TraintopApp(source, record_path=record_path)

@@ -1,0 +1,110 @@
+"""``traintop``: the monitor's command line.
+
+    traintop                      listen and show every run that connects
+    traintop --headless           the same, as lines of text
+    traintop replay FILE          show a recorded run log
+    traintop demo [SCENARIO]      run a bundled failure mode with the monitor attached
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from probes.wire import TOKEN_ENV, resolve_address
+from tui.server import ServerError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="traintop",
+        description="A live, interactive debugger for PyTorch training runs.",
+    )
+    _add_monitor_options(parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    replay = commands.add_parser("replay", help="show a recorded run log")
+    replay.add_argument("file", help="a run log written by --record")
+    replay.add_argument("--headless", action="store_true", help="print instead of drawing")
+    replay.add_argument("--summary-every", type=int, default=100, metavar="N")
+    demo = commands.add_parser("demo", help="run a bundled failure mode, monitored")
+    demo.add_argument("scenario", nargs="?", default="healthy")
+    demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    demo.add_argument("--headless", action="store_true", help="print instead of drawing")
+    demo.add_argument("--steps", type=int, help="train this many steps")
+    demo.add_argument("--delay", type=float, help="seconds between steps (0: full speed)")
+    demo.add_argument("--fixed", action="store_true", help="run the corrected version")
+    demo.add_argument("--record", metavar="FILE", help="write every received frame to FILE")
+    demo.add_argument("--summary-every", type=int, default=100, metavar="N")
+    return parser
+
+
+def _add_monitor_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", help="listen here: unix:/path or tcp://HOST:PORT "
+                        "(default: $TRAINTOP_ADDRESS, else a per-user Unix socket)")
+    parser.add_argument("--headless", action="store_true",
+                        help="no screen: print a line per run event and a summary every N steps")
+    parser.add_argument("--record", metavar="FILE", help="write every received frame to FILE")
+    parser.add_argument("--summary-every", type=int, default=100, metavar="N",
+                        help="headless: a summary line every N steps (default 100)")
+    parser.add_argument("--exit-when-done", action="store_true",
+                        help="headless: exit once every run that connected has finished")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``traintop`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            from tui.launcher import run_demo
+
+            return run_demo(args)
+        if args.command == "replay":
+            return _replay(args)
+        return _monitor(args)
+    except (ServerError, OSError, ValueError) as exc:
+        print(f"traintop: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _monitor(args: argparse.Namespace) -> int:
+    from tui.sources import ServerSource
+
+    address = resolve_address(args.address)
+    source = ServerSource(address, token=os.environ.get(TOKEN_ENV))
+    return serve(source, headless=args.headless, record=args.record,
+                 summary_every=args.summary_every, exit_when_done=args.exit_when_done)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from tui.sources import ReplaySource
+
+    if not os.path.isfile(args.file):
+        raise OSError(f"no run log at {args.file}")
+    with open(args.file, "rb"):
+        pass  # fail now, with one line, if it cannot be read
+    return serve(ReplaySource(args.file), headless=args.headless, record=None,
+                 summary_every=args.summary_every, exit_when_done=True)
+
+
+def serve(source: object, *, headless: bool, record: str | None, summary_every: int,
+          exit_when_done: bool) -> int:
+    """Run the monitor on ``source``: the Textual app, or headless printing."""
+    if headless:
+        from tui.headless import HeadlessMonitor, run_headless
+
+        monitor = HeadlessMonitor(summary_every=summary_every, record_path=record)
+        return asyncio.run(run_headless(source, monitor,  # type: ignore[arg-type]
+                                        exit_when_done=exit_when_done))
+    from tui.app import make_app
+
+    app = make_app(source, record_path=record)  # type: ignore[arg-type]
+    result = app.run()
+    return app.return_code or (result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

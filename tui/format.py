@@ -1,0 +1,112 @@
+"""Text for the screen, from state (pure functions, tested without a terminal)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tui.state import MonitorState, RunState
+
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    """A compact number: ``0.1234``, ``1.23e-05``, ``1.2e+03``, ``nan``, ``-`` for None."""
+    if value is None:
+        return "-"
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if 1e-3 <= magnitude < 1e4:
+        return f"{value:.{digits}g}"
+    return f"{value:.{max(digits - 2, 1)}e}"
+
+
+def sparkline(values: Sequence[float], width: int, *, log: bool = True) -> str:
+    """A one-line bar chart of the last ``width`` values (log scale by default).
+
+    Non-finite values show as ``!`` so they stand out.
+    """
+    tail = list(values)[-width:]
+    finite = [_scale(v, log) for v in tail if math.isfinite(v) and (v > 0 or not log)]
+    if not finite:
+        return "".join("!" if not math.isfinite(v) else " " for v in tail)
+    low, high = min(finite), max(finite)
+    span = high - low
+    out = []
+    for value in tail:
+        if not math.isfinite(value):
+            out.append("!")
+        elif log and value <= 0:
+            out.append(SPARK_BARS[0])
+        else:
+            level = 0.5 if span == 0 else (_scale(value, log) - low) / span
+            out.append(SPARK_BARS[min(int(level * len(SPARK_BARS)), len(SPARK_BARS) - 1)])
+    return "".join(out)
+
+
+def _scale(value: float, log: bool) -> float:
+    return math.log10(value) if log else value
+
+
+def connection_label(run: RunState) -> str:
+    if run.connected:
+        return "connected"
+    if run.ended:
+        return "finished"
+    return f"disconnected ({run.disconnect_reason})" if run.disconnect_reason else "disconnected"
+
+
+def status_fields(run: RunState | None, monitor: MonitorState, listening: str) -> list[str]:
+    """The status line's fields, most important first."""
+    if run is None:
+        return ["traintop", f"waiting for a run: {listening}"]
+    rate = run.steps_per_s
+    fields = [
+        run.name,
+        f"step {run.last_step:,}",
+        f"{rate:,.1f} steps/s" if rate is not None else "- steps/s",
+        f"loss {number(run.loss)}",
+        connection_label(run),
+        f"dropped {run.dropped:,}",
+    ]
+    if monitor.rejected_frames:
+        fields.append(f"rejected {monitor.rejected_frames:,}")
+    if len(monitor.runs) > 1:
+        fields.append(f"{len(monitor.runs)} runs")
+    return fields
+
+
+def downsample(xs: list[float], ys: list[float], limit: int) -> tuple[list[float], list[float]]:
+    """At most ``limit`` evenly spaced points, always keeping the last one."""
+    if len(xs) <= limit or limit < 2:
+        return xs, ys
+    stride = math.ceil(len(xs) / limit)
+    idx = [*list(range(0, len(xs) - 1, stride)), len(xs) - 1]
+    return [xs[i] for i in idx], [ys[i] for i in idx]
+
+
+def run_label(run: RunState) -> str:
+    """One line for the run list."""
+    mark = "●" if run.connected else "○"
+    return f"{mark} {run.name}  {run.last_step:,}"
+
+
+def axis_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """``count`` evenly spaced tick positions from ``low`` to ``high``."""
+    if count < 2 or high <= low:
+        return [low]
+    step = (high - low) / (count - 1)
+    return [low + i * step for i in range(count)]
+
+
+def wants_log_scale(values: list[float], decades: float = 3.0) -> bool:
+    """True when positive values span more than ``decades`` orders of magnitude."""
+    positive = [v for v in values if v > 0 and math.isfinite(v)]
+    if len(positive) < 2:
+        return False
+    return math.log10(max(positive) / min(positive)) > decades

@@ -1,0 +1,113 @@
+"""``traintop --headless``: the monitor without a screen, one line per event.
+
+For logs, CI and machines without a terminal: prints a line when a run connects or
+disconnects, and a short summary every N steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from typing import TextIO
+
+from probes.wire import Frame
+from tui.format import number
+from tui.monitor import Monitor
+from tui.server import Connection
+from tui.sources import FrameSource
+from tui.state import FrameRejected, MonitorEvent, RunConnected, RunDisconnected, RunState
+
+
+class HeadlessMonitor(Monitor):
+    """A ``Monitor`` that prints what happens instead of drawing it."""
+
+    def __init__(
+        self,
+        *,
+        out: TextIO = sys.stdout,
+        summary_every: int = 100,
+        record_path: str | None = None,
+    ) -> None:
+        super().__init__(record_path=record_path, on_events=self._print_events)
+        self.out = out
+        self.summary_every = max(1, summary_every)
+        self.all_done = asyncio.Event()
+        self._summarised: dict[str, int] = {}
+
+    def frame_received(self, conn: Connection, frame: Frame) -> None:
+        super().frame_received(conn, frame)
+        if frame["kind"] == "step":
+            run = self.state.runs.get(str(frame.get("run"))) or self.state.run_for(conn.id)
+            if run is not None:
+                self._maybe_summarise(run)
+
+    def _maybe_summarise(self, run: RunState) -> None:
+        bucket = run.last_step // self.summary_every
+        if bucket > self._summarised.get(run.run_id, -1):
+            self._summarised[run.run_id] = bucket
+            self._line(summary_line(run))
+
+    def _print_events(self, events: list[MonitorEvent]) -> None:
+        for event in events:
+            if isinstance(event, RunConnected):
+                meta = event.run.meta
+                self._line(f"connected run={event.run.name} id={event.run.run_id} "
+                           f"pid={meta.get('pid')} host={meta.get('host')} "
+                           f"layers={len(event.run.layers)}")
+            elif isinstance(event, RunDisconnected):
+                self._line(summary_line(event.run))
+                self._line(f"disconnected run={event.run.name} reason={event.reason}")
+                if not any(run.connected for run in self.state.runs.values()):
+                    self.all_done.set()
+            elif isinstance(event, FrameRejected):
+                self._line(f"rejected frame from={event.peer}: {event.message}")
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+
+def summary_line(run: RunState) -> str:
+    """``step=N loss=... grad_norm=... steps/s=... dropped=N`` for one run."""
+    rate = run.steps_per_s
+    val = next((s.latest for n, s in run.eval_scalars.items() if "loss" in n), None)
+    parts = [
+        f"run={run.name}",
+        f"step={run.last_step}",
+        f"loss={number(run.loss)}",
+    ]
+    if val is not None:
+        parts.append(f"val_loss={number(val)}")
+    parts += [
+        f"grad_norm={number(run.grad_total.latest)}",
+        f"steps/s={'-' if rate is None else f'{rate:.1f}'}",
+        f"dropped={run.dropped}",
+    ]
+    return " ".join(parts)
+
+
+async def run_headless(
+    source: FrameSource,
+    monitor: HeadlessMonitor,
+    *,
+    exit_when_done: bool = False,
+) -> int:
+    """Run ``source`` into ``monitor`` until it ends (a replay), until interrupted, or,
+    with ``exit_when_done``, until every run that connected has gone.
+
+    Returns the exit status."""
+    feeding = asyncio.create_task(source.run(monitor))
+    waiters = {feeding}
+    if exit_when_done:
+        waiters.add(asyncio.create_task(monitor.all_done.wait()))
+    try:
+        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if feeding in done and feeding.exception() is not None:
+            raise feeding.exception()  # type: ignore[misc]
+    finally:
+        for task in waiters:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        monitor.close()
+    return 0

@@ -1,0 +1,59 @@
+"""The glue between a frame source and the monitor's state (no Textual, no torch).
+
+``Monitor`` is the ``FrameSink`` the server (or a replay, or a test) feeds: it applies
+each frame to ``MonitorState``, writes it to the run log when recording, and hands
+notable events to a listener (the app notifies, headless mode prints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from probes.wire import Frame
+from tui.runlog import RunLogWriter
+from tui.server import Connection
+from tui.state import MonitorEvent, MonitorState
+
+EventListener = Callable[[list[MonitorEvent]], None]
+
+
+class Monitor:
+    """Apply frames to a ``MonitorState``; record them; report what happened."""
+
+    def __init__(
+        self,
+        state: MonitorState | None = None,
+        *,
+        record_path: str | None = None,
+        on_events: EventListener | None = None,
+    ) -> None:
+        self.state = state or MonitorState()
+        self.on_events = on_events
+        self.connections: dict[str, Connection] = {}  # run id -> live connection
+        self._recorder = RunLogWriter(record_path) if record_path else None
+
+    def frame_received(self, conn: Connection, frame: Frame) -> None:
+        if self._recorder is not None:
+            self._recorder.write(frame)
+        events = self.state.apply(conn.id, frame)
+        if frame["kind"] == "hello":
+            self.connections[str(frame.get("run"))] = conn
+        self._emit(events)
+
+    def frame_rejected(self, conn: Connection, message: str) -> None:
+        self._emit([self.state.reject(conn.peer, message)])
+
+    def connection_closed(self, conn: Connection, reason: str) -> None:
+        run = self.state.run_for(conn.id)
+        if run is not None and self.connections.get(run.run_id) is conn:
+            del self.connections[run.run_id]
+        self._emit(self.state.connection_closed(conn.id, reason))
+
+    def close(self) -> None:
+        """Flush and close the run log, if recording."""
+        if self._recorder is not None:
+            self._recorder.close()
+
+    def _emit(self, events: list[MonitorEvent]) -> None:
+        if events and self.on_events is not None:
+            self.on_events(events)

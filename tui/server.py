@@ -1,0 +1,254 @@
+"""The monitor's listening socket (asyncio, no Textual): accept probes, decode frames.
+
+Each connection must open with a ``hello`` frame; on a non-loopback TCP address the
+hello must carry the shared token (``TRAINTOP_TOKEN``), checked before anything else is
+read. A frame of another protocol version gets a ``refuse`` frame and the connection is
+closed; a malformed frame later on is counted and skipped, never a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import os
+import socket
+import stat
+from typing import Protocol
+
+from probes.wire import (
+    Address,
+    Frame,
+    FrameError,
+    FrameReader,
+    VersionMismatch,
+    default_socket_dir,
+    encode_frame,
+    make_frame,
+)
+
+READ_CHUNK = 256 * 1024
+
+
+class ServerError(RuntimeError):
+    """The monitor cannot listen where it was asked to (message fits on one line)."""
+
+
+class Connection:
+    """One connected probe, as the monitor sees it (``writer`` None: a recorded run)."""
+
+    def __init__(self, conn_id: int, peer: str, writer: asyncio.StreamWriter | None) -> None:
+        self.id = conn_id
+        self.peer = peer
+        self._writer = writer
+
+    def send(self, frame: Frame) -> None:
+        """Queue a frame to the probe (buffered by asyncio; never blocks the UI)."""
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(encode_frame(frame))
+
+    def refuse(self, reason: str) -> None:
+        """Tell the probe why it is being turned away, then close."""
+        with contextlib.suppress(OSError, FrameError):
+            self.send(make_frame("refuse", reason=reason))
+        self.close()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(OSError):
+                self._writer.close()
+
+
+class FrameSink(Protocol):
+    """Where the server delivers what it receives (the monitor's state, a test, ...)."""
+
+    def frame_received(self, conn: Connection, frame: Frame) -> None: ...
+
+    def frame_rejected(self, conn: Connection, message: str) -> None: ...
+
+    def connection_closed(self, conn: Connection, reason: str) -> None: ...
+
+
+class MonitorServer:
+    """Listen on ``address`` and feed every accepted probe's frames to ``sink``.
+
+    Args:
+        address: a Unix socket path or a TCP host and port (port 0 picks a free one).
+        sink: receives frames, rejections and disconnections, on the event loop.
+        token: the shared secret required on a non-loopback TCP address.
+    """
+
+    def __init__(self, address: Address, sink: FrameSink, *, token: str | None = None) -> None:
+        self.address = address
+        self.sink = sink
+        self.token = token
+        self.connections: dict[int, Connection] = {}
+        self._server: asyncio.Server | None = None
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def bound_address(self) -> Address:
+        """The address actually listened on (with the real port when 0 was asked)."""
+        if self._server is None or self.address.scheme == "unix":
+            return self.address
+        port = self._server.sockets[0].getsockname()[1]
+        return Address("tcp", host=self.address.host, port=port)
+
+    async def start(self) -> None:
+        """Bind and listen. Raises ``ServerError`` with a one-line reason on failure."""
+        if not self.address.is_loopback and not self.token:
+            raise ServerError(
+                f"listening on {self.address} (not loopback) needs a shared token: "
+                "set TRAINTOP_TOKEN in both processes"
+            )
+        try:
+            if self.address.scheme == "unix":
+                self._server = await self._start_unix(self.address.path)
+            else:
+                self._server = await asyncio.start_server(
+                    self._handle, self.address.host, self.address.port, limit=READ_CHUNK
+                )
+        except OSError as exc:
+            raise ServerError(f"cannot listen on {self.address}: {exc.strerror or exc}") from None
+
+    async def close(self) -> None:
+        """Stop listening and close every connection (the runs go on untouched)."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections.values()):
+            conn.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            self._server = None
+        if self.address.scheme == "unix":
+            with contextlib.suppress(OSError):
+                os.unlink(self.address.path)
+
+    async def _start_unix(self, path: str) -> asyncio.Server:
+        prepare_socket_path(path)
+        old_umask = os.umask(0o177)  # the socket is born 0600: no window for others
+        try:
+            server = await asyncio.start_unix_server(self._handle, path=path, limit=READ_CHUNK)
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        return server
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        peer = _peer_name(writer)
+        conn = Connection(next(self._ids), peer, writer)
+        greeted = False
+        reason = "connection lost"
+        try:
+            greeted, reason = await self._serve(conn, reader)
+        except asyncio.CancelledError:
+            reason = "monitor closed"
+        finally:
+            self.connections.pop(conn.id, None)
+            conn.close()
+            if greeted:
+                self.sink.connection_closed(conn, reason)
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _serve(self, conn: Connection, reader: asyncio.StreamReader) -> tuple[bool, str]:
+        frames = FrameReader()
+        greeted = False
+        while True:
+            try:
+                data = await reader.read(READ_CHUNK)
+            except (ConnectionError, OSError) as exc:
+                return greeted, f"connection lost: {exc}"
+            if not data:
+                return greeted, "connection closed by the run"
+            for item in frames.feed(data):
+                if isinstance(item, VersionMismatch) or (isinstance(item, FrameError)
+                                                         and not greeted):
+                    self.sink.frame_rejected(conn, str(item))
+                    conn.refuse(str(item))
+                    return greeted, f"refused: {item}"
+                if isinstance(item, FrameError):
+                    self.sink.frame_rejected(conn, str(item))
+                    continue
+                if not greeted:
+                    problem = self._check_hello(item)
+                    if problem:
+                        self.sink.frame_rejected(conn, problem)
+                        conn.refuse(problem)
+                        return False, f"refused: {problem}"
+                    greeted = True
+                    self.connections[conn.id] = conn
+                self.sink.frame_received(conn, item)
+
+    def _check_hello(self, frame: Frame) -> str:
+        if frame.get("kind") != "hello":
+            return f"the first frame must be a hello, got {frame.get('kind')!r}"
+        if self.token is not None and not self.address.is_loopback:
+            offered = str(frame.get("token", ""))
+            if not hmac.compare_digest(offered.encode(), self.token.encode()):
+                return "missing or wrong token (TRAINTOP_TOKEN)"
+        return ""
+
+
+def prepare_socket_path(path: str) -> None:
+    """Make the socket's folder (0700 for the default one) and clear a stale socket.
+
+    Raises:
+        ServerError: the folder belongs to someone else or is open to others, or a
+            monitor is already listening there, or the path is not a socket.
+    """
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        try:
+            os.makedirs(folder, mode=0o700)
+        except OSError as exc:
+            raise ServerError(f"cannot create {folder}: {exc.strerror}") from None
+    if os.path.abspath(folder) == os.path.abspath(default_socket_dir()):
+        _check_private_folder(folder)
+    if not os.path.lexists(path):
+        return
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise ServerError(f"{path} exists and is not a socket; remove it or pick another address")
+    if _someone_listens(path):
+        raise ServerError(
+            f"another traintop monitor is already listening on unix:{path}; "
+            "quit it, or set TRAINTOP_ADDRESS to listen elsewhere"
+        )
+    os.unlink(path)  # stale: left by a monitor that did not exit cleanly
+
+
+def _check_private_folder(folder: str) -> None:
+    info = os.stat(folder)
+    if info.st_uid != os.getuid():
+        raise ServerError(f"{folder} belongs to uid {info.st_uid}, not to you; refusing to use it")
+    if info.st_mode & 0o077:
+        os.chmod(folder, 0o700)
+
+
+def _someone_listens(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _peer_name(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return "local"

@@ -1,0 +1,71 @@
+"""Where the monitor's frames come from: a live socket, a run log, or a list (tests).
+
+A source is anything with ``async def run(monitor)``; the app runs it as a worker and
+headless mode awaits it. Injecting it keeps the app testable without a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Protocol
+
+from probes.wire import Address, Frame, FrameError
+from tui.monitor import Monitor
+from tui.runlog import read_run_log
+from tui.server import Connection, MonitorServer
+
+
+class FrameSource(Protocol):
+    """Feeds frames to a monitor until cancelled (or until it has no more)."""
+
+    description: str
+
+    async def run(self, monitor: Monitor) -> None: ...
+
+
+class ServerSource:
+    """Listen on an address and feed every connected probe's frames to the monitor."""
+
+    def __init__(self, address: Address, *, token: str | None = None) -> None:
+        self.address = address
+        self.token = token
+        self.description = f"listening on {address}"
+        self.server: MonitorServer | None = None
+        self.listening = asyncio.Event()
+
+    async def run(self, monitor: Monitor) -> None:
+        self.server = MonitorServer(self.address, monitor, token=self.token)
+        await self.server.start()
+        self.description = f"listening on {self.server.bound_address}"
+        self.listening.set()
+        try:
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            await self.server.close()
+
+
+class FramesSource:
+    """Feed a fixed sequence of frames (a test, a snapshot), then stay idle."""
+
+    def __init__(self, frames: Iterable[Frame | FrameError], description: str = "frames") -> None:
+        self.frames = frames
+        self.description = description
+
+    async def run(self, monitor: Monitor) -> None:
+        conn = Connection(0, self.description, None)
+        for count, item in enumerate(self.frames):
+            if isinstance(item, FrameError):
+                monitor.frame_rejected(conn, str(item))
+            else:
+                monitor.frame_received(conn, item)
+            if count % 512 == 511:
+                await asyncio.sleep(0)  # let the screen breathe during a long replay
+        monitor.state.mark_offline("recorded")
+
+
+class ReplaySource(FramesSource):
+    """Feed a recorded run log (``traintop replay FILE``)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(read_run_log(path), description=f"replay of {path}")

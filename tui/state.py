@@ -1,0 +1,232 @@
+"""Run state in the monitor: pure data, no widgets, no I/O.
+
+``MonitorState`` takes frames as they arrive (from a socket, a file or a test) and keeps
+one ``RunState`` per run. Widgets read it and redraw at a fixed frame rate; headless
+mode prints from the events ``apply`` returns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from probes.wire import Frame
+from tui.series import BucketedSeries
+
+SPARK_HISTORY = 48  # grad-norm values kept per layer for the sparkline
+RATE_WINDOW = 32  # step records used to estimate steps per second
+
+
+@dataclass
+class RunState:
+    """Everything the monitor knows about one run."""
+
+    run_id: str
+    name: str = "?"
+    meta: dict[str, Any] = field(default_factory=dict)
+    layers: list[str] = field(default_factory=list)
+    param_counts: list[int] = field(default_factory=list)
+    connected: bool = False
+    ended: bool = False  # said bye
+    disconnect_reason: str = ""
+    last_step: int = -1
+    step_records: int = 0
+    dropped: int = 0
+    scalars: dict[str, BucketedSeries] = field(default_factory=dict)
+    eval_scalars: dict[str, BucketedSeries] = field(default_factory=dict)
+    grad_total: BucketedSeries = field(default_factory=BucketedSeries)
+    grad_norms: list[float | None] = field(default_factory=list)
+    grad_history: list[deque[float]] = field(default_factory=list)
+    param_norms: list[float | None] = field(default_factory=list)
+    learning_rates: list[float] = field(default_factory=list)
+    none_grads: int = 0
+    last_eval_step: int = -1
+    events: deque[Frame] = field(default_factory=lambda: deque(maxlen=500))
+    last_seq: dict[str, int] = field(default_factory=dict)
+    _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
+
+    @property
+    def steps_per_s(self) -> float | None:
+        """Training speed over the recent step records, by the run's own clock."""
+        if len(self._recent) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._recent[0], self._recent[-1]
+        if t1 <= t0:
+            return None
+        return (s1 - s0) / (t1 - t0)
+
+    @property
+    def loss(self) -> float | None:
+        series = self.scalars.get("loss")
+        return None if series is None else series.latest
+
+    @property
+    def layer_count(self) -> int:
+        return len(self.layers)
+
+    def apply_hello(self, frame: Frame) -> None:
+        self.meta = {k: v for k, v in frame.items() if k not in ("v", "kind", "token")}
+        self.name = str(frame.get("name", self.run_id))
+        layers = [str(name) for name in frame.get("layers", [])]
+        if layers != self.layers:
+            self.layers = layers
+            self.grad_norms = [None] * len(layers)
+            self.param_norms = [None] * len(layers)
+            self.grad_history = [deque(maxlen=SPARK_HISTORY) for _ in layers]
+        self.param_counts = [int(c) for c in frame.get("param_counts", [])]
+        self.connected = True
+        self.ended = False
+        self.disconnect_reason = ""
+
+    def apply_step(self, frame: Frame) -> None:
+        step = int(frame["step"])
+        if step <= self.last_step:
+            return  # already seen (a replay after a reconnect)
+        self.last_step = step
+        self.step_records += 1
+        self.dropped = int(frame.get("dropped", self.dropped))
+        self._recent.append((float(frame.get("time", 0.0)), step))
+        for name, value in (frame.get("scalars") or {}).items():
+            self._series(self.scalars, name).append(step, _as_float(value))
+        total = frame.get("grad_norm_total")
+        if total is not None:
+            self.grad_total.append(step, _as_float(total))
+        self._apply_layer_values(frame)
+        self.learning_rates = [_as_float(x) for x in frame.get("lr") or []]
+        self.none_grads = int(frame.get("none_grads", 0))
+
+    def apply_eval(self, frame: Frame) -> None:
+        step = int(frame.get("step", self.last_step))
+        self.last_eval_step = step
+        for name, value in (frame.get("scalars") or {}).items():
+            self._series(self.eval_scalars, name).append(step, _as_float(value))
+
+    def _apply_layer_values(self, frame: Frame) -> None:
+        grad_norms = frame.get("grad_norms")
+        if grad_norms is not None and len(grad_norms) == len(self.layers):
+            self.grad_norms = [None if g is None else _as_float(g) for g in grad_norms]
+            for history, value in zip(self.grad_history, self.grad_norms, strict=True):
+                if value is not None:
+                    history.append(value)
+        param_norms = frame.get("param_norms")
+        if param_norms is not None and len(param_norms) == len(self.layers):
+            self.param_norms = [None if p is None else _as_float(p) for p in param_norms]
+
+    @staticmethod
+    def _series(table: dict[str, BucketedSeries], name: str) -> BucketedSeries:
+        series = table.get(name)
+        if series is None:
+            series = table[name] = BucketedSeries()
+        return series
+
+
+@dataclass(frozen=True)
+class RunConnected:
+    run: RunState
+    replayed: bool  # a run seen before, connecting again
+
+
+@dataclass(frozen=True)
+class RunDisconnected:
+    run: RunState
+    reason: str
+
+
+@dataclass(frozen=True)
+class FrameRejected:
+    peer: str
+    message: str
+
+
+MonitorEvent = RunConnected | RunDisconnected | FrameRejected
+
+
+class MonitorState:
+    """All runs the monitor has seen, fed by ``apply`` one frame at a time."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunState] = {}
+        self.version = 0  # bumped on every change, so views redraw only when needed
+        self.rejected_frames = 0
+        self.last_rejection = ""
+        self._conn_runs: dict[int, str] = {}
+
+    def run_for(self, conn_id: int) -> RunState | None:
+        run_id = self._conn_runs.get(conn_id)
+        return None if run_id is None else self.runs.get(run_id)
+
+    def apply(self, conn_id: int, frame: Frame) -> list[MonitorEvent]:
+        """Take one frame from connection ``conn_id``; return what happened of note."""
+        kind = frame["kind"]
+        self.version += 1
+        if kind == "hello":
+            return self._hello(conn_id, frame)
+        run = self.runs.get(str(frame.get("run", ""))) or self.run_for(conn_id)
+        if run is None:
+            return [self.reject(f"conn {conn_id}", f"a {kind} frame before any hello")]
+        if not self._fresh(run, frame):
+            return []
+        if kind == "step":
+            run.apply_step(frame)
+        elif kind == "eval":
+            run.apply_eval(frame)
+        elif kind == "bye":
+            run.ended = True
+        else:
+            run.events.append(frame)
+        return []
+
+    def connection_closed(self, conn_id: int, reason: str) -> list[MonitorEvent]:
+        """The connection ``conn_id`` is gone; mark its run disconnected."""
+        run_id = self._conn_runs.pop(conn_id, None)
+        run = None if run_id is None else self.runs.get(run_id)
+        if run is None:
+            return []
+        self.version += 1
+        run.connected = False
+        run.disconnect_reason = "finished" if run.ended else reason
+        return [RunDisconnected(run, run.disconnect_reason)]
+
+    def mark_offline(self, reason: str) -> None:
+        """Mark every run as not connected (the end of a replay)."""
+        self.version += 1
+        for run in self.runs.values():
+            run.connected = False
+            run.disconnect_reason = reason
+
+    def reject(self, peer: str, message: str) -> FrameRejected:
+        """Count a frame that could not be accepted."""
+        self.version += 1
+        self.rejected_frames += 1
+        self.last_rejection = message
+        return FrameRejected(peer, message)
+
+    def _hello(self, conn_id: int, frame: Frame) -> list[MonitorEvent]:
+        run_id = str(frame.get("run") or f"conn-{conn_id}")
+        seen_before = run_id in self.runs
+        run = self.runs.get(run_id) or RunState(run_id)
+        self.runs[run_id] = run
+        self._conn_runs[conn_id] = run_id
+        run.apply_hello(frame)
+        return [RunConnected(run, replayed=seen_before)]
+
+    @staticmethod
+    def _fresh(run: RunState, frame: Frame) -> bool:
+        """False for a frame already applied (a history replayed on reconnect)."""
+        seq = frame.get("seq")
+        if not isinstance(seq, int):
+            return True
+        kind = frame["kind"]
+        if seq <= run.last_seq.get(kind, 0):
+            return False
+        run.last_seq[kind] = seq
+        return True
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan

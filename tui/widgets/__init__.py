@@ -1,0 +1,8 @@
+"""The monitor's widgets; each draws from run state and holds none of its own."""
+
+from tui.widgets.layer_table import LayerTable
+from tui.widgets.loss_chart import LossChart
+from tui.widgets.run_list import RunList
+from tui.widgets.status_line import StatusLine
+
+__all__ = ["LayerTable", "LossChart", "RunList", "StatusLine"]

@@ -1,0 +1,101 @@
+"""The loss chart: training and validation curves on one step axis."""
+
+from __future__ import annotations
+
+import math
+
+from textual.reactive import reactive
+from textual_plotext import PlotextPlot
+
+from tui.format import axis_ticks, downsample, number, wants_log_scale
+from tui.series import BucketedSeries
+from tui.state import RunState
+
+TRAIN_COLOR = "cyan"
+VALIDATION_COLOR = "orange"
+NON_FINITE_COLOR = "red"
+
+
+class LossChart(PlotextPlot):
+    """Train loss (every step) and validation loss (each eval) against the step.
+
+    The y axis turns logarithmic on its own when the loss spans more than three
+    decades (``l`` forces it); a red line marks the first non-finite training loss.
+    """
+
+    DEFAULT_CSS = """
+    LossChart {
+        height: 1fr;
+        min-height: 8;
+    }
+    """
+
+    log_scale: reactive[bool] = reactive(False)
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.plotted: dict[str, int] = {}  # line label -> points drawn (for tests)
+        self.first_non_finite: float | None = None
+
+    def show(self, run: RunState | None) -> None:
+        """Redraw from the run's series."""
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.xlabel("step")
+        self.plotted = {}
+        lines = self._lines(run)
+        every_y = [y for _, _, _, ys in lines for y in ys]
+        log = self.log_scale or wants_log_scale(every_y)
+        if log:
+            lines = [(label, color, *_log_points(xs, ys)) for label, color, xs, ys in lines]
+        limit = max(2 * self.size.width, 16)
+        for label, color, xs, ys in lines:
+            xs, ys = downsample(xs, ys, limit)
+            if xs:
+                plt.plot(xs, ys, label=label, color=color,
+                         marker="braille" if len(xs) > 1 else "dot")
+                self.plotted[label] = len(xs)
+        self._axes(run, [y for _, _, _, ys in lines for y in ys], log)
+        self.refresh()
+
+    def _lines(self, run: RunState | None) -> list[tuple[str, str, list[float], list[float]]]:
+        if run is None:
+            return []
+        out = []
+        train = run.scalars.get("loss")
+        if train is not None:
+            out.append(("train loss", TRAIN_COLOR, *train.points()))
+        val_name = next((n for n in run.eval_scalars if "loss" in n), None)
+        if val_name is not None:
+            out.append((f"validation ({val_name})", VALIDATION_COLOR,
+                        *run.eval_scalars[val_name].points()))
+        return out
+
+    def _axes(self, run: RunState | None, ys: list[float], log: bool) -> None:
+        plt = self.plt
+        self.first_non_finite = _first_non_finite(run)
+        title = "loss, log scale" if log else "loss"
+        if self.first_non_finite is not None:
+            title += f"  (non-finite from step {int(self.first_non_finite)})"
+            plt.vline(self.first_non_finite, NON_FINITE_COLOR)
+        plt.title(title)
+        if run is not None and run.last_step > 0:
+            plt.xlim(0, run.last_step)
+        if ys:
+            ticks = axis_ticks(min(ys), max(ys), 5)
+            labels = [number(10**t if log else t, 3) for t in ticks]
+            plt.yticks(ticks, labels)
+
+    def watch_log_scale(self) -> None:
+        self.refresh()
+
+
+def _log_points(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
+    kept = [(x, math.log10(y)) for x, y in zip(xs, ys, strict=True) if y > 0]
+    return [k[0] for k in kept], [k[1] for k in kept]
+
+
+def _first_non_finite(run: RunState | None) -> float | None:
+    series: BucketedSeries | None = None if run is None else run.scalars.get("loss")
+    return None if series is None else series.first_non_finite_x()
