@@ -1,0 +1,44 @@
+"""``python -m demo SCENARIO``: run one scenario against whatever monitor listens."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from demo.catalog import SCENARIOS, listing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m demo",
+        description="traintop's bundled trainer: reproduce a failure mode on synthetic data.",
+    )
+    parser.add_argument("scenario", nargs="?", help="which scenario (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument("--steps", type=int, help="train this many steps (default: the "
+                        "scenario's own)")
+    parser.add_argument("--delay", type=float, help="seconds to sleep between steps "
+                        "(default: the scenario's pace for watching; 0 for full speed)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fixed", action="store_true", help="run the corrected version")
+    args = parser.parse_args(argv)
+    if args.list:
+        print(listing())
+        return 0
+    if args.scenario not in SCENARIOS:
+        parser.error(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}")
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
+
+    from demo.scenarios import BUILDERS  # torch loads here, after the arguments are checked
+    from demo.trainer import train
+
+    setup = BUILDERS[args.scenario](args.fixed)
+    name = args.scenario + (" (fixed)" if args.fixed else "")
+    delay = setup.watch_delay if args.delay is None else max(args.delay, 0.0)
+    train(setup, run=name, steps=args.steps, delay=delay, seed=args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

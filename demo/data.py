@@ -1,0 +1,49 @@
+"""Synthetic data for the scenarios: seeded, in memory, no downloads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Split:
+    """Inputs and targets of one split."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def teacher_regression(
+    train: int, val: int, *, dim: int = 16, noise: float = 0.1, seed: int = 0
+) -> tuple[Split, Split]:
+    """y = tanh(x @ w1) @ w2 + noise: learnable by a small MLP, with a noise floor."""
+    gen = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(dim, 32, generator=gen) / dim**0.5
+    w2 = torch.randn(32, 1, generator=gen) / 32**0.5
+    x = torch.randn(train + val, dim, generator=gen)
+    y = torch.tanh(x @ w1) @ w2 + noise * torch.randn(train + val, 1, generator=gen)
+    return Split(x[:train], y[:train]), Split(x[train:], y[train:])
+
+
+class Batches:
+    """Endless shuffled mini-batches of a split, from a seeded generator."""
+
+    def __init__(self, split: Split, batch_size: int, seed: int = 0) -> None:
+        self.split = split
+        self.batch_size = batch_size
+        self._gen = torch.Generator().manual_seed(seed)
+        self._order = torch.empty(0, dtype=torch.long)
+        self._at = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._at + self.batch_size > len(self._order):
+            self._order = torch.randperm(len(self.split), generator=self._gen)
+            self._at = 0
+        index = self._order[self._at : self._at + self.batch_size]
+        self._at += self.batch_size
+        return self.split.x[index], self.split.y[index]

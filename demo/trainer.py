@@ -1,0 +1,61 @@
+"""The bundled trainer: one plain PyTorch loop, instrumented with ``probes.watch``."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+import probes
+from demo.data import Batches
+from demo.scenarios import Setup
+
+
+def train(
+    setup: Setup,
+    *,
+    run: str,
+    steps: int | None = None,
+    delay: float = 0.0,
+    seed: int = 0,
+    print_every: int = 100,
+) -> int:
+    """Train ``setup`` for ``steps`` steps under a probe; return the number of steps run.
+
+    ``delay`` sleeps between steps, so a person can watch a fast run unfold.
+    """
+    torch.manual_seed(seed)
+    steps = setup.steps if steps is None else steps
+    batches = Batches(setup.train, setup.batch_size, seed=seed)
+    model, optimizer, loss_fn = setup.model, setup.optimizer, setup.loss_fn
+    with probes.watch(model, optimizer, run=run) as probe:
+        for step in range(steps):
+            x, y = batches.next()
+            with probe.step():
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                optimizer.step()
+                probe.log(loss=loss)
+            if step % setup.eval_every == 0 or step == steps - 1:
+                val_loss = validate(setup, probe)
+                if step % print_every == 0 or step == steps - 1:
+                    print(f"step {step} loss {loss.item():.4g} val_loss {val_loss:.4g}",
+                          flush=True)
+            if delay:
+                time.sleep(delay)
+    return steps
+
+
+def validate(setup: Setup, probe: probes.Probe) -> float:
+    """Validation the right way: ``model.eval()`` and ``torch.inference_mode()``."""
+    model = setup.model
+    with probe.evaluate():
+        model.eval()
+        with torch.inference_mode():
+            val_loss = setup.loss_fn(model(setup.val.x), setup.val.y)
+        model.train()
+        probe.log(val_loss=val_loss)
+    value = float(val_loss)
+    return value if math.isfinite(value) else math.nan
