@@ -1,0 +1,93 @@
+"""A stand-in monitor for tests of the training side: a thread that collects frames."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from probes.wire import Address, FrameError, FrameReader, encode_frame
+
+Frame = dict[str, Any]
+
+
+class FrameCollector:
+    """Listen on a Unix socket and keep every frame probes send (thread-safe reads).
+
+    ``reply`` (optional) is called with each frame and may return frames to send back.
+    """
+
+    def __init__(self, path: str, reply: Callable[[Frame], list[Frame]] | None = None) -> None:
+        self.address = Address("unix", path=path)
+        self.frames: list[Frame] = []
+        self.errors: list[str] = []
+        self._reply = reply
+        self._lock = threading.Lock()
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(path)
+        self._server.listen()
+        self._server.settimeout(0.1)
+        self._stop = threading.Event()
+        self._conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def kinds(self, kind: str) -> list[Frame]:
+        with self._lock:
+            return [f for f in self.frames if f["kind"] == kind]
+
+    def wait_for(self, predicate: Callable[[list[Frame]], bool], timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if predicate(list(self.frames)):
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+        self._server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.address.path)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except (TimeoutError, OSError):
+                continue
+            self._conns.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        reader = FrameReader()
+        conn.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                data = conn.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            for item in reader.feed(data):
+                if isinstance(item, FrameError):
+                    with self._lock:
+                        self.errors.append(str(item))
+                    continue
+                with self._lock:
+                    self.frames.append(item)
+                if self._reply is not None:
+                    for frame in self._reply(item):
+                        with contextlib.suppress(OSError):
+                            conn.sendall(encode_frame(frame))

@@ -1,0 +1,35 @@
+"""Shared fixtures: private socket paths, a frame collector, small models."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from tests.collector import FrameCollector
+
+
+@pytest.fixture
+def socket_path() -> Iterator[str]:
+    """A Unix socket path in a fresh private folder (short: sun_path is ~100 bytes)."""
+    folder = tempfile.mkdtemp(prefix="tt-")
+    yield os.path.join(folder, "m.sock")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def collector(socket_path: str) -> Iterator[FrameCollector]:
+    """A stand-in monitor listening on ``socket_path``."""
+    frames = FrameCollector(socket_path)
+    yield frames
+    frames.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_default_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never let a test talk to a real monitor on the default address."""
+    folder = tempfile.mkdtemp(prefix="tt-none-")
+    monkeypatch.setenv("TRAINTOP_ADDRESS", f"unix:{folder}/nobody.sock")
