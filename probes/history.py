@@ -1,7 +1,7 @@
 """Bounded, decimated history of a run's records (pure Python, no torch).
 
 The sender keeps one so that a monitor started late still sees the run from step 0,
-and uses ``thin_steps`` to cap how many full step records a second it sends.
+and uses ``thin`` to cap how many step records a second it finalises and sends.
 
 Thinning never loses the evidence that matters most: the first record is always kept,
 and a run of records collapses to its last one unless a record inside it holds a
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 Record = dict[str, Any]
+T = TypeVar("T")
 
 
 def has_non_finite(record: Record) -> bool:
@@ -57,33 +58,43 @@ def merge_steps(records: list[Record]) -> Record:
     return merged
 
 
-def thin_steps(records: list[Record], budget: int, *, keep_first: bool = False) -> list[Record]:
-    """At most ``budget`` records (plus the first when ``keep_first``), in order.
+def thin(
+    items: list[T],
+    budget: int,
+    *,
+    is_step: Callable[[T], bool],
+    merge: Callable[[list[T]], T],
+    keep_first: bool = False,
+) -> list[T]:
+    """At most about ``budget`` step items (plus the first step when ``keep_first``).
 
-    Step records are merged in runs; other kinds pass through untouched and split runs.
+    Consecutive step items are merged in runs of equal size by ``merge``; other items
+    pass through untouched and end a run.
     """
-    steps = sum(1 for r in records if r.get("kind") == "step")
+    steps = sum(1 for item in items if is_step(item))
     if steps <= budget or budget <= 0:
-        return records
-    out: list[Record] = []
+        return items
+    out: list[T] = []
     group_size = math.ceil(steps / budget)
-    run: list[Record] = []
-    for index, record in enumerate(records):
-        if record.get("kind") != "step":
+    run: list[T] = []
+    first_pending = keep_first
+    for item in items:
+        if not is_step(item):
             if run:
-                out.append(merge_steps(run))
+                out.append(merge(run))
                 run = []
-            out.append(record)
+            out.append(item)
             continue
-        if keep_first and index == 0:
-            out.append(record)
+        if first_pending:
+            first_pending = False
+            out.append(item)
             continue
-        run.append(record)
+        run.append(item)
         if len(run) >= group_size:
-            out.append(merge_steps(run))
+            out.append(merge(run))
             run = []
     if run:
-        out.append(merge_steps(run))
+        out.append(merge(run))
     return out
 
 

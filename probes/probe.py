@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 from probes.layers import LayerMap, map_layers
 from probes.sender import Sender, warn
-from probes.stats import Measurement, batched_norms, compose_order, to_host
+from probes.stats import Measurement, NormReducer, compose_order, to_host
 from probes.wire import TOKEN_ENV, Address, resolve_address
 
 Scalar = float | int | torch.Tensor
@@ -67,7 +67,9 @@ class Probe:
         self._measuring = False
         self._step_started = 0.0
         self._step_wall = 0.0
-        self._grad_vector: torch.Tensor | None = None
+        self._norms = NormReducer()
+        self._next_step_scope = _StepScope(self, None)
+        self._grad_norms: list[torch.Tensor] = []
         self._grad_present: tuple[int, ...] | None = None
         self._grad_order: tuple[int, ...] | None = None
         self._none_grads = 0
@@ -80,6 +82,9 @@ class Probe:
         if not self.layers.params:
             warn(f"{self.name}: the model has no trainable parameters; only logged scalars "
                  "will be recorded")
+        # Tensor learning rates (capturable schedulers) must travel with the batched copy.
+        self._tensor_lrs = optimizer is not None and any(
+            isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups)
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
         self.sender = Sender(
@@ -109,6 +114,8 @@ class Probe:
             index: the step's index, when resuming from a checkpoint; by default the
                 previous index plus one, starting at 0.
         """
+        if index is None:
+            return self._next_step_scope  # reused: one object less per step
         return _StepScope(self, index)
 
     def log(self, **scalars: Scalar) -> None:
@@ -127,6 +134,8 @@ class Probe:
                 self._log_into(self._tensor_scalars, self._float_scalars, scalars)
             elif self._last is not None:
                 self._log_into(self._last.late_scalars, self._last.float_scalars, scalars)
+            elif self._index >= 0:
+                self._log_into({}, {}, scalars)  # a step not measured (every > 1): check, drop
             else:
                 warn("probe.log() before the first step is ignored; log inside "
                      "`with probe.step():`")
@@ -156,7 +165,6 @@ class Probe:
         """Send a named event (an LR change, a restart, ...) tied to the current step."""
         if self._closed:
             return
-        self._flush_last()
         self.sender.put({"kind": "event", "name": name, "step": max(self._index, 0),
                          "time": time.time(), **fields})
 
@@ -190,7 +198,8 @@ class Probe:
         self._index = self._index + 1 if index is None else index
         self._in_step = True
         self._measuring = self._index % self.every == 0
-        self._grad_vector = None
+        self._grad_norms = []
+        self._grads_read = False
         self._tensor_scalars = {}
         self._float_scalars = {}
         self._step_wall = time.time()
@@ -201,7 +210,7 @@ class Probe:
         self._in_step = False
         if failed or not self._measuring:
             return
-        if self._grad_vector is None:
+        if not self._grads_read:
             self._measure_grads()
         self._last = self._measurement(duration)
 
@@ -219,37 +228,39 @@ class Probe:
         for index, param in enumerate(self.layers.params):
             grad = param.grad
             if grad is not None:
-                grads.append(grad.detach())
+                grads.append(grad)
                 present.append(index)
         self._none_grads = len(self.layers.params) - len(grads)
         self._grad_present = None if not self._none_grads else tuple(present)
-        if grads:
-            self._grad_vector, self._grad_order = batched_norms(grads)
+        self._grads_read = True
+        if grads and grads[0].requires_grad:
+            # Grads made by backward(create_graph=True): the norms must not grow a graph.
+            with torch.no_grad():
+                self._grad_norms, self._grad_order = self._norms.norms(grads)
+        elif grads:
+            self._grad_norms, self._grad_order = self._norms.norms(grads)
         else:
-            self._grad_vector, self._grad_order = None, None
+            self._grad_norms, self._grad_order = [], None
 
     def _measurement(self, duration: float) -> Measurement:
-        parts: list[torch.Tensor] = []
-        grad_count = 0
-        if self._grad_vector is not None:
-            parts.append(self._grad_vector)
-            grad_count = self._grad_vector.numel()
+        """Stack this step's norms and tensor scalars and start their copy to host."""
+        values: list[torch.Tensor] = list(self._grad_norms)
+        grad_count = len(values)
         param_count, param_order = 0, None
         if self.layers.params and self._index % self.sample_every == 0:
             with torch.no_grad():
-                param_vector, param_order = batched_norms([p.detach() for p in self.layers.params])
-            parts.append(param_vector)
-            param_count = param_vector.numel()
-        names, scalar_parts = self._tensor_scalar_parts(parts[0] if parts else None)
-        values, event = (None, None)
-        if parts or scalar_parts:
-            values, event = to_host(torch.cat(parts + scalar_parts))
+                param_norms, param_order = self._norms.norms(
+                    [p.detach() for p in self.layers.params])
+            values += param_norms
+            param_count = len(param_norms)
+        names = self._append_tensor_scalars(values)
+        host, event = to_host(values) if values else (None, None)
         return Measurement(
             layer_map=self.layers,
             step=self._index,
             time=self._step_wall,
             duration=duration,
-            values=values,
+            values=host,
             event=event,
             grad_present=compose_order(self._grad_present, self._grad_order),
             grad_count=grad_count,
@@ -261,26 +272,30 @@ class Probe:
             none_grads=self._none_grads,
         )
 
-    def _tensor_scalar_parts(
-        self, like: torch.Tensor | None
-    ) -> tuple[tuple[str, ...], list[torch.Tensor]]:
-        scalars = dict(self._tensor_scalars)
-        if self.optimizer is not None:
+    def _append_tensor_scalars(self, values: list[torch.Tensor]) -> tuple[str, ...]:
+        """Append the logged tensor scalars (and tensor LRs) to ``values``; their names."""
+        scalars = self._tensor_scalars
+        if self.optimizer is not None and self._tensor_lrs:
+            scalars = dict(scalars)
             for i, group in enumerate(self.optimizer.param_groups):
                 if isinstance(group.get("lr"), torch.Tensor):
                     scalars[f"lr/{i}"] = group["lr"].detach()
         if not scalars:
-            return (), []
-        first = next(iter(scalars.values()))
-        device = like.device if like is not None else first.device
-        dtype = like.dtype if like is not None else torch.float32
-        parts = [t.reshape(1).to(device=device, dtype=dtype, non_blocking=True)
-                 for t in scalars.values()]
-        return tuple(scalars), parts
+            return ()
+        like = values[0] if values else next(iter(scalars.values()))
+        device, dtype = like.device, (like.dtype if values else torch.float32)
+        for tensor in scalars.values():
+            if tensor.dtype != dtype or tensor.device != device or tensor.dim():
+                tensor = tensor.reshape(()).to(device=device, dtype=dtype, non_blocking=True)
+            values.append(tensor)
+        return tuple(scalars)
 
     def _learning_rates(self) -> list[float]:
         if self.optimizer is None:
             return []
+        if not self._tensor_lrs:
+            return [float(g.get("lr", math.nan)) for g in self.optimizer.param_groups]
+        # Tensor LRs travel with the batched copy (see _append_tensor_scalars).
         return [math.nan if isinstance(g.get("lr"), torch.Tensor) else float(g.get("lr", math.nan))
                 for g in self.optimizer.param_groups]
 
@@ -387,7 +402,6 @@ class _EvalScope:
         self.train_mode_forwards = 0
         self.grad_forwards = 0
         self.handle = probe.model.register_forward_pre_hook(self._on_forward)
-        probe._flush_last()
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         self.forwards += 1

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from probes.history import StepHistory, thin_steps
+from probes.history import StepHistory, thin
 from probes.wire import (
     Address,
     Frame,
@@ -43,11 +43,28 @@ REFUSED_BACKOFF_S = 30.0
 
 
 class PendingRecord(Protocol):
-    """A record still being measured (e.g. a device-to-host copy in flight)."""
+    """A step still being measured (e.g. a device-to-host copy in flight)."""
+
+    step: int
+    span: tuple[int, int] | None
 
     def ready(self) -> bool: ...
 
+    def has_non_finite(self) -> bool: ...
+
     def to_record(self) -> Record: ...
+
+
+def _is_step(item: Record | PendingRecord) -> bool:
+    return not isinstance(item, dict)
+
+
+def _merge_pending(group: list[PendingRecord]) -> PendingRecord:
+    """One measurement standing for ``group``: the first non-finite one, else the last."""
+    kept = next((m for m in group if m.has_non_finite()), group[-1])
+    first = group[0].span[0] if group[0].span else group[0].step
+    kept.span = (first, group[-1].step)
+    return kept
 
 
 def warn(message: str) -> None:
@@ -63,8 +80,8 @@ class Sender:
         hello: the hello frame's fields (run id, name, layers, ...).
         queue_size: entries the training thread may queue before the oldest are dropped.
         flush_interval: seconds between sends.
-        max_steps_per_s: full step records sent per second at most; faster runs are
-            thinned (``probes.history.thin_steps``), never losing a non-finite record.
+        max_steps_per_s: step records kept per second at most; faster runs are thinned
+            (``probes.history.thin``), never losing the first non-finite step.
         history_capacity: step records kept for replay to a late monitor.
         on_command: called on the sender thread with each command frame received.
     """
@@ -98,7 +115,7 @@ class Sender:
         self._first_step_seen = False
         self._next_attempt = 0.0
         self._backoff = BACKOFF_MIN_S
-        self._last_send = time.monotonic()
+        self._last_collect = time.monotonic()
         self._warned: set[str] = set()
         self._stop = threading.Event()
         self.dropped = 0
@@ -147,20 +164,31 @@ class Sender:
             self._disconnect()
 
     def _collect(self, *, final: bool) -> None:
+        """Move what is ready from the queue into the history (and the outbox).
+
+        Step measurements beyond ``max_steps_per_s`` are thinned here, before they are
+        turned into records, so a fast run costs the sender little per step; thinning
+        keeps a non-finite step over its neighbours (see ``probes.history.thin``).
+        """
         with self._lock:
             items, self._queue = self._queue, deque()
         self._waiting.extend(items)
-        connected = self._sock is not None
+        ready: list[Record | PendingRecord] = []
         while self._waiting:
             item = self._waiting[0]
-            if not isinstance(item, dict):
-                # A copy still in flight: wait for it, unless closing or far behind.
-                if not (final or len(self._waiting) > 64 or item.ready()):
-                    break
-                record = item.to_record()
-            else:
-                record = item
-            self._waiting.popleft()
+            # A copy still in flight: wait for it, unless closing or far behind.
+            if _is_step(item) and not (final or len(self._waiting) > 64 or item.ready()):
+                break
+            ready.append(self._waiting.popleft())
+        now = time.monotonic()
+        budget = max(1, int(self._max_steps_per_s * max(now - self._last_collect, 1e-3)))
+        self._last_collect = now
+        kept = thin(ready, budget, is_step=_is_step, merge=_merge_pending,
+                    keep_first=not self._first_step_seen)
+        connected = self._sock is not None
+        for item in kept:
+            record = item.to_record() if _is_step(item) else item
+            self._first_step_seen = self._first_step_seen or record["kind"] == "step"
             self._seq += 1
             record["seq"] = self._seq
             self._history.add(record)
@@ -182,8 +210,6 @@ class Sender:
         self._sock = sock
         self._reader = FrameReader()
         self._backoff = BACKOFF_MIN_S
-        self._first_step_seen = self._first_step_seen or len(self._history) > 0
-        self._last_send = time.monotonic()
         self.connected.set()
 
     def _open_socket(self) -> socket.socket:
@@ -204,12 +230,7 @@ class Sender:
         return sock
 
     def _send_outbox(self) -> None:
-        now = time.monotonic()
-        budget = max(1, int(self._max_steps_per_s * max(now - self._last_send, 1e-3)))
-        batch = thin_steps(self._outbox, budget, keep_first=not self._first_step_seen)
-        self._outbox = []
-        self._first_step_seen = True
-        self._last_send = now
+        batch, self._outbox = self._outbox, []
         self._send(b"".join(self._encode(r) for r in batch))
 
     def _send(self, data: bytes) -> None:

@@ -1,9 +1,9 @@
 """Per-step measurements without a host/device synchronisation.
 
-The training thread calls ``measure_step``: one ``torch._foreach_norm`` per
-(device, dtype) group over all gradients (and, on sampled steps, all parameters),
-concatenated with the step's tensor scalars into one vector, copied to host memory
-with ``non_blocking=True``. The result is a ``Measurement`` that the sender thread
+The training thread launches one ``torch._foreach_norm`` per (device, dtype) group
+over all gradients (and, on sampled steps, all parameters); on an accelerator the
+norms and the step's tensor scalars are stacked into one vector and copied to host
+memory with ``non_blocking=True``. The result is a ``Measurement`` that the sender thread
 turns into a step record once the copy has landed (``ready()``), one step or more
 later; the training thread never waits for the device.
 """
@@ -18,7 +18,7 @@ import torch
 from probes.layers import LayerMap, combine_layer_norms
 
 
-@dataclass
+@dataclass(slots=True)
 class Measurement:
     """One step's numbers, possibly still on their way to host memory."""
 
@@ -26,7 +26,7 @@ class Measurement:
     step: int
     time: float
     duration: float
-    values: torch.Tensor | None
+    values: torch.Tensor | list[torch.Tensor] | None  # see ``to_host``
     event: torch.cuda.Event | None = None
     grad_present: tuple[int, ...] | None = None  # None: every parameter had a gradient
     grad_count: int = 0
@@ -37,6 +37,25 @@ class Measurement:
     lrs: list[float] = field(default_factory=list)
     none_grads: int = 0
     late_scalars: dict[str, torch.Tensor] = field(default_factory=dict)  # logged after the step
+    span: tuple[int, int] | None = None  # set when this measurement stands for several steps
+    _host: list[float] | None = None
+
+    def has_non_finite(self) -> bool:
+        """True if any norm or scalar of the step is NaN or Inf (cheap: one sum)."""
+        total = sum(self._values()) + sum(self.float_scalars.values())
+        return not math.isfinite(total)
+
+    def _values(self) -> list[float]:
+        if self._host is None:
+            if self.event is not None:
+                self.event.synchronize()
+            if self.values is None:
+                self._host = []
+            elif isinstance(self.values, list):
+                self._host = [t.item() for t in self.values]
+            else:
+                self._host = self.values.tolist()
+        return self._host
 
     def ready(self) -> bool:
         """True once ``values`` can be read without waiting for the device."""
@@ -45,9 +64,7 @@ class Measurement:
     def to_record(self) -> dict[str, object]:
         """The step record (a dict of plain numbers); waits for the copy if needed."""
         layer_map = self.layer_map
-        if self.event is not None:
-            self.event.synchronize()
-        values: list[float] = [] if self.values is None else self.values.tolist()
+        values = self._values()
         grads = values[: self.grad_count]
         params = values[self.grad_count : self.grad_count + self.param_count]
         tail = values[self.grad_count + self.param_count :]
@@ -72,6 +89,8 @@ class Measurement:
             "grad_norm_total": _total(grads),
             "none_grads": self.none_grads,
         }
+        if self.span is not None:
+            record["span"] = list(self.span)
         if self.param_count:
             record["param_norms"] = combine_layer_norms(params, self.param_order, layer_map)
         return record
@@ -89,29 +108,54 @@ def _total(norms: list[float]) -> float | None:
     return math.sqrt(math.fsum(n * n for n in norms))
 
 
-def batched_norms(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, tuple[int, ...] | None]:
-    """L2 norm of each tensor, one ``_foreach_norm`` per (device, dtype) group.
+class NormReducer:
+    """L2 norm of each tensor of a list, one ``_foreach_norm`` per (device, dtype) group.
 
-    Returns:
-        A 1-D tensor of norms on the first tensor's device (float32, or float64 when
-        any input is float64), and the input index of each entry when the grouping
-        reordered them (None when the order is the input order).
+    Whether a list is all of one device and dtype is decided once per kind of list
+    and cached: checking every tensor on every step costs more than the norms of a
+    small model.
     """
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[object, ...], tuple[bool, torch.dtype]] = {}
+
+    def norms(
+        self, tensors: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
+        """0-d norm tensors on the first tensor's device, and their input order.
+
+        The norms are float32, or float64 when any input is float64. The order is the
+        input index of each norm when grouping reordered them, else None.
+        """
+        first, last = tensors[0], tensors[-1]
+        # A list's kind: its length and the device/dtype at both ends (a model moved
+        # or cast as a whole changes these).
+        key = (len(tensors), first.get_device(), first.dtype, last.get_device(), last.dtype)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = _plan(tensors)
+        single, wide = plan
+        if single:
+            return list(torch._foreach_norm(tensors, 2, dtype=wide)), None
+        grouped = torch.utils._foreach_utils._group_tensors_by_device_and_dtype(
+            [tensors], with_indices=True
+        )
+        norms: list[torch.Tensor] = []
+        order: list[int] = []
+        for ([group], indices) in grouped.values():
+            group_norms = torch._foreach_norm(group, 2, dtype=wide)
+            if group[0].device != first.device:
+                group_norms = [n.to(first.device, non_blocking=True) for n in group_norms]
+            norms.extend(group_norms)
+            order.extend(indices)
+        return norms, tuple(order)
+
+
+def _plan(tensors: list[torch.Tensor]) -> tuple[bool, torch.dtype]:
     first = tensors[0]
     wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-    if all(t.device == first.device and t.dtype == first.dtype for t in tensors):
-        norms = torch._foreach_norm(tensors, 2, dtype=wide)
-        return torch.stack(norms), None
-    grouped = torch.utils._foreach_utils._group_tensors_by_device_and_dtype(
-        [tensors], with_indices=True
-    )
-    parts: list[torch.Tensor] = []
-    order: list[int] = []
-    for (_device, _dtype), ([group], indices) in grouped.items():
-        norms = torch._foreach_norm(group, 2, dtype=wide)
-        parts.append(torch.stack(norms).to(first.device, non_blocking=True))
-        order.extend(indices)
-    return torch.cat(parts), tuple(order)
+    single = all(t.device == first.device and t.dtype == first.dtype for t in tensors)
+    return single, wide
 
 
 def compose_order(
@@ -125,19 +169,25 @@ def compose_order(
     return tuple(present[i] for i in order)
 
 
-def to_host(vector: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """Start copying ``vector`` to host memory; return the host tensor and its event.
+def to_host(
+    values: list[torch.Tensor],
+) -> tuple[torch.Tensor | list[torch.Tensor], torch.cuda.Event | None]:
+    """Start moving a step's 0-d tensors to host memory; return them and an event.
 
-    On the CPU this is the vector itself. On CUDA the copy goes to pinned memory
-    without blocking, and the returned event tells when it has landed.
+    On the CPU they are already there: the list itself is returned (stacking would
+    cost the training thread a kernel; the sender reads them one by one). On CUDA
+    they are stacked and copied to pinned memory without blocking, and the event
+    tells when the copy has landed. Other devices: stacked, read later (blocking)
+    by the sender thread.
     """
-    if vector.device.type == "cpu":
-        return vector, None
-    if vector.device.type == "cuda":
+    first = values[0]
+    if first.is_cpu:
+        return values, None
+    vector = torch.stack(values)
+    if first.is_cuda:
         host = torch.empty(vector.shape, dtype=vector.dtype, pin_memory=True)
         host.copy_(vector, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         return host, event
-    # Other accelerators: a blocking copy, made later on the sender thread.
     return vector, None

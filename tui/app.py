@@ -38,6 +38,7 @@ class TraintopApp(App[int]):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("l", "toggle_log_scale", "Log scale"),
+        Binding("s", "toggle_smoothing", "Smoothing"),
         Binding("r", "next_run", "Next run"),
     ]
 
@@ -116,6 +117,11 @@ class TraintopApp(App[int]):
     def action_toggle_log_scale(self) -> None:
         chart = self.query_one(LossChart)
         chart.log_scale = not chart.log_scale
+        self.redraw(force=True)
+
+    def action_toggle_smoothing(self) -> None:
+        chart = self.query_one(LossChart)
+        chart.smoothing = not chart.smoothing
         self.redraw(force=True)
 
     def action_next_run(self) -> None:

@@ -31,6 +31,8 @@ def sparkline(values: Sequence[float], width: int, *, log: bool = True) -> str:
 
     Non-finite values show as ``!`` so they stand out.
     """
+    if width <= 0:
+        return ""
     tail = list(values)[-width:]
     finite = [_scale(v, log) for v in tail if math.isfinite(v) and (v > 0 or not log)]
     if not finite:
@@ -85,8 +87,8 @@ def downsample(xs: list[float], ys: list[float], limit: int) -> tuple[list[float
     """At most ``limit`` evenly spaced points, always keeping the last one."""
     if len(xs) <= limit or limit < 2:
         return xs, ys
-    stride = math.ceil(len(xs) / limit)
-    idx = [*list(range(0, len(xs) - 1, stride)), len(xs) - 1]
+    stride = math.ceil((len(xs) - 1) / (limit - 1))
+    idx = [*range(0, len(xs) - 1, stride), len(xs) - 1]
     return [xs[i] for i in idx], [ys[i] for i in idx]
 
 
@@ -104,7 +106,7 @@ def axis_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return [low + i * step for i in range(count)]
 
 
-def wants_log_scale(values: list[float], decades: float = 3.0) -> bool:
+def wants_log_scale(values: list[float], decades: float = 1.5) -> bool:
     """True when positive values span more than ``decades`` orders of magnitude."""
     positive = [v for v in values if v > 0 and math.isfinite(v)]
     if len(positive) < 2:

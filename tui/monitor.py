@@ -49,6 +49,10 @@ class Monitor:
             del self.connections[run.run_id]
         self._emit(self.state.connection_closed(conn.id, reason))
 
+    def source_ended(self, reason: str) -> None:
+        """The source has no more frames (a replay is over): its runs are gone."""
+        self._emit(self.state.mark_offline(reason))
+
     def close(self) -> None:
         """Flush and close the run log, if recording."""
         if self._recorder is not None:

@@ -61,7 +61,7 @@ class FramesSource:
                 monitor.frame_received(conn, item)
             if count % 512 == 511:
                 await asyncio.sleep(0)  # let the screen breathe during a long replay
-        monitor.state.mark_offline("recorded")
+        monitor.source_ended("end of the run log")
 
 
 class ReplaySource(FramesSource):

@@ -189,12 +189,17 @@ class MonitorState:
         run.disconnect_reason = "finished" if run.ended else reason
         return [RunDisconnected(run, run.disconnect_reason)]
 
-    def mark_offline(self, reason: str) -> None:
-        """Mark every run as not connected (the end of a replay)."""
+    def mark_offline(self, reason: str) -> list[MonitorEvent]:
+        """Mark every connected run as gone (the end of a replay)."""
         self.version += 1
+        events: list[MonitorEvent] = []
         for run in self.runs.values():
-            run.connected = False
-            run.disconnect_reason = reason
+            if run.connected:
+                run.connected = False
+                run.disconnect_reason = "finished" if run.ended else reason
+                events.append(RunDisconnected(run, run.disconnect_reason))
+        self._conn_runs.clear()
+        return events
 
     def reject(self, peer: str, message: str) -> FrameRejected:
         """Count a frame that could not be accepted."""

@@ -14,13 +14,14 @@ from tui.state import RunState
 TRAIN_COLOR = "cyan"
 VALIDATION_COLOR = "orange"
 NON_FINITE_COLOR = "red"
+SMOOTHING = 0.9
 
 
 class LossChart(PlotextPlot):
     """Train loss (every step) and validation loss (each eval) against the step.
 
-    The y axis turns logarithmic on its own when the loss spans more than three
-    decades (``l`` forces it); a red line marks the first non-finite training loss.
+    The y axis turns logarithmic on its own when the loss spans more than one and
+    a half decades (``l`` forces it); a red line marks the first non-finite training loss.
     """
 
     DEFAULT_CSS = """
@@ -31,10 +32,11 @@ class LossChart(PlotextPlot):
     """
 
     log_scale: reactive[bool] = reactive(False)
+    smoothing: reactive[bool] = reactive(True)  # EMA of the train loss (mini-batch noise)
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.plotted: dict[str, int] = {}  # line label -> points drawn (for tests)
+        self.plotted: dict[str, list[float]] = {}  # line label -> y values drawn
         self.first_non_finite: float | None = None
 
     def show(self, run: RunState | None) -> None:
@@ -55,7 +57,7 @@ class LossChart(PlotextPlot):
             if xs:
                 plt.plot(xs, ys, label=label, color=color,
                          marker="braille" if len(xs) > 1 else "dot")
-                self.plotted[label] = len(xs)
+                self.plotted[label] = ys
         self._axes(run, [y for _, _, _, ys in lines for y in ys], log)
         self.refresh()
 
@@ -65,7 +67,10 @@ class LossChart(PlotextPlot):
         out = []
         train = run.scalars.get("loss")
         if train is not None:
-            out.append(("train loss", TRAIN_COLOR, *train.points()))
+            xs, ys = train.points()
+            if self.smoothing:
+                ys = ema(ys, SMOOTHING)
+            out.append(("train loss", TRAIN_COLOR, xs, ys))
         val_name = next((n for n in run.eval_scalars if "loss" in n), None)
         if val_name is not None:
             out.append((f"validation ({val_name})", VALIDATION_COLOR,
@@ -75,13 +80,16 @@ class LossChart(PlotextPlot):
     def _axes(self, run: RunState | None, ys: list[float], log: bool) -> None:
         plt = self.plt
         self.first_non_finite = _first_non_finite(run)
-        title = "loss, log scale" if log else "loss"
+        title = "loss" + (", log scale" if log else "")
+        title += ", train smoothed" if self.smoothing else ""
         if self.first_non_finite is not None:
             title += f"  (non-finite from step {int(self.first_non_finite)})"
             plt.vline(self.first_non_finite, NON_FINITE_COLOR)
         plt.title(title)
         if run is not None and run.last_step > 0:
             plt.xlim(0, run.last_step)
+            steps = sorted({round(t) for t in axis_ticks(0, run.last_step, 5)})
+            plt.xticks(steps, [f"{t:,}" for t in steps])
         if ys:
             ticks = axis_ticks(min(ys), max(ys), 5)
             labels = [number(10**t if log else t, 3) for t in ticks]
@@ -89,6 +97,16 @@ class LossChart(PlotextPlot):
 
     def watch_log_scale(self) -> None:
         self.refresh()
+
+
+def ema(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average, as TensorBoard's smoothing slider (bias-corrected)."""
+    out: list[float] = []
+    average = 0.0
+    for count, value in enumerate(values, start=1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**count))
+    return out
 
 
 def _log_points(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
