@@ -1,0 +1,296 @@
+"""Probe overhead benchmark: median step time against a bare loop, in the same run.
+
+    python tests/bench/probe_overhead.py [--quick]
+
+For each model the variants (bare loop, traintop probe, and TensorBoard per-layer
+logging when tensorboard is installed) train copies of the same model on the same
+batches, alternated in short blocks so that drift of the machine hits all of them
+alike. A real monitor (``traintop --headless``) runs in another process and stays
+connected. Beside the whole-step ratio, which swings by several percent on a shared
+CPU, the table gives the probe's own time inside the step (its code on the training
+thread, measured directly) and the floor: one bare ``torch._foreach_norm`` over all
+gradients. Target at the default settings: added time at most 1.5 x floor + 30 us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+import probes
+from probes.probe import Probe
+
+
+@dataclass
+class Workload:
+    name: str
+    build: Callable[[], nn.Module]
+    optimizer: Callable[[Any], torch.optim.Optimizer]
+    batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    rounds: int
+    block: int  # steps per variant per round
+
+
+def mlp24() -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(24):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, batch_first=True,
+                                           dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
+        self.head = nn.Linear(256, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def mlp3() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 1))
+
+
+def workloads(quick: bool) -> list[Workload]:
+    scale = 2 if quick else 1
+    return [
+        Workload("(a) MLP 24 x Linear(512,512), b64, Adam", mlp24,
+                 lambda p: torch.optim.Adam(p, lr=1e-4),
+                 lambda: (torch.randn(64, 512), torch.randn(64, 512)), nn.functional.mse_loss,
+                 rounds=12 // scale, block=10),
+        Workload("(b) Transformer 6 x d256 h4, seq128 b8, AdamW", TinyTransformer,
+                 lambda p: torch.optim.AdamW(p, lr=1e-4),
+                 lambda: (torch.randn(8, 128, 256), torch.randn(8, 128, 1)),
+                 nn.functional.mse_loss, rounds=6 // scale, block=3),
+        Workload("(c) MLP 3 x width 64, b32", mlp3, lambda p: torch.optim.Adam(p, lr=1e-3),
+                 lambda: (torch.randn(32, 64), torch.randn(32, 1)), nn.functional.mse_loss,
+                 rounds=20 // scale, block=200),
+    ]
+
+
+class TimedProbe(Probe):
+    """A Probe that adds up the time its own code takes on the training thread."""
+
+    spent = 0.0
+
+    def _enter_step(self, index: int | None) -> None:
+        start = time.perf_counter()
+        super()._enter_step(index)
+        self.spent += time.perf_counter() - start
+
+    def _exit_step(self, failed: bool) -> None:
+        start = time.perf_counter()
+        super()._exit_step(failed)
+        self.spent += time.perf_counter() - start
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        start = time.perf_counter()
+        super()._before_optimizer_step(optimizer, args, kwargs)
+        self.spent += time.perf_counter() - start
+
+    def log(self, **scalars: Any) -> None:
+        start = time.perf_counter()
+        super().log(**scalars)
+        self.spent += time.perf_counter() - start
+
+
+@dataclass
+class Variant:
+    name: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: Callable[[], None]
+    times: list[float] = field(default_factory=list)
+    probe: TimedProbe | None = None
+
+
+def make_variants(work: Workload, address: str) -> list[Variant]:
+    torch.manual_seed(0)
+    base = work.build()
+    x, y = work.batch()
+    variants: list[Variant] = []
+
+    def plain(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            loss = work.loss(model(x), y)
+            loss.backward()
+            opt.step()
+        return step
+
+    model = copy.deepcopy(base)
+    opt = work.optimizer(model.parameters())
+    variants.append(Variant("bare loop", model, opt, plain(model, opt)))
+
+    model = copy.deepcopy(base)
+    opt = work.optimizer(model.parameters())
+    probe = TimedProbe(model, opt, run="bench", address=address)
+
+    def probed() -> None:
+        with probe.step():
+            opt.zero_grad(set_to_none=True)
+            loss = work.loss(model(x), y)
+            loss.backward()
+            opt.step()
+            probe.log(loss=loss)
+    variants.append(Variant("traintop probe", model, opt, probed, probe=probe))
+
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return variants
+    writer = SummaryWriter(tempfile.mkdtemp(prefix="tt-bench-tb-"))
+    model_tb = copy.deepcopy(base)
+    opt_tb = work.optimizer(model_tb.parameters())
+    named = [(n, p) for n, p in model_tb.named_parameters()]
+    counter = [0]
+
+    def tensorboard() -> None:
+        opt_tb.zero_grad(set_to_none=True)
+        loss = work.loss(model_tb(x), y)
+        loss.backward()
+        step = counter[0]
+        writer.add_scalar("loss", loss.item(), step)
+        for name, param in named:
+            writer.add_scalar(f"grad_norm/{name}", param.grad.norm().item(), step)
+        opt_tb.step()
+        counter[0] += 1
+    variants.append(Variant("tensorboard add_scalar", model_tb, opt_tb, tensorboard))
+    return variants
+
+
+def floor_costs(work: Workload) -> tuple[float, float]:
+    """(bare _foreach_norm over all grads, naive p.grad.norm().item() loop), seconds."""
+    torch.manual_seed(0)
+    model = work.build()
+    x, y = work.batch()
+    work.loss(model(x), y).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    repeats = 200 if sum(g.numel() for g in grads) < 1e6 else 40
+
+    def timed(fn: Callable[[], object]) -> float:
+        fn()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+    foreach = timed(lambda: torch._foreach_norm(grads))
+    naive = timed(lambda: [g.norm().item() for g in grads])
+    return foreach, naive
+
+
+def floor_in_step(work: Workload, steps: int) -> float:
+    """One bare ``_foreach_norm`` over all grads timed where the probe runs it: right
+    after backward, when caches hold the backward's data, not the norm's."""
+    torch.manual_seed(0)
+    model = work.build()
+    opt = work.optimizer(model.parameters())
+    x, y = work.batch()
+    samples = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        work.loss(model(x), y).backward()
+        grads = [p.grad for p in model.parameters()]
+        start = time.perf_counter()
+        torch._foreach_norm(grads)
+        samples.append(time.perf_counter() - start)
+        opt.step()
+    return statistics.median(samples[1:])
+
+
+def run_workload(work: Workload, address: str) -> list[str]:
+    variants = make_variants(work, address)
+    probe_variant = next(v for v in variants if v.probe is not None)
+    for variant in variants:  # warm up: allocator, kernels, the monitor connection
+        for _ in range(3):
+            variant.step()
+    assert probe_variant.probe is not None
+    if not probe_variant.probe.sender.connected.wait(10):
+        print("warning: the monitor did not connect; numbers are without a monitor")
+    probe_variant.probe.spent = 0.0
+    for _ in range(work.rounds):
+        for variant in variants:
+            for _ in range(work.block):
+                start = time.perf_counter()
+                variant.step()
+                variant.times.append(time.perf_counter() - start)
+    probe_steps = len(probe_variant.times)
+    probe_own = probe_variant.probe.spent / probe_steps
+    dropped = probe_variant.probe.sender.dropped
+    probe_variant.probe.close()
+    foreach, naive = floor_costs(work)
+    in_step = floor_in_step(work, min(work.rounds * work.block, 400))
+    bare = statistics.median(variants[0].times)
+    budget = 1.5 * in_step + 30e-6
+    rows = [f"\n{work.name}   ({work.rounds} rounds x {work.block} steps per variant)",
+            f"  floor, one _foreach_norm over all grads: {in_step * 1e6:.1f} us in the step "
+            f"(after backward), {foreach * 1e6:.1f} us in a tight loop",
+            f"  naive p.grad.norm().item() loop: {naive * 1e6:.1f} us   "
+            f"budget = 1.5 x floor in the step + 30 us = {budget * 1e6:.0f} us",
+            f"  {'variant':<24}{'median step':>14}{'ratio':>9}{'added':>12}"
+            f"{'own time':>12}{'verdict':>11}"]
+    for variant in variants:
+        median = statistics.median(variant.times)
+        added = median - bare
+        own = f"{probe_own * 1e6:9.1f} us" if variant.probe is not None else ""
+        target = ""
+        if variant.probe is not None:
+            verdict = "ok" if probe_own <= budget else "OVER"
+            target = f"{verdict}"
+        rows.append(f"  {variant.name:<24}{median * 1e3:11.3f} ms{median / bare:9.3f}"
+                    f"{added * 1e6:9.1f} us{own:>12}{target:>14}")
+    rows.append(f"  probe records dropped: {dropped}")
+    return rows
+
+
+def start_monitor(address: str) -> subprocess.Popen:
+    env = {**os.environ, "TRAINTOP_ADDRESS": address}
+    return subprocess.Popen([sys.executable, "-m", "tui.cli", "--headless",
+                             "--summary-every", "1000000000"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--only", help="run only workloads whose name contains this")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    folder = tempfile.mkdtemp(prefix="tt-bench-")
+    address = f"unix:{folder}/monitor.sock"
+    monitor = start_monitor(address)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"probes {probes.__name__}, monitor pid {monitor.pid}")
+    try:
+        for work in workloads(args.quick):
+            if args.only and args.only not in work.name:
+                continue
+            print("\n".join(run_workload(work, address)), flush=True)
+    finally:
+        monitor.terminate()
+        monitor.wait(5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The monitor screen, driven by Textual's Pilot with frames from a fake source."""
+
+from __future__ import annotations
+
+import asyncio
+
+from probes.wire import FrameError
+from tests.frames import LAYERS, short_run, step
+from tui.app import make_app
+from tui.sources import FramesSource
+from tui.widgets import LayerTable, LossChart, RunList, StatusLine
+
+
+async def settle(pilot, app, predicate, timeout: float = 5.0) -> None:
+    """Let the app redraw until ``predicate()`` holds (views redraw on a timer)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("the screen did not reach the expected state")
+        await pilot.pause(0.05)
+
+
+async def test_frames_show_in_status_chart_and_layer_table() -> None:
+    app = make_app(FramesSource(short_run(30)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        status = app.query_one(StatusLine)
+        await settle(pilot, app, lambda: "step 29" in status.text)
+        assert status.text.startswith("mlp")
+        assert "100.0 steps/s" in status.text  # from the frames' own clock
+        assert "dropped 0" in status.text
+        chart = app.query_one(LossChart)
+        assert len(chart.plotted["train loss"]) == 30
+        assert len(chart.plotted["validation (val_loss)"]) == 3
+        table = app.query_one(LayerTable)
+        assert table.row_count == len(LAYERS)
+        head = table.row_text("head")
+        assert head[0] == "head"
+        assert head[1] == "0.99"  # 0.5 + 0.1 * 2 + 0.01 * 29: the latest grad norm
+        assert head[3] == "7"  # param norm from the last sampled step (20)
+        assert len(head[2].strip()) > 10  # a sparkline of the recent history
+
+
+async def test_non_finite_values_are_shown_as_such() -> None:
+    frames = [*short_run(5), step(5, loss=float("nan"), grad_norms=[1.0, float("inf"), None])]
+    app = make_app(FramesSource(frames))
+    async with app.run_test(size=(100, 30)) as pilot:
+        chart = app.query_one(LossChart)
+        await settle(pilot, app, lambda: chart.first_non_finite is not None)
+        assert chart.first_non_finite == 5
+        row = app.query_one(LayerTable).row_text("encoder.2")
+        assert row[1] == "inf"
+        assert app.query_one(LayerTable).row_text("head")[1] == "none"
+        assert "loss nan" in app.query_one(StatusLine).text
+
+
+async def test_several_runs_get_a_run_list_and_r_switches() -> None:
+    frames = [*short_run(10, run="run-a", name="first"), *short_run(20, run="run-b", name="second")]
+    app = make_app(FramesSource(frames))
+    async with app.run_test(size=(120, 40)) as pilot:
+        status = app.query_one(StatusLine)
+        await settle(pilot, app, lambda: "2 runs" in status.text)
+        assert app.query_one(RunList).has_class("-several")
+        assert status.text.startswith("first")
+        await pilot.press("r")
+        await settle(pilot, app, lambda: status.text.startswith("second"))
+        assert "step 19" in status.text
+
+
+async def test_rejected_frames_are_counted_not_fatal() -> None:
+    frames = [*short_run(3), FrameError("malformed frame: boom"), step(3)]
+    app = make_app(FramesSource(frames))
+    async with app.run_test() as pilot:
+        status = app.query_one(StatusLine)
+        await settle(pilot, app, lambda: "step 3" in status.text)
+        assert "rejected 1" in status.text
+        assert app.state.last_rejection == "malformed frame: boom"
+
+
+async def test_views_redraw_at_frame_rate_not_per_record() -> None:
+    app = make_app(FramesSource(short_run(300)))
+    draws = 0
+    async with app.run_test() as pilot:
+        chart = app.query_one(LossChart)
+        original = chart.show
+
+        def counting_show(run):
+            nonlocal draws
+            draws += 1
+            return original(run)
+
+        chart.show = counting_show  # type: ignore[method-assign]
+        status = app.query_one(StatusLine)
+        await settle(pilot, app, lambda: "step 299" in status.text)
+        await pilot.pause(0.3)
+    assert draws < 30  # 300 records, a handful of frames
+
+
+async def test_q_quits() -> None:
+    app = make_app(FramesSource(short_run(3)))
+    async with app.run_test() as pilot:
+        await pilot.press("q")
+        await pilot.pause(0.1)
+    assert app.return_code == 0
+
+
+def test_ema_is_bias_corrected_and_smooths() -> None:
+    from tui.widgets.loss_chart import ema
+
+    assert ema([2.0], 0.9) == [2.0]  # no pull towards zero at the start
+    smoothed = ema([1.0, 3.0] * 50, 0.9)
+    assert abs(smoothed[-1] - 2.0) < 0.2  # the alternation averages out
+    assert max(smoothed[50:]) - min(smoothed[50:]) < 0.5
+
+
+async def test_s_toggles_smoothing_of_the_train_loss() -> None:
+    app = make_app(FramesSource(short_run(30)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        chart = app.query_one(LossChart)
+        await settle(pilot, app, lambda: len(chart.plotted.get("train loss", [])) == 30)
+        smoothed = chart.plotted["train loss"]
+        await pilot.press("s")
+        await settle(pilot, app, lambda: chart.plotted["train loss"] != smoothed)
+        raw = chart.plotted["train loss"]
+        assert raw[-1] == 1 / 30  # the last loss as logged (linear: under 1.5 decades)
+        assert smoothed[-1] > raw[-1]  # the average lags a falling loss

@@ -1,0 +1,46 @@
+"""Import boundaries (DESIGN.md): the training side never loads the UI, the monitor
+never loads torch. Checked in a fresh interpreter, as harlequin does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def loaded_after(statement: str) -> set[str]:
+    code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    return {name.split(".")[0] for name in json.loads(out.stdout.splitlines()[-1])}
+
+
+@pytest.mark.parametrize("statement", [
+    "import probes",
+    "import probes; probes.watch",
+    "import probes.wire, probes.history",
+    "import demo.trainer",
+])
+def test_training_side_loads_no_ui(statement: str) -> None:
+    loaded = loaded_after(statement)
+    assert not loaded & {"textual", "rich", "textual_plotext", "plotext"}
+
+
+@pytest.mark.parametrize("statement", [
+    "import tui",
+    "import tui.app, tui.cli, tui.headless, tui.launcher, tui.state, tui.server",
+])
+def test_monitor_loads_no_torch(statement: str) -> None:
+    assert "torch" not in loaded_after(statement)
+
+
+def test_probes_wire_is_stdlib_only() -> None:
+    loaded = loaded_after("import probes.wire")
+    assert "probes" in loaded and "torch" not in loaded and "numpy" not in loaded
+
+
+def test_lazy_export_still_works() -> None:
+    loaded = loaded_after("import probes; assert callable(probes.watch)")
+    assert "torch" in loaded  # the torch side loads on first use, not at import

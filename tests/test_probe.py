@@ -1,0 +1,627 @@
+"""The probe's behaviour around a training loop: hooks, records, failures, the sender."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import probes
+from probes.sender import Sender
+from probes.wire import resolve_address
+from tests.collector import Frame, FrameCollector
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def batch(seed: int, size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(size, 8, generator=generator)
+    y = torch.randint(0, 3, (size,), generator=generator)
+    return x, y
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> torch.Tensor:
+    x, y = batch(seed)
+    loss = nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def watch_unthinned(model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    collector: FrameCollector, **options: object) -> probes.Probe:
+    """A probe that sends every step as its own frame (no rate thinning)."""
+    return probes.watch(model, optimizer, address=collector.address, max_steps_per_s=1e9,
+                        **options)
+
+
+def wait_for_bye(collector: FrameCollector) -> None:
+    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames)), \
+        "the probe never said bye"
+
+
+def traintop_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("traintop:")]
+
+
+def params_snapshot(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def changed(before: list[torch.Tensor], model: nn.Module) -> bool:
+    return any(not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters(),
+                                                                strict=True))
+
+
+# --- hooks and closing -----------------------------------------------------------------
+
+
+def test_close_removes_every_hook() -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert len(optimizer._optimizer_step_pre_hooks) == 0
+    probe = probes.watch(model, optimizer)
+    assert len(optimizer._optimizer_step_pre_hooks) == 1
+    for i in range(3):
+        with probe.step():
+            probe.log(loss=train_step(model, optimizer, i))
+
+    assert len(model._forward_pre_hooks) == 0
+    with probe.evaluate():
+        assert len(model._forward_pre_hooks) == 1
+        with torch.no_grad():
+            model(batch(99)[0])
+    assert len(model._forward_pre_hooks) == 0
+
+    probe.close()
+    assert probe.closed
+    assert len(optimizer._optimizer_step_pre_hooks) == 0
+    assert len(model._forward_pre_hooks) == 0
+    assert not probe.sender.alive
+
+    probe.close()  # a second close is a no-op
+    assert probe.closed
+    assert len(optimizer._optimizer_step_pre_hooks) == 0
+
+    # The closed probe stays out of the way of further training.
+    before = params_snapshot(model)
+    with probe.step():
+        probe.log(loss=train_step(model, optimizer, 7))
+    with probe.evaluate():
+        model(batch(8)[0])
+    assert changed(before, model)
+    assert len(model._forward_pre_hooks) == 0
+    assert len(optimizer._optimizer_step_pre_hooks) == 0
+
+
+def test_context_manager_closes(collector: FrameCollector) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with probes.watch(model, optimizer, address=collector.address) as probe:
+        assert not probe.closed
+        with probe.step():
+            probe.log(loss=train_step(model, optimizer, 0))
+    assert probe.closed
+    assert len(optimizer._optimizer_step_pre_hooks) == 0
+    assert not probe.sender.alive
+    wait_for_bye(collector)
+    assert [f["step"] for f in collector.kinds("step")] == [0]
+
+
+def test_training_without_monitor_finishes_and_closes_fast() -> None:
+    model = mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    probe = probes.watch(model, optimizer)  # the autouse fixture's address: nobody there
+    first = last = None
+    for i in range(200):
+        with probe.step():
+            loss = train_step(model, optimizer, i % 4)
+            probe.log(loss=loss)
+        if i == 0:
+            first = loss.item()
+        last = loss.item()
+    assert probe.step_index == 199
+    assert first is not None and last is not None and last < first
+    assert not probe.sender.connected.is_set()
+
+    started = time.monotonic()
+    probe.close()
+    elapsed = time.monotonic() - started
+    assert elapsed < 3.0, f"close() took {elapsed:.2f} s with no monitor"
+    assert not probe.sender.alive
+
+
+# --- log() ---------------------------------------------------------------------------
+
+
+def test_log_accepts_floats_ints_and_one_element_tensors(collector: FrameCollector) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    expected_loss = []
+    for i in range(2):
+        with probe.step():
+            loss = train_step(model, optimizer, i)
+            assert loss.requires_grad and loss.dim() == 0
+            weight = torch.tensor(2.5, requires_grad=True)
+            probe.log(acc=0.75, count=3, weight=weight * 2, loss=loss,
+                      single=torch.tensor([4.0]), n_int=torch.tensor(7))
+            expected_loss.append(loss.item())
+    probe.close()
+    wait_for_bye(collector)
+
+    steps = collector.kinds("step")
+    assert [f["step"] for f in steps] == [0, 1]
+    for frame, loss in zip(steps, expected_loss, strict=True):
+        scalars = frame["scalars"]
+        assert next(iter(scalars)) == "loss"
+        assert set(scalars) == {"loss", "acc", "count", "weight", "single", "n_int"}
+        assert scalars["loss"] == pytest.approx(loss, rel=1e-6)
+        assert scalars["acc"] == 0.75
+        assert scalars["count"] == 3
+        assert scalars["weight"] == pytest.approx(5.0)
+        assert scalars["single"] == pytest.approx(4.0)
+        assert scalars["n_int"] == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize(
+    "bad", [torch.ones(3), "high", torch.zeros(2, 2)], ids=["vector", "string", "matrix"]
+)
+def test_log_bad_value_switches_probe_off_without_raising(
+    bad: object, collector: FrameCollector, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    with probe.step():
+        probe.log(loss=train_step(model, optimizer, 0))
+    before = params_snapshot(model)
+    with probe.step():
+        loss = train_step(model, optimizer, 1)
+        probe.log(loss=loss, bad=bad)  # must not raise
+    for i in range(2, 6):  # training goes on
+        with probe.step():
+            probe.log(loss=train_step(model, optimizer, i), bad=bad)
+        probe.log(bad=bad)
+        with probe.evaluate():
+            probe.log(bad=bad)
+    assert changed(before, model)
+    probe.close()
+    wait_for_bye(collector)
+
+    lines = traintop_lines(capsys.readouterr().err)
+    assert len(lines) == 1, lines
+    assert "switched off" in lines[0]
+    errors = [f for f in collector.kinds("event") if f["name"] == "probe_error"]
+    assert len(errors) == 1
+    assert "bad" in errors[0]["message"]
+    assert [f["step"] for f in collector.kinds("step")] == [0]
+
+
+def test_log_after_step_block_attaches_to_that_step(collector: FrameCollector) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    losses = []
+    for i in range(3):
+        with probe.step():
+            loss = train_step(model, optimizer, i)
+            probe.log(acc=0.5 + i)
+        probe.log(loss=loss, tokens=100 * i)
+        losses.append(loss.item())
+    probe.close()
+    wait_for_bye(collector)
+
+    steps = {f["step"]: f for f in collector.kinds("step")}
+    assert sorted(steps) == [0, 1, 2]
+    for i in range(3):
+        scalars = steps[i]["scalars"]
+        assert next(iter(scalars)) == "loss"
+        assert scalars["loss"] == pytest.approx(losses[i], rel=1e-6)
+        assert scalars["acc"] == 0.5 + i
+        assert scalars["tokens"] == 100 * i
+
+
+def test_loss_logged_after_an_evaluate_block_still_attaches_to_the_step(
+    collector: FrameCollector, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    with probe.step():
+        loss = train_step(model, optimizer, 0)
+    with probe.evaluate():
+        probe.log(val_loss=0.25)
+    probe.log(loss=loss)
+    probe.close()
+    wait_for_bye(collector)
+    [record] = collector.kinds("step")
+    assert record["scalars"]["loss"] == pytest.approx(loss.item(), rel=1e-6)
+    assert collector.kinds("eval")[0]["scalars"] == {"val_loss": 0.25}
+    assert "traintop:" not in capsys.readouterr().err
+
+
+def test_log_before_first_step_is_ignored_with_a_warning(
+    collector: FrameCollector, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    probe.log(loss=1.0)
+    with probe.step():
+        probe.log(loss=train_step(model, optimizer, 0))
+    probe.close()
+    wait_for_bye(collector)
+    lines = traintop_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "before the first step" in lines[0]
+    assert [f["step"] for f in collector.kinds("step")] == [0]
+
+
+# --- step records ----------------------------------------------------------------------
+
+
+def test_step_records_carry_index_time_duration_lr_and_norms(collector: FrameCollector) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(
+        [{"params": model[0].parameters(), "lr": 0.1},
+         {"params": model[2].parameters(), "lr": 0.01}],
+        momentum=0.9,
+    )
+    probe = watch_unthinned(model, optimizer, collector)
+    expected_lrs = []
+    started = time.time()
+    for i in range(5):
+        with probe.step():
+            for group, base in zip(optimizer.param_groups, (0.1, 0.01), strict=True):
+                group["lr"] = base * 0.5**i
+            probe.log(loss=train_step(model, optimizer, i))
+        expected_lrs.append([g["lr"] for g in optimizer.param_groups])
+    probe.close()
+    ended = time.time()
+    wait_for_bye(collector)
+
+    steps = collector.kinds("step")
+    assert [f["step"] for f in steps] == [0, 1, 2, 3, 4]
+    times = [f["time"] for f in steps]
+    assert times == sorted(times)
+    for frame, lrs in zip(steps, expected_lrs, strict=True):
+        assert started <= frame["time"] <= ended
+        assert frame["duration"] > 0
+        assert frame["lr"] == pytest.approx(lrs)
+        assert len(frame["lr"]) == 2
+        assert isinstance(frame["grad_norm_total"], float)
+        assert math.isfinite(frame["grad_norm_total"]) and frame["grad_norm_total"] > 0
+        assert frame["none_grads"] == 0
+        assert len(frame["grad_norms"]) == 2  # two Linear layers
+        assert frame["dropped"] == 0
+        assert frame["run"] == probe.run_id
+    hello = collector.kinds("hello")[0]
+    assert hello["layers"] == ["0", "2"]
+    assert hello["param_counts"] == [8 * 16 + 16, 16 * 3 + 3]
+    assert hello["optimizer"] == "SGD"
+
+
+def test_tensor_learning_rate_is_reported(collector: FrameCollector) -> None:
+    model = mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.02), foreach=False)
+    probe = watch_unthinned(model, optimizer, collector)
+    for i in range(2):
+        with probe.step():
+            probe.log(loss=train_step(model, optimizer, i))
+    probe.close()
+    wait_for_bye(collector)
+    steps = collector.kinds("step")
+    assert [f["step"] for f in steps] == [0, 1]
+    for frame in steps:
+        assert frame["lr"] == [pytest.approx(0.02)]
+        assert "lr/0" not in frame["scalars"]
+
+
+def test_every_two_records_only_even_steps(
+    collector: FrameCollector, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector, every=2)
+    for i in range(7):
+        with probe.step():
+            train_step(model, optimizer, i)
+            probe.log(index=i)
+    probe.close()
+    wait_for_bye(collector)
+    steps = collector.kinds("step")
+    assert [f["step"] for f in steps] == [0, 2, 4, 6]
+    assert [f["scalars"]["index"] for f in steps] == [0, 2, 4, 6]
+    assert traintop_lines(capsys.readouterr().err) == []
+
+
+def test_every_two_with_loss_logged_after_the_block(
+    collector: FrameCollector, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Logging after the block on a step that is not measured must be quietly ignored:
+    # it is neither "before the first step" nor an error.
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector, every=2)
+    for i in range(5):
+        with probe.step():
+            loss = train_step(model, optimizer, i)
+        probe.log(loss=loss, index=i)
+    probe.close()
+    wait_for_bye(collector)
+    steps = collector.kinds("step")
+    assert [f["step"] for f in steps] == [0, 2, 4]
+    assert [f["scalars"]["index"] for f in steps] == [0, 2, 4]
+    assert traintop_lines(capsys.readouterr().err) == []
+
+
+def test_step_index_can_be_set_when_resuming(collector: FrameCollector) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    with probe.step(100):
+        probe.log(loss=train_step(model, optimizer, 0))
+    with probe.step():
+        probe.log(loss=train_step(model, optimizer, 1))
+    assert probe.step_index == 101
+    probe.close()
+    wait_for_bye(collector)
+    assert [f["step"] for f in collector.kinds("step")] == [100, 101]
+
+
+def test_exception_in_step_propagates_and_step_is_not_recorded(
+    collector: FrameCollector,
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    with probe.step():
+        probe.log(loss=train_step(model, optimizer, 0))
+    with pytest.raises(RuntimeError, match="boom"), probe.step():
+        train_step(model, optimizer, 1)
+        raise RuntimeError("boom")
+    with probe.step():
+        probe.log(loss=train_step(model, optimizer, 2))
+    probe.close()
+    wait_for_bye(collector)
+    assert [f["step"] for f in collector.kinds("step")] == [0, 2]
+
+
+# --- evaluate() ----------------------------------------------------------------------
+
+
+def test_evaluate_records_eval_frames_and_how_forwards_ran(collector: FrameCollector) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    for i in range(3):
+        with probe.step():
+            probe.log(loss=train_step(model, optimizer, i))
+
+    x, y = batch(50)
+    with probe.evaluate():
+        model.eval()
+        with torch.inference_mode():
+            val = nn.functional.cross_entropy(model(x), y)
+            probe.log(val_loss=val, val_acc=0.5)
+        model.train()
+
+    # Careless validation: training mode, gradients on, two forwards.
+    with probe.evaluate():
+        careless = nn.functional.cross_entropy(model(x), y)
+        model(x)
+        probe.log(val_loss=careless)
+
+    # Orthogonal controls: eval mode but gradients still recorded.
+    with probe.evaluate():
+        model.eval()
+        model(x)
+        model.train()
+        probe.log(val_loss=1.0)
+
+    with probe.step():
+        probe.log(loss=train_step(model, optimizer, 3))
+    probe.close()
+    wait_for_bye(collector)
+
+    evals = collector.kinds("eval")
+    assert len(evals) == 3
+    clean, sloppy, half = evals
+    assert clean["step"] == 2
+    assert clean["scalars"]["val_loss"] == pytest.approx(val.item(), rel=1e-6)
+    assert clean["scalars"]["val_acc"] == 0.5
+    assert clean["forwards"] == 1
+    assert clean["train_mode_forwards"] == 0
+    assert clean["grad_forwards"] == 0
+
+    assert sloppy["step"] == 2
+    assert sloppy["scalars"]["val_loss"] == pytest.approx(careless.item(), rel=1e-6)
+    assert sloppy["forwards"] == 2
+    assert sloppy["train_mode_forwards"] == 2
+    assert sloppy["grad_forwards"] == 2
+
+    assert half["forwards"] == 1
+    assert half["train_mode_forwards"] == 0
+    assert half["grad_forwards"] == 1
+
+    # The eval scalars do not leak into the step records.
+    steps = collector.kinds("step")
+    assert [f["step"] for f in steps] == [0, 1, 2, 3]
+    assert all(set(f["scalars"]) == {"loss"} for f in steps)
+
+
+# --- watch() arguments and unusual models --------------------------------------------
+
+
+def test_model_without_parameters(
+    collector: FrameCollector, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = nn.Sequential(nn.ReLU(), nn.Flatten())
+    probe = probes.watch(model, address=collector.address, max_steps_per_s=1e9)
+    lines = traintop_lines(capsys.readouterr().err)
+    assert len(lines) == 1, lines
+    assert "no trainable parameters" in lines[0]
+    outputs = []
+    for i in range(3):
+        with probe.step():
+            out = model(batch(i)[0]).mean()
+            probe.log(loss=out, step_number=i)
+        outputs.append(out.item())
+    probe.close()
+    wait_for_bye(collector)
+
+    steps = collector.kinds("step")
+    assert [f["step"] for f in steps] == [0, 1, 2]
+    for frame, value in zip(steps, outputs, strict=True):
+        assert frame["scalars"]["loss"] == pytest.approx(value, rel=1e-6)
+        assert frame["scalars"]["step_number"] == frame["step"]
+        assert frame["grad_norms"] == []
+        assert frame["grad_norm_total"] is None
+        assert frame["lr"] == []
+        assert "param_norms" not in frame
+    assert collector.kinds("hello")[0]["layers"] == []
+    assert traintop_lines(capsys.readouterr().err) == []
+
+
+def test_watch_rejects_bad_arguments() -> None:
+    model = mlp()
+    with pytest.raises(TypeError, match=r"nn\.Module"):
+        probes.watch("not a model")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        probes.watch(model.state_dict())  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        probes.watch(model, every=0)
+    with pytest.raises(ValueError):
+        probes.watch(model, sample_every=0)
+
+
+def test_event_is_sent_with_the_current_step(collector: FrameCollector) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    for i in range(2):
+        with probe.step():
+            probe.log(loss=train_step(model, optimizer, i))
+    probe.event("lr_drop", factor=0.1)
+    probe.close()
+    wait_for_bye(collector)
+    events = [f for f in collector.kinds("event") if f["name"] == "lr_drop"]
+    assert len(events) == 1
+    assert events[0]["step"] == 1
+    assert events[0]["factor"] == 0.1
+    assert sorted(f["step"] for f in collector.kinds("step")) == [0, 1]
+
+
+# --- the monitor side: late start, drops, refusal ------------------------------------
+
+
+def test_late_monitor_gets_hello_and_history(socket_path: str) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = probes.watch(model, optimizer, address=f"unix:{socket_path}")
+    for i in range(50):
+        with probe.step():
+            probe.log(loss=train_step(model, optimizer, i))
+    assert not probe.sender.connected.is_set()
+
+    collector = FrameCollector(socket_path)
+    try:
+        for i in range(50, 55):
+            with probe.step():
+                probe.log(loss=train_step(model, optimizer, i))
+        probe.close()
+        wait_for_bye(collector)
+        hellos = collector.kinds("hello")
+        assert len(hellos) >= 1
+        assert hellos[0]["run"] == probe.run_id
+        steps = collector.kinds("step")
+        assert steps[0]["step"] == 0
+        assert "span" not in steps[0]
+        assert any(f["step"] == 54 for f in steps)
+        assert max(f["step"] for f in steps) == 54
+        assert collector.errors == []
+    finally:
+        collector.close()
+
+
+def test_sender_counts_drops_when_queue_is_full() -> None:
+    sender = Sender(resolve_address(), hello={"run": "x"}, queue_size=4, flush_interval=10.0)
+    try:
+        # Let the thread finish its first pass (collect, failed connect); it then sleeps
+        # for flush_interval, so nothing drains the queue while we fill it.
+        deadline = time.monotonic() + 5
+        while sender._next_attempt == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert sender._next_attempt > 0.0
+        for i in range(10):
+            sender.put({"kind": "event", "name": "n", "step": i})
+        assert sender.dropped == 6
+    finally:
+        sender.close()
+    assert not sender.alive
+    assert sender.dropped == 6
+
+
+def test_dropped_count_travels_in_step_frames(collector: FrameCollector) -> None:
+    sender = Sender(collector.address, hello={"run": "x"}, queue_size=4, flush_interval=0.5)
+    try:
+        assert sender.connected.wait(5), "the sender did not connect"
+        for i in range(10):
+            sender.put({"kind": "step", "step": i, "time": time.time(), "scalars": {}})
+    finally:
+        sender.close()
+    wait_for_bye(collector)
+    steps = collector.kinds("step")
+    assert steps, "no step frame arrived"
+    assert steps[-1]["dropped"] == 6
+    assert steps[-1]["step"] == 9
+    assert all(f["step"] >= 6 for f in steps)  # the oldest six were the ones dropped
+
+
+def test_monitor_refusal_is_reported_once_and_training_goes_on(
+    socket_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refusal = {"v": 1, "kind": "refuse", "reason": "protocol version 9 is not supported"}
+
+    def reply(frame: Frame) -> list[Frame]:
+        return [refusal] if frame["kind"] == "hello" else []
+
+    collector = FrameCollector(socket_path, reply=reply)
+    err = ""
+    try:
+        model = mlp()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        probe = probes.watch(model, optimizer, address=f"unix:{socket_path}")
+        before = params_snapshot(model)
+        deadline = time.monotonic() + 10
+        i = 0
+        while "refused" not in err and time.monotonic() < deadline:
+            with probe.step():
+                probe.log(loss=train_step(model, optimizer, i))
+            i += 1
+            err += capsys.readouterr().err
+        assert "refused" in err, "the refusal was never reported"
+        for j in range(i, i + 20):  # training goes on after the refusal
+            with probe.step():
+                probe.log(loss=train_step(model, optimizer, j))
+        assert probe.step_index == i + 19
+        assert changed(before, model)
+        probe.close()
+        assert not probe.sender.alive
+        err += capsys.readouterr().err
+    finally:
+        collector.close()
+    refused = [line for line in err.splitlines() if "refused" in line]
+    assert len(refused) == 1, refused
+    assert refused[0].startswith("traintop:")
+    assert "protocol version 9 is not supported" in refused[0]
