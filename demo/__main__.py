@@ -30,9 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be at least 1")
 
-    from demo.scenarios import BUILDERS  # torch loads here, after the arguments are checked
+    import torch  # loaded here, after the arguments are checked
+
+    from demo.scenarios import BUILDERS
     from demo.trainer import train
 
+    torch.manual_seed(args.seed)  # before the model is built: its initial weights too
     setup = BUILDERS[args.scenario](args.fixed)
     name = args.scenario + (" (fixed)" if args.fixed else "")
     delay = setup.watch_delay if args.delay is None else max(args.delay, 0.0)

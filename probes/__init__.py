@@ -23,13 +23,19 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from probes.clip import clip_grad_norm_
+    from probes.diagnosis import Alert, Diagnoser, Thresholds
     from probes.probe import Probe, watch
 
-__all__ = ["Probe", "watch"]
+__all__ = ["Alert", "Diagnoser", "Probe", "Thresholds", "clip_grad_norm_", "watch"]
 
 _LAZY = {
     "Probe": "probes.probe",
     "watch": "probes.probe",
+    "clip_grad_norm_": "probes.clip",
+    "Alert": "probes.diagnosis",
+    "Diagnoser": "probes.diagnosis",
+    "Thresholds": "probes.diagnosis",
 }
 
 

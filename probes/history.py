@@ -63,13 +63,14 @@ def thin(
     budget: int,
     *,
     is_step: Callable[[T], bool],
-    merge: Callable[[list[T]], T],
+    merge: Callable[[list[T]], list[T]],
     keep_first: bool = False,
 ) -> list[T]:
-    """At most about ``budget`` step items (plus the first step when ``keep_first``).
+    """About ``budget`` step items (plus the first step when ``keep_first``), in order.
 
-    Consecutive step items are merged in runs of equal size by ``merge``; other items
-    pass through untouched and end a run.
+    Consecutive step items are merged in runs of equal size by ``merge``, which returns
+    what stands for the run (usually one item); other items pass through untouched and
+    end a run.
     """
     steps = sum(1 for item in items if is_step(item))
     if steps <= budget or budget <= 0:
@@ -81,7 +82,7 @@ def thin(
     for item in items:
         if not is_step(item):
             if run:
-                out.append(merge(run))
+                out.extend(merge(run))
                 run = []
             out.append(item)
             continue
@@ -91,10 +92,10 @@ def thin(
             continue
         run.append(item)
         if len(run) >= group_size:
-            out.append(merge(run))
+            out.extend(merge(run))
             run = []
     if run:
-        out.append(merge(run))
+        out.extend(merge(run))
     return out
 
 

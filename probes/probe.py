@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import socket
 import sys
@@ -20,8 +19,10 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from probes.layers import LayerMap, map_layers
+from probes.sampled import count_mode_sensitive
 from probes.sender import Sender, warn
-from probes.stats import Measurement, NormReducer, compose_order, to_host
+from probes.stats import Measurement
+from probes.step import StepMeasurer
 from probes.wire import TOKEN_ENV, Address, resolve_address
 
 Scalar = float | int | torch.Tensor
@@ -45,6 +46,7 @@ class Probe:
         address: str | Address | None = None,
         every: int = 1,
         sample_every: int = 20,
+        grad_accumulation: bool = False,
         queue_size: int = 8192,
         history: int = 1024,
         max_steps_per_s: float = 60.0,
@@ -64,29 +66,22 @@ class Probe:
         self._handles: list[RemovableHandle] = []
         self._index = -1
         self._in_step = False
-        self._measuring = False
         self._step_started = 0.0
-        self._step_wall = 0.0
-        self._norms = NormReducer()
+        self._param_ids = {id(p) for p in self.layers.params}
+        self._measurer = StepMeasurer(model, self.layers, optimizer,
+                                      grad_accumulation=grad_accumulation)
         self._next_step_scope = _StepScope(self, None)
-        self._grad_norms: list[torch.Tensor] = []
-        self._grad_present: tuple[int, ...] | None = None
-        self._grad_order: tuple[int, ...] | None = None
-        self._none_grads = 0
-        self._tensor_scalars: dict[str, torch.Tensor] = {}
-        self._float_scalars: dict[str, float] = {}
         self._last: Measurement | None = None
         self._eval: _EvalScope | None = None
         self._disabled = False
         self._closed = False
+        self._grad_accumulation = grad_accumulation
         if not self.layers.params:
             warn(f"{self.name}: the model has no trainable parameters; only logged scalars "
                  "will be recorded")
-        # Tensor learning rates (capturable schedulers) must travel with the batched copy.
-        self._tensor_lrs = optimizer is not None and any(
-            isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups)
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+            self._handles.append(optimizer.register_step_post_hook(self._after_optimizer_step))
         self.sender = Sender(
             self.address,
             self._hello(),
@@ -130,8 +125,9 @@ class Probe:
         try:
             if self._eval is not None:
                 self._eval.log(scalars)
-            elif self._in_step:
-                self._log_into(self._tensor_scalars, self._float_scalars, scalars)
+            elif self._in_step and self._measurer.current is not None:
+                step = self._measurer.current
+                self._log_into(step.tensor_scalars, step.float_scalars, scalars)
             elif self._last is not None:
                 self._log_into(self._last.late_scalars, self._last.float_scalars, scalars)
             elif self._index >= 0:
@@ -180,6 +176,7 @@ class Probe:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._measurer.abandon()  # activation hooks of a step left open
         try:
             self._flush_last()
         finally:
@@ -197,107 +194,44 @@ class Probe:
         self._flush_last()
         self._index = self._index + 1 if index is None else index
         self._in_step = True
-        self._measuring = self._index % self.every == 0
-        self._grad_norms = []
-        self._grads_read = False
-        self._tensor_scalars = {}
-        self._float_scalars = {}
-        self._step_wall = time.time()
+        if self._index % self.every == 0:
+            sampled = self._index % self.sample_every == 0
+            self._measurer.begin(self._index, time.time(), sampled)
         self._step_started = time.perf_counter()
 
     def _exit_step(self, failed: bool) -> None:
         duration = time.perf_counter() - self._step_started
         self._in_step = False
-        if failed or not self._measuring:
-            return
-        if not self._grads_read:
-            self._measure_grads()
-        self._last = self._measurement(duration)
+        if failed:
+            self._measurer.abandon()
+        else:
+            self._last = self._measurer.finish(duration)
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._in_step and self._measuring and not self._disabled:
+        if self._in_step and not self._disabled:
             try:
-                self._measure_grads()
+                self._measurer.before_optimizer_step()
             except Exception as exc:
                 self._fail(exc)
 
-    def _measure_grads(self) -> None:
-        """Launch the batched per-parameter gradient norms (nothing is read yet)."""
-        grads: list[torch.Tensor] = []
-        present: list[int] = []
-        for index, param in enumerate(self.layers.params):
-            grad = param.grad
-            if grad is not None:
-                grads.append(grad)
-                present.append(index)
-        self._none_grads = len(self.layers.params) - len(grads)
-        self._grad_present = None if not self._none_grads else tuple(present)
-        self._grads_read = True
-        if grads and grads[0].requires_grad:
-            # Grads made by backward(create_graph=True): the norms must not grow a graph.
-            with torch.no_grad():
-                self._grad_norms, self._grad_order = self._norms.norms(grads)
-        elif grads:
-            self._grad_norms, self._grad_order = self._norms.norms(grads)
-        else:
-            self._grad_norms, self._grad_order = [], None
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._disabled:
+            try:
+                self._measurer.after_optimizer_step()
+            except Exception as exc:
+                self._fail(exc)
 
-    def _measurement(self, duration: float) -> Measurement:
-        """Stack this step's norms and tensor scalars and start their copy to host."""
-        values: list[torch.Tensor] = list(self._grad_norms)
-        grad_count = len(values)
-        param_count, param_order = 0, None
-        if self.layers.params and self._index % self.sample_every == 0:
-            with torch.no_grad():
-                param_norms, param_order = self._norms.norms(
-                    [p.detach() for p in self.layers.params])
-            values += param_norms
-            param_count = len(param_norms)
-        names = self._append_tensor_scalars(values)
-        host, event = to_host(values) if values else (None, None)
-        return Measurement(
-            layer_map=self.layers,
-            step=self._index,
-            time=self._step_wall,
-            duration=duration,
-            values=host,
-            event=event,
-            grad_present=compose_order(self._grad_present, self._grad_order),
-            grad_count=grad_count,
-            param_count=param_count,
-            param_order=param_order,
-            tensor_scalar_names=names,
-            float_scalars=self._float_scalars,
-            lrs=self._learning_rates(),
-            none_grads=self._none_grads,
-        )
+    def _clipping(self, max_norm: float) -> None:
+        """Called by ``probes.clip_grad_norm_`` before it clips."""
+        if self._in_step and not self._disabled:
+            try:
+                self._measurer.clipping(max_norm)
+            except Exception as exc:
+                self._fail(exc)
 
-    def _append_tensor_scalars(self, values: list[torch.Tensor]) -> tuple[str, ...]:
-        """Append the logged tensor scalars (and tensor LRs) to ``values``; their names."""
-        scalars = self._tensor_scalars
-        if self.optimizer is not None and self._tensor_lrs:
-            scalars = dict(scalars)
-            for i, group in enumerate(self.optimizer.param_groups):
-                if isinstance(group.get("lr"), torch.Tensor):
-                    scalars[f"lr/{i}"] = group["lr"].detach()
-        if not scalars:
-            return ()
-        like = values[0] if values else next(iter(scalars.values()))
-        device, dtype = like.device, (like.dtype if values else torch.float32)
-        for tensor in scalars.values():
-            if tensor.dtype != dtype or tensor.device != device or tensor.dim():
-                tensor = tensor.reshape(()).to(device=device, dtype=dtype, non_blocking=True)
-            values.append(tensor)
-        return tuple(scalars)
-
-    def _learning_rates(self) -> list[float]:
-        if self.optimizer is None:
-            return []
-        if not self._tensor_lrs:
-            return [float(g.get("lr", math.nan)) for g in self.optimizer.param_groups]
-        # Tensor LRs travel with the batched copy (see _append_tensor_scalars).
-        return [math.nan if isinstance(g.get("lr"), torch.Tensor) else float(g.get("lr", math.nan))
-                for g in self.optimizer.param_groups]
+    def owns(self, param: torch.Tensor) -> bool:
+        """True if ``param`` is one of the watched model's trainable parameters."""
+        return id(param) in self._param_ids
 
     def _flush_last(self) -> None:
         last, self._last = self._last, None
@@ -349,7 +283,11 @@ class Probe:
             "optimizer": type(self.optimizer).__name__ if self.optimizer else None,
             "layers": list(self.layers.names),
             "param_counts": list(self.layers.param_counts),
-            "config": {"every": self.every, "sample_every": self.sample_every},
+            "params": list(self.layers.param_names),
+            "activations": self._measurer.activations.names,
+            "mode_sensitive_modules": count_mode_sensitive(self.model),
+            "config": {"every": self.every, "sample_every": self.sample_every,
+                       "grad_accumulation": self._grad_accumulation},
         }
         token = os.environ.get(TOKEN_ENV)
         if token:
@@ -437,6 +375,11 @@ def _rank_and_world() -> tuple[int, int]:
 _open_probes: weakref.WeakSet[Probe] = weakref.WeakSet()
 
 
+def probes_watching(param: torch.Tensor) -> list[Probe]:
+    """The open probes whose model trains ``param``."""
+    return [probe for probe in list(_open_probes) if probe.owns(param)]
+
+
 @atexit.register
 def _close_open_probes() -> None:
     """Flush probes left open at interpreter exit, so the last steps are not lost."""
@@ -452,6 +395,7 @@ def watch(
     address: str | Address | None = None,
     every: int = 1,
     sample_every: int = 20,
+    grad_accumulation: bool = False,
     **options: Any,
 ) -> Probe:
     """Watch a training run: per-step loss, per-layer gradient norms and more.
@@ -464,7 +408,10 @@ def watch(
         address: the monitor's address (default: ``$TRAINTOP_ADDRESS``, else the
             per-user Unix socket).
         every: measure one step in ``every``.
-        sample_every: costlier statistics (parameter norms) on one step in this many.
+        sample_every: costlier statistics (parameter norms, update/weight ratios,
+            activation health) on one step in this many.
+        grad_accumulation: you accumulate gradients over several steps on purpose;
+            the check that ``zero_grad`` runs every step is then off.
         **options: ``queue_size``, ``history``, ``max_steps_per_s`` (see ``Probe``).
 
     Returns:
@@ -482,4 +429,4 @@ def watch(
                     probe.log(loss=loss)
     """
     return Probe(model, optimizer, run=run, address=address, every=every,
-                 sample_every=sample_every, **options)
+                 sample_every=sample_every, grad_accumulation=grad_accumulation, **options)

@@ -59,12 +59,23 @@ def _is_step(item: Record | PendingRecord) -> bool:
     return not isinstance(item, dict)
 
 
-def _merge_pending(group: list[PendingRecord]) -> PendingRecord:
-    """One measurement standing for ``group``: the first non-finite one, else the last."""
-    kept = next((m for m in group if m.has_non_finite()), group[-1])
+def _merge_pending(group: list[PendingRecord]) -> list[PendingRecord]:
+    """What stands for ``group``: its last measurement, or, when one is non-finite, the
+    first non-finite one and the finite one just before it (the peak of a climb)."""
     first = group[0].span[0] if group[0].span else group[0].step
-    kept.span = (first, group[-1].step)
-    return kept
+    bad = next((i for i, m in enumerate(group) if m.has_non_finite()), None)
+    if bad is None:
+        kept = group[-1]
+        kept.span = (first, group[-1].step)
+        return [kept]
+    out = []
+    if bad > 0:
+        before = group[bad - 1]
+        before.span = (first, before.step)
+        out.append(before)
+    group[bad].span = (group[bad].step, group[-1].step)
+    out.append(group[bad])
+    return out
 
 
 def warn(message: str) -> None:

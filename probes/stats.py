@@ -32,10 +32,15 @@ class Measurement:
     grad_count: int = 0
     param_count: int = 0  # >0 on sampled steps: parameter norms follow the grad norms
     param_order: tuple[int, ...] | None = None  # parameter order of the values, if not natural
+    update_count: int = 0  # >0 on sampled steps with an optimizer: update norms follow
+    update_order: tuple[int, ...] | None = None
+    activation_totals: list[int] = field(default_factory=list)  # elements seen per module
     tensor_scalar_names: tuple[str, ...] = ()
     float_scalars: dict[str, float] = field(default_factory=dict)
     lrs: list[float] = field(default_factory=list)
     none_grads: int = 0
+    grads_not_cleared: bool = False
+    clipped: float | None = None  # max_norm of probes.clip_grad_norm_, if it ran
     late_scalars: dict[str, torch.Tensor] = field(default_factory=dict)  # logged after the step
     span: tuple[int, int] | None = None  # set when this measurement stands for several steps
     _host: list[float] | None = None
@@ -63,37 +68,79 @@ class Measurement:
 
     def to_record(self) -> dict[str, object]:
         """The step record (a dict of plain numbers); waits for the copy if needed."""
-        layer_map = self.layer_map
+        layers = self.layer_map
         values = self._values()
-        grads = values[: self.grad_count]
-        params = values[self.grad_count : self.grad_count + self.param_count]
-        tail = values[self.grad_count + self.param_count :]
-        scalars: dict[str, float] = {}
-        lrs = list(self.lrs)
-        for name, value in zip(self.tensor_scalar_names, tail, strict=True):
-            if name.startswith("lr/"):
-                lrs[int(name[3:])] = value
-            else:
-                scalars[name] = value
-        scalars.update(self.float_scalars)
-        scalars.update({name: float(t) for name, t in self.late_scalars.items()})
-        grad_norms = combine_layer_norms(grads, self.grad_present, layer_map)
+        at = 0
+
+        def take(count: int) -> list[float]:
+            nonlocal at
+            at += count
+            return values[at - count : at]
+
+        grads = take(self.grad_count)
+        params = take(self.param_count)
+        updates = take(self.update_count)
+        counts = take(sum(1 for total in self.activation_totals if total))
         record: dict[str, object] = {
             "kind": "step",
             "step": self.step,
             "time": self.time,
             "duration": self.duration,
-            "scalars": _loss_first(scalars),
-            "lr": lrs,
-            "grad_norms": grad_norms,
+            "scalars": self._scalars(values[at:]),
+            "lr": self._lrs(values[at:]),
+            "grad_norms": combine_layer_norms(grads, self.grad_present, layers),
             "grad_norm_total": _total(grads),
             "none_grads": self.none_grads,
         }
+        if self.grad_present is not None and self.none_grads:
+            present = set(self.grad_present)
+            record["none_grad_params"] = [i for i in range(len(layers.params))
+                                          if i not in present]
+        if self.param_count:
+            param_norms = combine_layer_norms(params, self.param_order, layers)
+            record["param_norms"] = param_norms
+            if self.update_count:
+                update_norms = combine_layer_norms(updates, self.update_order, layers)
+                record["update_ratios"] = [_ratio(u, w) for u, w in zip(update_norms,
+                                                                          param_norms, strict=True)]
+        if self.activation_totals:
+            record["activations"] = _fractions(counts, self.activation_totals)
+        if self.grads_not_cleared:
+            record["grads_not_cleared"] = True
+        if self.clipped is not None:
+            record["clipped"] = self.clipped
         if self.span is not None:
             record["span"] = list(self.span)
-        if self.param_count:
-            record["param_norms"] = combine_layer_norms(params, self.param_order, layer_map)
         return record
+
+    def _scalars(self, tail: list[float]) -> dict[str, float]:
+        scalars = {name: value for name, value in zip(self.tensor_scalar_names, tail,
+                                                      strict=True) if not name.startswith("lr/")}
+        scalars.update(self.float_scalars)
+        scalars.update({name: float(t) for name, t in self.late_scalars.items()})
+        return _loss_first(scalars)
+
+    def _lrs(self, tail: list[float]) -> list[float]:
+        lrs = list(self.lrs)
+        for name, value in zip(self.tensor_scalar_names, tail, strict=True):
+            if name.startswith("lr/"):
+                lrs[int(name[3:])] = value
+        return lrs
+
+
+def _ratio(update: float | None, weight: float | None) -> float | None:
+    if update is None or weight is None:
+        return None
+    return update / weight if weight else None  # all-zero weights: no ratio, not infinite
+
+
+def _fractions(counts: list[float], totals: list[int]) -> list[float | None]:
+    """Per activation module: hits / elements, None for a module that did not run."""
+    out: list[float | None] = []
+    remaining = iter(counts)
+    for total in totals:
+        out.append(next(remaining) / total if total else None)
+    return out
 
 
 def _loss_first(scalars: dict[str, float]) -> dict[str, float]:

@@ -96,8 +96,8 @@ def test_merge_already_merged_records() -> None:
 
 
 def thin_steps(records: list[Record], budget: int, keep_first: bool = False) -> list[Record]:
-    return thin(records, budget, is_step=lambda r: r.get("kind") == "step", merge=merge_steps,
-                keep_first=keep_first)
+    return thin(records, budget, is_step=lambda r: r.get("kind") == "step",
+                merge=lambda run: [merge_steps(run)], keep_first=keep_first)
 
 
 

@@ -7,11 +7,13 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
-from textual.widgets import Footer, OptionList
+from textual.widgets import DataTable, Footer, OptionList
 
 from tui.monitor import Monitor
+from tui.screens.alert_detail import AlertDetail
 from tui.sources import FrameSource
 from tui.state import (
+    AlertRaised,
     FrameRejected,
     MonitorEvent,
     MonitorState,
@@ -19,7 +21,7 @@ from tui.state import (
     RunDisconnected,
     RunState,
 )
-from tui.widgets import LayerTable, LossChart, RunList, StatusLine
+from tui.widgets import AlertsPanel, LayerTable, LossChart, RunList, StatusLine
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
 
@@ -68,6 +70,7 @@ class TraintopApp(App[int]):
             with Vertical(id="views"):
                 yield LossChart(id="loss")
                 yield LayerTable(id="layers")
+                yield AlertsPanel(id="alerts")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -93,6 +96,7 @@ class TraintopApp(App[int]):
         self.query_one(RunList).show(self.state, self.selected_run)
         self.query_one(LossChart).show(run)
         self.query_one(LayerTable).show(run)
+        self.query_one(AlertsPanel).show(run)
 
     def _on_monitor_events(self, events: list[MonitorEvent]) -> None:
         for event in events:
@@ -104,6 +108,19 @@ class TraintopApp(App[int]):
                 self.notify(f"{event.run.name}: {event.reason}", timeout=4)
             elif isinstance(event, FrameRejected):
                 self.notify(event.message, title="frame rejected", severity="warning", timeout=5)
+            elif isinstance(event, AlertRaised) and event.run.run_id == self.selected_run:
+                alert = event.alert
+                self.notify(f"{alert.kind} at step {alert.step:,}"
+                            + (f" on {alert.subject}" if alert.subject else ""),
+                            title=alert.severity,
+                            severity="error" if alert.severity == "error" else "warning",
+                            timeout=6)
+
+    @on(DataTable.RowSelected, "#alerts")
+    def _open_alert(self) -> None:
+        entry = self.query_one(AlertsPanel).selected()
+        if entry is not None:
+            self.push_screen(AlertDetail(entry))
 
     def watch_selected_run(self) -> None:
         self.redraw(force=True)

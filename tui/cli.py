@@ -16,6 +16,8 @@ import sys
 from probes.wire import TOKEN_ENV, resolve_address
 from tui.server import ServerError
 
+SEVERITIES = ("info", "warning", "error")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -28,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("file", help="a run log written by --record")
     replay.add_argument("--headless", action="store_true", help="print instead of drawing")
     replay.add_argument("--summary-every", type=int, default=100, metavar="N")
+    replay.add_argument("--fail-on", choices=SEVERITIES, help="headless: exit 3 if an "
+                        "alert this severe (or worse) fires")
     demo = commands.add_parser("demo", help="run a bundled failure mode, monitored")
     demo.add_argument("scenario", nargs="?", default="healthy")
     demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -37,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--fixed", action="store_true", help="run the corrected version")
     demo.add_argument("--record", metavar="FILE", help="write every received frame to FILE")
     demo.add_argument("--summary-every", type=int, default=100, metavar="N")
+    demo.add_argument("--fail-on", choices=SEVERITIES, help="headless: exit 3 if an alert "
+                      "this severe (or worse) fires")
     return parser
 
 
@@ -50,11 +56,17 @@ def _add_monitor_options(parser: argparse.ArgumentParser) -> None:
                         help="headless: a summary line every N steps (default 100)")
     parser.add_argument("--exit-when-done", action="store_true",
                         help="headless: exit once every run that connected has finished")
+    parser.add_argument("--fail-on", choices=SEVERITIES,
+                        help="headless: exit with status 3 as soon as an alert this severe "
+                        "(or worse) fires: a smoke test for CI")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``traintop`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "fail_on", None) and not args.headless:
+        parser.error("--fail-on needs --headless")
     try:
         if args.command == "demo":
             from tui.launcher import run_demo
@@ -76,7 +88,8 @@ def _monitor(args: argparse.Namespace) -> int:
     address = resolve_address(args.address)
     source = ServerSource(address, token=os.environ.get(TOKEN_ENV))
     return serve(source, headless=args.headless, record=args.record,
-                 summary_every=args.summary_every, exit_when_done=args.exit_when_done)
+                 summary_every=args.summary_every, exit_when_done=args.exit_when_done,
+                 fail_on=args.fail_on)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -87,16 +100,17 @@ def _replay(args: argparse.Namespace) -> int:
     with open(args.file, "rb"):
         pass  # fail now, with one line, if it cannot be read
     return serve(ReplaySource(args.file), headless=args.headless, record=None,
-                 summary_every=args.summary_every, exit_when_done=True)
+                 summary_every=args.summary_every, exit_when_done=True, fail_on=args.fail_on)
 
 
 def serve(source: object, *, headless: bool, record: str | None, summary_every: int,
-          exit_when_done: bool) -> int:
+          exit_when_done: bool, fail_on: str | None = None) -> int:
     """Run the monitor on ``source``: the Textual app, or headless printing."""
     if headless:
         from tui.headless import HeadlessMonitor, run_headless
 
-        monitor = HeadlessMonitor(summary_every=summary_every, record_path=record)
+        monitor = HeadlessMonitor(summary_every=summary_every, record_path=record,
+                                  fail_on=fail_on)
         return asyncio.run(run_headless(source, monitor,  # type: ignore[arg-type]
                                         exit_when_done=exit_when_done))
     from tui.app import make_app

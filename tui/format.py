@@ -75,12 +75,20 @@ def status_fields(run: RunState | None, monitor: MonitorState, listening: str) -
         f"loss {number(run.loss)}",
         connection_label(run),
         f"dropped {run.dropped:,}",
+        alerts_label(run),
     ]
     if monitor.rejected_frames:
         fields.append(f"rejected {monitor.rejected_frames:,}")
     if len(monitor.runs) > 1:
         fields.append(f"{len(monitor.runs)} runs")
     return fields
+
+
+def alerts_label(run: RunState) -> str:
+    """``alerts 0``, or ``alerts 3 (1 error)`` counting the active ones."""
+    active = run.active_alerts
+    errors = sum(1 for a in active if a.severity == "error")
+    return f"alerts {len(active)}" + (f" ({errors} error{'s' * (errors != 1)})" if errors else "")
 
 
 def downsample(xs: list[float], ys: list[float], limit: int) -> tuple[list[float], list[float]]:

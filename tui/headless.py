@@ -11,12 +11,23 @@ import contextlib
 import sys
 from typing import TextIO
 
+from probes.diagnosis import at_least
 from probes.wire import Frame
 from tui.format import number
 from tui.monitor import Monitor
 from tui.server import Connection
 from tui.sources import FrameSource
-from tui.state import FrameRejected, MonitorEvent, RunConnected, RunDisconnected, RunState
+from tui.state import (
+    AlertCleared,
+    AlertRaised,
+    FrameRejected,
+    MonitorEvent,
+    RunConnected,
+    RunDisconnected,
+    RunState,
+)
+
+ALERT_EXIT_STATUS = 3  # --fail-on: an alert of that severity or worse fired
 
 
 class HeadlessMonitor(Monitor):
@@ -28,10 +39,13 @@ class HeadlessMonitor(Monitor):
         out: TextIO = sys.stdout,
         summary_every: int = 100,
         record_path: str | None = None,
+        fail_on: str | None = None,
     ) -> None:
         super().__init__(record_path=record_path, on_events=self._print_events)
         self.out = out
         self.summary_every = max(1, summary_every)
+        self.fail_on = fail_on
+        self.failed_by: AlertRaised | None = None  # the alert that tripped --fail-on
         self.all_done = asyncio.Event()
         self._summarised: dict[str, int] = {}
 
@@ -62,13 +76,27 @@ class HeadlessMonitor(Monitor):
                     self.all_done.set()
             elif isinstance(event, FrameRejected):
                 self._line(f"rejected frame from={event.peer}: {event.message}")
+            elif isinstance(event, AlertRaised):
+                self._line(f"{event.alert.line()} run={event.run.name}")
+                self._check_fail_on(event)
+            elif isinstance(event, AlertCleared):
+                self._line(f"CLEARED {event.alert.kind} step={event.step} "
+                           f"subject={event.alert.subject or '-'} run={event.run.name}")
+
+    def _check_fail_on(self, event: AlertRaised) -> None:
+        if self.fail_on and self.failed_by is None and at_least(event.alert.severity,
+                                                                 self.fail_on):
+            self.failed_by = event
+            self._line(f"failing: {event.alert.severity} alert {event.alert.kind} "
+                       f"(--fail-on {self.fail_on})")
+            self.all_done.set()
 
     def _line(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
 
 def summary_line(run: RunState) -> str:
-    """``step=N loss=... grad_norm=... steps/s=... dropped=N`` for one run."""
+    """``run=... step=N loss=... grad_norm=... steps/s=... dropped=N alerts=N``."""
     rate = run.steps_per_s
     val = next((s.latest for n, s in run.eval_scalars.items() if "loss" in n), None)
     parts = [
@@ -82,6 +110,7 @@ def summary_line(run: RunState) -> str:
         f"grad_norm={number(run.grad_total.latest)}",
         f"steps/s={'-' if rate is None else f'{rate:.1f}'}",
         f"dropped={run.dropped}",
+        f"alerts={len(run.active_alerts)}",
     ]
     return " ".join(parts)
 
@@ -93,12 +122,13 @@ async def run_headless(
     exit_when_done: bool = False,
 ) -> int:
     """Run ``source`` into ``monitor`` until it ends (a replay), until interrupted, or,
-    with ``exit_when_done``, until every run that connected has gone.
+    with ``exit_when_done``, until every run that connected has gone; with the
+    monitor's ``fail_on``, also as soon as an alert that bad fires.
 
-    Returns the exit status."""
+    Returns the exit status: ``ALERT_EXIT_STATUS`` if ``fail_on`` tripped, else 0."""
     feeding = asyncio.create_task(source.run(monitor))
     waiters = {feeding}
-    if exit_when_done:
+    if exit_when_done or monitor.fail_on:
         waiters.add(asyncio.create_task(monitor.all_done.wait()))
     try:
         done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -110,4 +140,4 @@ async def run_headless(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         monitor.close()
-    return 0
+    return ALERT_EXIT_STATUS if monitor.failed_by is not None else 0

@@ -37,7 +37,8 @@ def run_demo(args: argparse.Namespace) -> int:
         from tui.sources import ServerSource
 
         status = serve(ServerSource(address), headless=args.headless, record=args.record,
-                       summary_every=args.summary_every, exit_when_done=args.headless)
+                       summary_every=args.summary_every, exit_when_done=args.headless,
+                       fail_on=args.fail_on)
     finally:
         trainer_status = _stop(trainer)
         if trainer_status not in (0, None) and args.headless:

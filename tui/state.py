@@ -12,11 +12,23 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, Thresholds
 from probes.wire import Frame
 from tui.series import BucketedSeries
 
 SPARK_HISTORY = 48  # grad-norm values kept per layer for the sparkline
 RATE_WINDOW = 32  # step records used to estimate steps per second
+MAX_ALERTS = 1000  # alert entries kept per run (raised ones; each is rare)
+
+
+@dataclass
+class AlertEntry:
+    """An alert as the monitor shows it: raised at a step, maybe cleared since."""
+
+    alert: Alert
+    active: bool = True
+    cleared_at: int | None = None
+    from_probe: bool = False  # raised in the training process (a data check, the guard)
 
 
 @dataclass
@@ -40,10 +52,13 @@ class RunState:
     grad_norms: list[float | None] = field(default_factory=list)
     grad_history: list[deque[float]] = field(default_factory=list)
     param_norms: list[float | None] = field(default_factory=list)
+    update_ratios: list[float | None] = field(default_factory=list)
     learning_rates: list[float] = field(default_factory=list)
     none_grads: int = 0
     last_eval_step: int = -1
     events: deque[Frame] = field(default_factory=lambda: deque(maxlen=500))
+    alerts: list[AlertEntry] = field(default_factory=list)
+    diagnoser: Diagnoser = field(default_factory=Diagnoser)
     last_seq: dict[str, int] = field(default_factory=dict)
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
 
@@ -66,6 +81,31 @@ class RunState:
     def layer_count(self) -> int:
         return len(self.layers)
 
+    @property
+    def active_alerts(self) -> list[Alert]:
+        return [entry.alert for entry in self.alerts if entry.active]
+
+    def layer_status(self) -> dict[str, str]:
+        """Layer name -> its worst current condition, for colouring the layer table:
+        ``non_finite``, ``exploding``, ``vanishing``, ``none_grad`` or ``dead``."""
+        status: dict[str, str] = {}
+        for i, name in enumerate(self.layers):
+            grad = self.grad_norms[i] if i < len(self.grad_norms) else None
+            if grad is None and self.step_records:
+                status[name] = "none_grad"
+            elif grad is not None and not math.isfinite(grad):
+                status[name] = "non_finite"
+        feeding = {str(a[0]): self.layers[int(a[2])] for a in self.meta.get("activations", [])
+                   if len(a) > 2 and a[2] is not None and 0 <= int(a[2]) < len(self.layers)}
+        rank = {"dead": 0, "none_grad": 1, "vanishing": 2, "exploding": 3, "non_finite": 4}
+        for alert in self.active_alerts:
+            kind = {"vanishing_gradient": "vanishing", "exploding_gradient": "exploding",
+                    "dead_activations": "dead", "saturated_activations": "dead"}.get(alert.kind)
+            layer = feeding.get(alert.subject, alert.subject) if kind == "dead" else alert.subject
+            if kind and layer in self.layers and rank[kind] > rank.get(status.get(layer, ""), -1):
+                status[layer] = kind
+        return status
+
     def apply_hello(self, frame: Frame) -> None:
         self.meta = {k: v for k, v in frame.items() if k not in ("v", "kind", "token")}
         self.name = str(frame.get("name", self.run_id))
@@ -74,16 +114,20 @@ class RunState:
             self.layers = layers
             self.grad_norms = [None] * len(layers)
             self.param_norms = [None] * len(layers)
+            self.update_ratios = [None] * len(layers)
             self.grad_history = [deque(maxlen=SPARK_HISTORY) for _ in layers]
         self.param_counts = [int(c) for c in frame.get("param_counts", [])]
+        if not self.step_records:  # a new run (not a reconnect): diagnose from its start
+            self.diagnoser = Diagnoser(RunInfo.from_hello(frame), self.diagnoser.thresholds)
         self.connected = True
         self.ended = False
         self.disconnect_reason = ""
 
-    def apply_step(self, frame: Frame) -> None:
+    def apply_step(self, frame: Frame) -> bool:
+        """Take a step record; False if it was already seen (a replay on reconnect)."""
         step = int(frame["step"])
         if step <= self.last_step:
-            return  # already seen (a replay after a reconnect)
+            return False
         self.last_step = step
         self.step_records += 1
         self.dropped = int(frame.get("dropped", self.dropped))
@@ -96,6 +140,7 @@ class RunState:
         self._apply_layer_values(frame)
         self.learning_rates = [_as_float(x) for x in frame.get("lr") or []]
         self.none_grads = int(frame.get("none_grads", 0))
+        return True
 
     def apply_eval(self, frame: Frame) -> None:
         step = int(frame.get("step", self.last_step))
@@ -113,6 +158,31 @@ class RunState:
         param_norms = frame.get("param_norms")
         if param_norms is not None and len(param_norms) == len(self.layers):
             self.param_norms = [None if p is None else _as_float(p) for p in param_norms]
+        ratios = frame.get("update_ratios")
+        if ratios is not None and len(ratios) == len(self.layers):
+            self.update_ratios = [None if r is None else _as_float(r) for r in ratios]
+
+    def diagnose(self, frame: Frame) -> list[AlertChange]:
+        """Run the diagnosis rules on a step or eval record; keep what they raise."""
+        changes = self.diagnoser.observe(frame)
+        for change in changes:
+            if change.raised:
+                self.add_alert(change.alert)
+            else:
+                self._clear(change.alert, int(frame.get("step", self.last_step)))
+        return changes
+
+    def add_alert(self, alert: Alert, *, from_probe: bool = False) -> None:
+        self.alerts.append(AlertEntry(alert, from_probe=from_probe))
+        if len(self.alerts) > MAX_ALERTS:
+            del self.alerts[0]
+
+    def _clear(self, alert: Alert, step: int) -> None:
+        for entry in reversed(self.alerts):
+            if entry.active and entry.alert.key == alert.key and not entry.from_probe:
+                entry.active = False
+                entry.cleared_at = step
+                return
 
     @staticmethod
     def _series(table: dict[str, BucketedSeries], name: str) -> BucketedSeries:
@@ -140,13 +210,27 @@ class FrameRejected:
     message: str
 
 
-MonitorEvent = RunConnected | RunDisconnected | FrameRejected
+@dataclass(frozen=True)
+class AlertRaised:
+    run: RunState
+    alert: Alert
+
+
+@dataclass(frozen=True)
+class AlertCleared:
+    run: RunState
+    alert: Alert
+    step: int
+
+
+MonitorEvent = RunConnected | RunDisconnected | FrameRejected | AlertRaised | AlertCleared
 
 
 class MonitorState:
     """All runs the monitor has seen, fed by ``apply`` one frame at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, thresholds: Thresholds | None = None) -> None:
+        self.thresholds = thresholds or Thresholds()
         self.runs: dict[str, RunState] = {}
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.rejected_frames = 0
@@ -169,14 +253,32 @@ class MonitorState:
         if not self._fresh(run, frame):
             return []
         if kind == "step":
-            run.apply_step(frame)
-        elif kind == "eval":
+            if not run.apply_step(frame):
+                return []
+            return self._alert_events(run, run.diagnose(frame))
+        if kind == "eval":
             run.apply_eval(frame)
-        elif kind == "bye":
+            return self._alert_events(run, run.diagnose(frame))
+        if kind == "alert":
+            return self._probe_alert(run, frame)
+        if kind == "bye":
             run.ended = True
         else:
             run.events.append(frame)
         return []
+
+    @staticmethod
+    def _alert_events(run: RunState, changes: list[AlertChange]) -> list[MonitorEvent]:
+        return [AlertRaised(run, c.alert) if c.raised
+                else AlertCleared(run, c.alert, run.last_step) for c in changes]
+
+    def _probe_alert(self, run: RunState, frame: Frame) -> list[MonitorEvent]:
+        try:
+            alert = Alert.from_dict(frame.get("alert") or {})
+        except (KeyError, TypeError, ValueError) as exc:
+            return [self.reject(run.name, f"an alert frame without a valid alert: {exc}")]
+        run.add_alert(alert, from_probe=True)
+        return [AlertRaised(run, alert)]
 
     def connection_closed(self, conn_id: int, reason: str) -> list[MonitorEvent]:
         """The connection ``conn_id`` is gone; mark its run disconnected."""
@@ -211,7 +313,8 @@ class MonitorState:
     def _hello(self, conn_id: int, frame: Frame) -> list[MonitorEvent]:
         run_id = str(frame.get("run") or f"conn-{conn_id}")
         seen_before = run_id in self.runs
-        run = self.runs.get(run_id) or RunState(run_id)
+        run = self.runs.get(run_id) or RunState(run_id, diagnoser=Diagnoser(
+            thresholds=self.thresholds))
         self.runs[run_id] = run
         self._conn_runs[conn_id] = run_id
         run.apply_hello(frame)

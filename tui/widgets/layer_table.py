@@ -10,14 +10,18 @@ from textual.widgets import DataTable
 from tui.format import number, sparkline
 from tui.state import RunState
 
-SPARK_WIDTH = 24
+SPARK_WIDTH = 20
 #: (key, label, width); None sizes the column to its content.
 COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("layer", "layer", None),
-    ("grad", "grad norm", 10),
-    ("history", "grad norm history (log)", SPARK_WIDTH),
+    ("grad", "grad norm", 9),
+    ("history", "grad history (log)", SPARK_WIDTH),
     ("param", "param norm", 10),
+    ("update", "update/w", 9),
+    ("status", "status", 10),
 )
+STATUS_STYLE = {"non_finite": "bold red", "exploding": "red", "vanishing": "yellow",
+                "none_grad": "magenta", "dead": "bright_black"}
 
 
 class LayerTable(DataTable[Text | str]):
@@ -45,20 +49,29 @@ class LayerTable(DataTable[Text | str]):
             self.clear()
             self._layers = list(layers)
             for name in layers:
-                self.add_row(name, "-", "", "-", key=name)
+                self.add_row(name, "-", "", "-", "-", "", key=name)
         if run is None:
             return
+        status = run.layer_status()
         for i, name in enumerate(layers):
-            grad = run.grad_norms[i] if i < len(run.grad_norms) else None
-            param = run.param_norms[i] if i < len(run.param_norms) else None
+            grad = _at(run.grad_norms, i)
             history = run.grad_history[i] if i < len(run.grad_history) else []
+            style = STATUS_STYLE.get(status.get(name, ""), "")
+            self.update_cell(name, "layer", Text(name, style=style))
             self.update_cell(name, "grad", _value_text(grad))
             self.update_cell(name, "history", Text(sparkline(history, SPARK_WIDTH), "cyan"))
-            self.update_cell(name, "param", number(param))
+            self.update_cell(name, "param", number(_at(run.param_norms, i)))
+            self.update_cell(name, "update", number(_at(run.update_ratios, i), 2))
+            self.update_cell(name, "status", Text(status.get(name, "").replace("_", " "),
+                                                  style=style))
 
     def row_text(self, layer: str) -> list[str]:
         """The plain text of one layer's row (for tests and captures)."""
         return [str(cell) for cell in self.get_row(layer)]
+
+
+def _at(values: list[float | None], index: int) -> float | None:
+    return values[index] if index < len(values) else None
 
 
 def _value_text(value: float | None) -> Text:

@@ -86,6 +86,8 @@ class LossChart(PlotextPlot):
             title += f"  (non-finite from step {int(self.first_non_finite)})"
             plt.vline(self.first_non_finite, NON_FINITE_COLOR)
         plt.title(title)
+        for step, color in _alert_markers(run):
+            plt.vline(step, color)
         if run is not None and run.last_step > 0:
             plt.xlim(0, run.last_step)
             steps = sorted({round(t) for t in axis_ticks(0, run.last_step, 5)})
@@ -112,6 +114,20 @@ def ema(values: list[float], weight: float) -> list[float]:
 def _log_points(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
     kept = [(x, math.log10(y)) for x, y in zip(xs, ys, strict=True) if y > 0]
     return [k[0] for k in kept], [k[1] for k in kept]
+
+
+ALERT_COLORS = {"error": "red", "warning": "yellow", "info": "blue"}
+MAX_MARKERS = 24
+
+
+def _alert_markers(run: RunState | None) -> list[tuple[int, str]]:
+    """(step, colour) of each alert raised, most recent ``MAX_MARKERS``, one per step."""
+    if run is None:
+        return []
+    marks: dict[int, str] = {}
+    for entry in run.alerts[-MAX_MARKERS:]:
+        marks.setdefault(entry.alert.step, ALERT_COLORS.get(entry.alert.severity, "yellow"))
+    return list(marks.items())
 
 
 def _first_non_finite(run: RunState | None) -> float | None:

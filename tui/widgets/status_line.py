@@ -35,8 +35,10 @@ class StatusLine(Static):
 
 
 def _style(field: str) -> str:
-    if field.startswith("disconnected") or field.startswith("rejected"):
+    if field.startswith("disconnected") or field.startswith("rejected") or "error" in field:
         return "bold red"
+    if field.startswith("alerts") and field != "alerts 0":
+        return "yellow"
     if field.startswith("dropped") and field != "dropped 0":
         return "yellow"
     if field == "connected":

@@ -1,0 +1,226 @@
+"""What one training step measures, on the training thread, without reading a value.
+
+``StepMeasurer`` is driven by the probe at the step's boundaries and the optimizer's
+hooks. Every quantity is a 0-d tensor launched on the device; ``finish`` gathers them
+into a ``Measurement`` whose copy to the host the sender reads later.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from probes.layers import LayerMap
+from probes.sampled import ActivationStats, UpdateNorms
+from probes.stats import Measurement, NormReducer, compose_order, to_host
+
+
+@dataclass
+class _Step:
+    """Per-step state, made fresh at each step's entry."""
+
+    index: int
+    time: float
+    sampled: bool
+    grads_read: bool = False
+    grad_norms: list[torch.Tensor] = field(default_factory=list)
+    grad_present: tuple[int, ...] | None = None
+    grad_order: tuple[int, ...] | None = None
+    none_grads: int = 0
+    clipped: float | None = None
+    not_cleared: bool = False
+    update_norms: list[torch.Tensor] | None = None
+    update_order: tuple[int, ...] | None = None
+    tensor_scalars: dict[str, torch.Tensor] = field(default_factory=dict)
+    float_scalars: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _GradNote:
+    """Which gradient tensor a parameter held right after the last optimizer step."""
+
+    param_index: int
+    grad: weakref.ref[torch.Tensor]
+    version: int
+    in_place_ops: int = 0  # in-place ops we know of since (our clip_grad_norm_)
+
+
+class StepMeasurer:
+    """Launch a step's measurements; hand them over as a ``Measurement``.
+
+    Args:
+        model: the watched model.
+        layers: its layers and trainable parameters.
+        optimizer: its optimizer, if any (learning rates, update norms).
+        grad_accumulation: the user accumulates on purpose: skip the zero_grad check.
+    """
+
+    def __init__(self, model: nn.Module, layers: LayerMap,
+                 optimizer: torch.optim.Optimizer | None, *, grad_accumulation: bool) -> None:
+        self.layers = layers
+        self.optimizer = optimizer
+        self.norms = NormReducer()
+        self.activations = ActivationStats(model, layers.names)
+        self.updates = UpdateNorms(layers.params, self.norms) if optimizer else None
+        self.check_clearing = not grad_accumulation and bool(layers.params)
+        # Tensor learning rates (capturable schedulers) travel with the batched copy.
+        self._tensor_lrs = optimizer is not None and any(
+            isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups)
+        self._note: _GradNote | None = None
+        self.current: _Step | None = None
+
+    # --- boundaries ------------------------------------------------------------------
+
+    def begin(self, index: int, wall_time: float, sampled: bool) -> _Step:
+        """A measured step starts: fresh state; activation hooks on sampled steps."""
+        self.current = _Step(index, wall_time, sampled)
+        if sampled and self.activations.modules:
+            self.activations.attach()
+        return self.current
+
+    def abandon(self) -> None:
+        """The step failed: drop its state and every hook it added."""
+        self.activations.detach()
+        if self.updates is not None:
+            self.updates.discard()
+        self.current = None
+
+    def before_optimizer_step(self) -> None:
+        """Gradients are final: launch their norms, check they were cleared, and on
+        sampled steps copy the weights for the update norms."""
+        step = self.current
+        if step is None:
+            return
+        if self.check_clearing:
+            step.not_cleared = self._still_holds_last_steps_grad()
+        if not step.grads_read:
+            self.read_grads(step)
+        if step.sampled and self.updates is not None:
+            self.updates.before_step()
+
+    def after_optimizer_step(self) -> None:
+        """The weights moved: take the update norms; note the gradient for next time."""
+        step = self.current
+        if step is not None and step.sampled and self.updates is not None:
+            step.update_norms, step.update_order = self.updates.after_step()
+        self._note_grad()
+
+    def clipping(self, max_norm: float) -> None:
+        """``probes.clip_grad_norm_`` is about to clip: read the unclipped gradients."""
+        step = self.current
+        if step is not None:
+            if not step.grads_read:
+                self.read_grads(step)
+            step.clipped = max_norm
+        if self._note is not None:
+            self._note.in_place_ops += 1  # clipping scales every grad in place
+
+    def finish(self, duration: float) -> Measurement | None:
+        """The step ended: gather what it launched into a ``Measurement``."""
+        step, self.current = self.current, None
+        if step is None:
+            return None
+        if not step.grads_read:
+            self.read_grads(step)
+        values: list[torch.Tensor] = list(step.grad_norms)
+        grad_count = len(values)
+        param_norms, param_order = self._param_norms(step)
+        values += param_norms
+        update_norms = step.update_norms or []
+        values += update_norms
+        counts, totals = self.activations.take() if step.sampled else ([], [])
+        values += counts
+        names = self._append_tensor_scalars(step, values)
+        host, event = to_host(values) if values else (None, None)
+        return Measurement(
+            layer_map=self.layers, step=step.index, time=step.time, duration=duration,
+            values=host, event=event,
+            grad_present=compose_order(step.grad_present, step.grad_order),
+            grad_count=grad_count, param_count=len(param_norms), param_order=param_order,
+            update_count=len(update_norms), update_order=step.update_order,
+            activation_totals=totals if counts else [],
+            tensor_scalar_names=names, float_scalars=step.float_scalars,
+            lrs=self._learning_rates(), none_grads=step.none_grads,
+            grads_not_cleared=step.not_cleared, clipped=step.clipped,
+        )
+
+    # --- pieces ------------------------------------------------------------------------
+
+    def read_grads(self, step: _Step) -> None:
+        """Launch the batched per-parameter gradient norms (nothing is read yet)."""
+        grads: list[torch.Tensor] = []
+        present: list[int] = []
+        for index, param in enumerate(self.layers.params):
+            grad = param.grad
+            if grad is not None:
+                grads.append(grad)
+                present.append(index)
+        step.grads_read = True
+        step.none_grads = len(self.layers.params) - len(grads)
+        step.grad_present = tuple(present) if step.none_grads else None
+        if grads and grads[0].requires_grad:
+            # Grads made by backward(create_graph=True): the norms must not grow a graph.
+            with torch.no_grad():
+                step.grad_norms, step.grad_order = self.norms.norms(grads)
+        elif grads:
+            step.grad_norms, step.grad_order = self.norms.norms(grads)
+
+    def _param_norms(self, step: _Step) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
+        if not (step.sampled and self.layers.params):
+            return [], None
+        with torch.no_grad():
+            return self.norms.norms([p.detach() for p in self.layers.params])
+
+    def _still_holds_last_steps_grad(self) -> bool:
+        """True when the gradient noted after the last optimizer step is the very tensor
+        now held and the only in-place change since is this step's accumulation: no
+        ``zero_grad`` ran in between (set_to_none makes a new tensor, zero_ bumps the
+        version). A clip by torch's own clip_grad_norm_ also bumps it, so this can
+        miss the bug then; it never accuses a loop that clears."""
+        note = self._note
+        if note is None:
+            return False
+        grad = self.layers.params[note.param_index].grad
+        return grad is not None and note.grad() is grad and (
+            grad._version == note.version + 1 + note.in_place_ops)
+
+    def _note_grad(self) -> None:
+        self._note = None
+        if not self.check_clearing:
+            return
+        for index, param in enumerate(self.layers.params):
+            if param.grad is not None:
+                self._note = _GradNote(index, weakref.ref(param.grad), param.grad._version)
+                return
+
+    def _append_tensor_scalars(self, step: _Step, values: list[torch.Tensor]) -> tuple[str, ...]:
+        """Append the logged tensor scalars (and tensor LRs) to ``values``; their names."""
+        scalars = step.tensor_scalars
+        if self.optimizer is not None and self._tensor_lrs:
+            scalars = dict(scalars)
+            for i, group in enumerate(self.optimizer.param_groups):
+                if isinstance(group.get("lr"), torch.Tensor):
+                    scalars[f"lr/{i}"] = group["lr"].detach()
+        if not scalars:
+            return ()
+        like = values[0] if values else next(iter(scalars.values()))
+        device, dtype = like.device, (like.dtype if values else torch.float32)
+        for tensor in scalars.values():
+            if tensor.dtype != dtype or tensor.device != device or tensor.dim():
+                tensor = tensor.reshape(()).to(device=device, dtype=dtype, non_blocking=True)
+            values.append(tensor)
+        return tuple(scalars)
+
+    def _learning_rates(self) -> list[float]:
+        if self.optimizer is None:
+            return []
+        groups = self.optimizer.param_groups
+        if not self._tensor_lrs:
+            return [float(g.get("lr", math.nan)) for g in groups]
+        # Tensor LRs travel with the batched copy (see _append_tensor_scalars).
+        return [math.nan if isinstance(g.get("lr"), torch.Tensor) else float(g.get("lr", math.nan))
+                for g in groups]
