@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import torch
 
@@ -20,16 +21,18 @@ def train(
     delay: float = 0.0,
     seed: int = 0,
     print_every: int = 100,
+    **probe_options: Any,
 ) -> int:
     """Train ``setup`` for ``steps`` steps under a probe; return the number of steps run.
 
-    ``delay`` sleeps between steps, so a person can watch a fast run unfold.
+    ``delay`` sleeps between steps, so a person can watch a fast run unfold;
+    ``probe_options`` go to ``probes.watch``.
     """
     torch.manual_seed(seed)
     steps = setup.steps if steps is None else steps
     batches = Batches(setup.train, setup.batch_size, seed=seed)
     model, optimizer, loss_fn = setup.model, setup.optimizer, setup.loss_fn
-    with probes.watch(model, optimizer, run=run) as probe:
+    with probes.watch(model, optimizer, run=run, **probe_options) as probe:
         for step in range(steps):
             x, y = batches.next()
             with probe.step():

@@ -303,16 +303,18 @@ class NonFinite(Rule):
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
         self._first: Alert | None = None
+        self._step_found: tuple[str, float] | None = None
+        self._eval_found: tuple[str, float] | None = None
 
     def on_step(self, history: RunHistory, view: StepView) -> Findings:
-        found = _first_non_finite_step_field(view, history.info)
-        return self._hold(view.step, found)
+        self._step_found = _first_non_finite_step_field(view, history.info)
+        return self._hold(view.step, self._step_found or self._eval_found)
 
     def on_eval(self, history: RunHistory, view: EvalView) -> Findings:
         bad = next((k for k, v in view.scalars.items() if not math.isfinite(v)), None)
-        if bad is None:
-            return None  # an eval says nothing about the training numbers
-        return self._hold(view.step, (f"eval.{bad}", view.scalars[bad]))
+        # an eval's verdict holds until the next eval, a step's until the next step
+        self._eval_found = None if bad is None else (f"eval.{bad}", view.scalars[bad])
+        return self._hold(view.step, self._step_found or self._eval_found)
 
     def _hold(self, step: int, found: tuple[str, float] | None) -> Findings:
         if found is None:
@@ -339,6 +341,10 @@ def _first_non_finite_step_field(view: StepView, info: RunInfo) -> tuple[str, fl
         for i, value in enumerate(values or ()):
             if value is not None and not math.isfinite(value):
                 return f"{label}[{info.layer(i)}]", value
+    for i, value in enumerate(view.activations or ()):
+        if value is not None and not math.isfinite(value):
+            name = info.activations[i][0] if i < len(info.activations) else f"activation {i}"
+            return f"activation[{name}]", value
     return None
 
 
@@ -458,7 +464,16 @@ class OverfittingSignal(Rule):
         "Check the validation split for shift or leakage against training (check_split).",
     )
 
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._train_at: dict[int, float | None] = {}  # smoothed train loss at each eval
+
     def on_eval(self, history: RunHistory, view: EvalView) -> Findings:
+        self._train_at.setdefault(
+            view.step, history.smoothed_loss(view.step, self.t.smoothing_records))
+        if len(self._train_at) > 2 * (history.evals.maxlen or 256):  # keep what evals keep
+            kept = {e.step for e in history.evals}
+            self._train_at = {k: v for k, v in self._train_at.items() if k in kept}
         evals = [e for e in history.evals if e.loss is not None and math.isfinite(e.loss)]
         if len(evals) < self.t.overfit_min_evals:
             return []
@@ -467,8 +482,8 @@ class OverfittingSignal(Rule):
         assert best.loss is not None and latest.loss is not None
         if latest is best or latest.loss <= best.loss * (1 + self.t.overfit_val_rise):
             return []
-        train_then = history.smoothed_loss(best.step, self.t.smoothing_records)
-        train_now = history.smoothed_loss(latest.step, self.t.smoothing_records)
+        train_then = self._train_at.get(best.step)
+        train_now = self._train_at.get(latest.step)
         if train_then is None or train_now is None:
             return []
         if train_now > train_then * (1 - self.t.overfit_train_drop):

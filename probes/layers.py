@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 ROOT_LAYER_NAME = "(root)"
 
@@ -66,7 +67,8 @@ def map_layers(model: nn.Module) -> LayerMap:
             params.append(param)
             param_names.append(f"{module_name}.{param_name}" if module_name else param_name)
             param_layer.append(layer_index)
-            counts[layer_index] += param.numel()
+            # A lazy module's parameter has no size until its first forward.
+            counts[layer_index] += 0 if is_lazy(param) else param.numel()
     return LayerMap(
         names=tuple(names),
         params=tuple(params),
@@ -102,5 +104,5 @@ def combine_layer_norms(
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameter elements, shared ones counted once."""
     unique = {id(p): p for p in model.parameters() if p.requires_grad}
-    return sum(p.numel() for p in unique.values())
+    return sum(p.numel() for p in unique.values() if not is_lazy(p))
 

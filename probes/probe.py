@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import sys
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from probes.layers import LayerMap, map_layers
+from probes.layers import LayerMap, count_parameters, map_layers
 from probes.sampled import count_mode_sensitive
 from probes.sender import Sender, warn
 from probes.stats import Measurement
@@ -263,6 +264,8 @@ class Probe:
         if self._disabled:
             return
         self._disabled = True
+        with contextlib.suppress(Exception):
+            self._measurer.abandon()  # no activation hooks or weight copy left behind
         warn(f"probe switched off after an error: {type(exc).__name__}: {exc}")
         self.sender.put({"kind": "event", "name": "probe_error", "step": max(self._index, 0),
                          "time": time.time(), "message": f"{type(exc).__name__}: {exc}"})
@@ -283,6 +286,7 @@ class Probe:
             "optimizer": type(self.optimizer).__name__ if self.optimizer else None,
             "layers": list(self.layers.names),
             "param_counts": list(self.layers.param_counts),
+            "trainable_params": count_parameters(self.model),
             "params": list(self.layers.param_names),
             "activations": self._measurer.activations.names,
             "mode_sensitive_modules": count_mode_sensitive(self.model),
@@ -311,6 +315,8 @@ class _StepScope:
                 probe._enter_step(self._index)
             except Exception as exc:
                 probe._fail(exc)
+        else:  # switched off: still count steps, so events keep their step
+            probe._index = probe._index + 1 if self._index is None else self._index
         return probe
 
     def __exit__(

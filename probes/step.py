@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -19,34 +19,12 @@ from probes.sampled import ActivationStats, UpdateNorms
 from probes.stats import Measurement, NormReducer, compose_order, to_host
 
 
-@dataclass
-class _Step:
-    """Per-step state, made fresh at each step's entry."""
-
-    index: int
-    time: float
-    sampled: bool
-    grads_read: bool = False
-    grad_norms: list[torch.Tensor] = field(default_factory=list)
-    grad_present: tuple[int, ...] | None = None
-    grad_order: tuple[int, ...] | None = None
-    none_grads: int = 0
-    clipped: float | None = None
-    not_cleared: bool = False
-    update_norms: list[torch.Tensor] | None = None
-    update_order: tuple[int, ...] | None = None
-    tensor_scalars: dict[str, torch.Tensor] = field(default_factory=dict)
-    float_scalars: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class _GradNote:
+class _GradNote(NamedTuple):
     """Which gradient tensor a parameter held right after the last optimizer step."""
 
     param_index: int
     grad: weakref.ref[torch.Tensor]
     version: int
-    in_place_ops: int = 0  # in-place ops we know of since (our clip_grad_norm_)
 
 
 class StepMeasurer:
@@ -71,13 +49,14 @@ class StepMeasurer:
         self._tensor_lrs = optimizer is not None and any(
             isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups)
         self._note: _GradNote | None = None
-        self.current: _Step | None = None
+        self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
+        self.current: Measurement | None = None
 
     # --- boundaries ------------------------------------------------------------------
 
-    def begin(self, index: int, wall_time: float, sampled: bool) -> _Step:
+    def begin(self, index: int, wall_time: float, sampled: bool) -> Measurement:
         """A measured step starts: fresh state; activation hooks on sampled steps."""
-        self.current = _Step(index, wall_time, sampled)
+        self.current = Measurement(self.layers, index, wall_time, sampled)
         if sampled and self.activations.modules:
             self.activations.attach()
         return self.current
@@ -116,41 +95,40 @@ class StepMeasurer:
             if not step.grads_read:
                 self.read_grads(step)
             step.clipped = max_norm
-        if self._note is not None:
-            self._note.in_place_ops += 1  # clipping scales every grad in place
+        self._in_place_ops += 1  # clipping scales every grad in place
 
     def finish(self, duration: float) -> Measurement | None:
-        """The step ended: gather what it launched into a ``Measurement``."""
+        """The step ended: lay out what it launched and start the copy to the host."""
         step, self.current = self.current, None
         if step is None:
             return None
         if not step.grads_read:
             self.read_grads(step)
+        step.duration = duration
         values: list[torch.Tensor] = list(step.grad_norms)
-        grad_count = len(values)
-        param_norms, param_order = self._param_norms(step)
-        values += param_norms
-        update_norms = step.update_norms or []
-        values += update_norms
-        counts, totals = self.activations.take() if step.sampled else ([], [])
-        values += counts
-        names = self._append_tensor_scalars(step, values)
-        host, event = to_host(values) if values else (None, None)
-        return Measurement(
-            layer_map=self.layers, step=step.index, time=step.time, duration=duration,
-            values=host, event=event,
-            grad_present=compose_order(step.grad_present, step.grad_order),
-            grad_count=grad_count, param_count=len(param_norms), param_order=param_order,
-            update_count=len(update_norms), update_order=step.update_order,
-            activation_totals=totals if counts else [],
-            tensor_scalar_names=names, float_scalars=step.float_scalars,
-            lrs=self._learning_rates(), none_grads=step.none_grads,
-            grads_not_cleared=step.not_cleared, clipped=step.clipped,
-        )
+        step.grad_count = len(values)
+        step.grad_present = compose_order(step.grad_present, step.grad_order)
+        if step.sampled:
+            param_norms, step.param_order = self._param_norms()
+            step.param_count = len(param_norms)
+            values += param_norms
+            if step.update_norms:
+                step.update_count = len(step.update_norms)
+                values += step.update_norms
+            counts, totals = self.activations.take()
+            if counts:
+                step.activation_totals = totals
+                values += counts
+        step.tensor_scalar_names = self._append_tensor_scalars(step, values)
+        step.lrs = self._learning_rates()
+        if values:
+            step.values, step.event = to_host(values)
+        step.grad_norms = []  # the values hold them now
+        return step
 
     # --- pieces ------------------------------------------------------------------------
 
-    def read_grads(self, step: _Step) -> None:
+    def read_grads(self, step: Measurement) -> None:
         """Launch the batched per-parameter gradient norms (nothing is read yet)."""
         grads: list[torch.Tensor] = []
         present: list[int] = []
@@ -169,8 +147,8 @@ class StepMeasurer:
         elif grads:
             step.grad_norms, step.grad_order = self.norms.norms(grads)
 
-    def _param_norms(self, step: _Step) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
-        if not (step.sampled and self.layers.params):
+    def _param_norms(self) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
+        if not self.layers.params:
             return [], None
         with torch.no_grad():
             return self.norms.norms([p.detach() for p in self.layers.params])
@@ -186,10 +164,11 @@ class StepMeasurer:
             return False
         grad = self.layers.params[note.param_index].grad
         return grad is not None and note.grad() is grad and (
-            grad._version == note.version + 1 + note.in_place_ops)
+            grad._version == note.version + 1 + self._in_place_ops)
 
     def _note_grad(self) -> None:
         self._note = None
+        self._in_place_ops = 0
         if not self.check_clearing:
             return
         for index, param in enumerate(self.layers.params):
@@ -197,7 +176,8 @@ class StepMeasurer:
                 self._note = _GradNote(index, weakref.ref(param.grad), param.grad._version)
                 return
 
-    def _append_tensor_scalars(self, step: _Step, values: list[torch.Tensor]) -> tuple[str, ...]:
+    def _append_tensor_scalars(self, step: Measurement,
+                               values: list[torch.Tensor]) -> tuple[str, ...]:
         """Append the logged tensor scalars (and tensor LRs) to ``values``; their names."""
         scalars = step.tensor_scalars
         if self.optimizer is not None and self._tensor_lrs:

@@ -123,3 +123,55 @@ async def test_s_toggles_smoothing_of_the_train_loss() -> None:
         raw = chart.plotted["train loss"]
         assert raw[-1] == 1 / 30  # the last loss as logged (linear: under 1.5 decades)
         assert smoothed[-1] > raw[-1]  # the average lags a falling loss
+
+
+def plain(renderable: object) -> str:
+    """What a Rich renderable (text, table) shows, as plain text."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=110, file=io.StringIO(), color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def exploding_run() -> list:
+    frames = short_run(10)
+    for i in range(10, 14):
+        frames.append(step(i, grad_norms=[0.5, 10.0 ** (i - 9), 1.0]))
+    return frames
+
+
+async def test_alert_detail_shows_evidence_and_next_experiments() -> None:
+    from textual.widgets import Static
+
+    from tui.screens.alert_detail import AlertDetail
+    from tui.widgets import AlertsPanel
+
+    app = make_app(FramesSource(exploding_run()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.query_one(AlertsPanel)
+        await settle(pilot, app, lambda: bool(panel.entries))
+        assert panel.entries[0].alert.kind == "exploding_gradient"
+        assert "alerts 1 (1 error)" in app.query_one(StatusLine).text
+        assert app.query_one(LayerTable).row_text("encoder.2")[5] == "exploding"
+        panel.focus()
+        await pilot.press("enter")
+        await settle(pilot, app, lambda: isinstance(app.screen, AlertDetail))
+        texts = {w.id: plain(w.content) for w in app.screen.query(Static) if w.id}
+        assert "exploding_gradient" in texts["title"] and "encoder.2" in texts["title"]
+        assert "grad norm        100" in texts["evidence"] and "growth" in texts["evidence"]
+        assert "does not say why" in texts["signal"]
+        assert "1. Lower the learning rate alone" in texts["experiments"]
+        await pilot.press("escape")
+        await settle(pilot, app, lambda: not isinstance(app.screen, AlertDetail))
+
+
+async def test_alert_markers_on_the_chart_step_axis() -> None:
+    from tui.widgets.loss_chart import _alert_markers
+
+    app = make_app(FramesSource(exploding_run()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, lambda: bool(app.current_run and app.current_run.alerts))
+        assert _alert_markers(app.current_run) == [(11, "red")]  # 100x its window low

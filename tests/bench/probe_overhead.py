@@ -105,6 +105,11 @@ class TimedProbe(Probe):
         super()._before_optimizer_step(optimizer, args, kwargs)
         self.spent += time.perf_counter() - start
 
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        start = time.perf_counter()
+        super()._after_optimizer_step(optimizer, args, kwargs)
+        self.spent += time.perf_counter() - start
+
     def log(self, **scalars: Any) -> None:
         start = time.perf_counter()
         super().log(**scalars)
