@@ -70,7 +70,7 @@ class Probe:
         self._step_started = 0.0
         self._param_ids = {id(p) for p in self.layers.params}
         self._measurer = StepMeasurer(model, self.layers, optimizer,
-                                      grad_accumulation=grad_accumulation)
+                                      grad_accumulation=grad_accumulation, on_error=self._fail)
         self._next_step_scope = _StepScope(self, None)
         self._last: Measurement | None = None
         self._eval: _EvalScope | None = None
@@ -82,7 +82,6 @@ class Probe:
                  "will be recorded")
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
-            self._handles.append(optimizer.register_step_post_hook(self._after_optimizer_step))
         self.sender = Sender(
             self.address,
             self._hello(),
@@ -212,13 +211,6 @@ class Probe:
         if self._in_step and not self._disabled:
             try:
                 self._measurer.before_optimizer_step()
-            except Exception as exc:
-                self._fail(exc)
-
-    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._disabled:
-            try:
-                self._measurer.after_optimizer_step()
             except Exception as exc:
                 self._fail(exc)
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from probes.layers import LayerMap
 from probes.sampled import ActivationStats, UpdateNorms
@@ -35,11 +37,14 @@ class StepMeasurer:
         layers: its layers and trainable parameters.
         optimizer: its optimizer, if any (learning rates, update norms).
         grad_accumulation: the user accumulates on purpose: skip the zero_grad check.
+        on_error: called with an exception raised inside a hook of ours.
     """
 
     def __init__(self, model: nn.Module, layers: LayerMap,
-                 optimizer: torch.optim.Optimizer | None, *, grad_accumulation: bool) -> None:
+                 optimizer: torch.optim.Optimizer | None, *, grad_accumulation: bool,
+                 on_error: Callable[[Exception], None]) -> None:
         self.layers = layers
+        self.on_error = on_error  # a hook of ours must never raise into training
         self.optimizer = optimizer
         self.norms = NormReducer()
         self.activations = ActivationStats(model, layers.names)
@@ -50,6 +55,7 @@ class StepMeasurer:
             isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups)
         self._note: _GradNote | None = None
         self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
+        self._post_hook: RemovableHandle | None = None
         self.current: Measurement | None = None
 
     # --- boundaries ------------------------------------------------------------------
@@ -59,34 +65,48 @@ class StepMeasurer:
         self.current = Measurement(self.layers, index, wall_time, sampled)
         if sampled and self.activations.modules:
             self.activations.attach()
+        if sampled and self.updates is not None and self.optimizer is not None:
+            # Only sampled steps need to see the weights after the update.
+            self._post_hook = self.optimizer.register_step_post_hook(self._after_optimizer_step)
         return self.current
 
     def abandon(self) -> None:
         """The step failed: drop its state and every hook it added."""
         self.activations.detach()
+        self._remove_post_hook()
         if self.updates is not None:
             self.updates.discard()
         self.current = None
 
+    def _remove_post_hook(self) -> None:
+        if self._post_hook is not None:
+            self._post_hook.remove()
+            self._post_hook = None
+
     def before_optimizer_step(self) -> None:
-        """Gradients are final: launch their norms, check they were cleared, and on
-        sampled steps copy the weights for the update norms."""
+        """Gradients are final: check they were cleared since the last step and note
+        them for the next; launch their norms; on sampled steps copy the weights."""
         step = self.current
+        if self.check_clearing:
+            not_cleared = self._still_holds_last_steps_grad()
+            self._note_grad()
+            if step is not None:
+                step.not_cleared = not_cleared
         if step is None:
             return
-        if self.check_clearing:
-            step.not_cleared = self._still_holds_last_steps_grad()
         if not step.grads_read:
             self.read_grads(step)
         if step.sampled and self.updates is not None:
             self.updates.before_step()
 
-    def after_optimizer_step(self) -> None:
-        """The weights moved: take the update norms; note the gradient for next time."""
+    def _after_optimizer_step(self, optimizer: object, args: object, kwargs: object) -> None:
+        """The weights moved (a sampled step): take the norms of the update."""
         step = self.current
-        if step is not None and step.sampled and self.updates is not None:
-            step.update_norms, step.update_order = self.updates.after_step()
-        self._note_grad()
+        if step is not None and self.updates is not None:
+            try:
+                step.update_norms, step.update_order = self.updates.after_step()
+            except Exception as exc:
+                self.on_error(exc)
 
     def clipping(self, max_norm: float) -> None:
         """``probes.clip_grad_norm_`` is about to clip: read the unclipped gradients."""
@@ -100,6 +120,7 @@ class StepMeasurer:
     def finish(self, duration: float) -> Measurement | None:
         """The step ended: lay out what it launched and start the copy to the host."""
         step, self.current = self.current, None
+        self._remove_post_hook()
         if step is None:
             return None
         if not step.grads_read:
@@ -154,11 +175,12 @@ class StepMeasurer:
             return self.norms.norms([p.detach() for p in self.layers.params])
 
     def _still_holds_last_steps_grad(self) -> bool:
-        """True when the gradient noted after the last optimizer step is the very tensor
+        """True when the gradient noted at the last optimizer step is the very tensor
         now held and the only in-place change since is this step's accumulation: no
         ``zero_grad`` ran in between (set_to_none makes a new tensor, zero_ bumps the
         version). A clip by torch's own clip_grad_norm_ also bumps it, so this can
-        miss the bug then; it never accuses a loop that clears."""
+        miss the bug then (ours is accounted for); it never accuses a loop that clears.
+        The optimizers of torch.optim leave the gradients' versions alone."""
         note = self._note
         if note is None:
             return False

@@ -90,6 +90,17 @@ class TimedProbe(Probe):
 
     spent = 0.0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        after = self._measurer._after_optimizer_step  # the sampled steps' post-hook
+
+        def timed_after(*hook_args: Any) -> None:
+            start = time.perf_counter()
+            after(*hook_args)
+            self.spent += time.perf_counter() - start
+
+        self._measurer._after_optimizer_step = timed_after  # type: ignore[method-assign]
+
     def _enter_step(self, index: int | None) -> None:
         start = time.perf_counter()
         super()._enter_step(index)
@@ -103,11 +114,6 @@ class TimedProbe(Probe):
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         start = time.perf_counter()
         super()._before_optimizer_step(optimizer, args, kwargs)
-        self.spent += time.perf_counter() - start
-
-    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        start = time.perf_counter()
-        super()._after_optimizer_step(optimizer, args, kwargs)
         self.spent += time.perf_counter() - start
 
     def log(self, **scalars: Any) -> None:
