@@ -5,6 +5,10 @@ from __future__ import annotations
 SCENARIOS: dict[str, str] = {
     "healthy": "a small MLP learns a synthetic task; train and validation loss fall together",
     "exploding": "learning rate far too high: per-layer gradient norms climb until non-finite",
+    "nan-forward": "-log(1 - sigmoid(z)) hits log(0) once the score saturates: an inf is born "
+                   "in a named module's forward",
+    "nan-backward": "a hand-written norm, sqrt(sum(h**2)), at h = 0: finite forward, NaN "
+                    "gradient (PowBackward0)",
 }
 
 

@@ -39,6 +39,7 @@ class Batches:
         self._gen = torch.Generator().manual_seed(seed)
         self._order = torch.empty(0, dtype=torch.long)
         self._at = 0
+        self.drawn = -1  # index of the last batch drawn (logged, named in anomaly reports)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._at + self.batch_size > len(self._order):
@@ -46,4 +47,5 @@ class Batches:
             self._at = 0
         index = self._order[self._at : self._at + self.batch_size]
         self._at += self.batch_size
+        self.drawn += 1
         return self.split.x[index], self.split.y[index]

@@ -32,15 +32,23 @@ def train(
     steps = setup.steps if steps is None else steps
     batches = Batches(setup.train, setup.batch_size, seed=seed)
     model, optimizer, loss_fn = setup.model, setup.optimizer, setup.loss_fn
+    probe_options.setdefault("guard", setup.guard)
+    x, y = batches.next()
+    retried = False
     with probes.watch(model, optimizer, run=run, **probe_options) as probe:
         for step in range(steps):
-            x, y = batches.next()
             with probe.step():
+                probe.log(batch=batches.drawn)
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(model(x), y)
+                loss = loss_fn(model(x), setup.target(y))
                 loss.backward()
                 optimizer.step()
                 probe.log(loss=loss)
+            # A batch whose update was skipped (guard, anomaly step) is tried once more,
+            # so that the anomaly step a person asks for next sees the same batch.
+            retried = probe.update_skipped and not retried
+            if not retried:
+                x, y = batches.next()
             if step % setup.eval_every == 0 or step == steps - 1:
                 val_loss = validate(setup, probe)
                 if step % print_every == 0 or step == steps - 1:
@@ -57,7 +65,7 @@ def validate(setup: Setup, probe: probes.Probe) -> float:
     with probe.evaluate():
         model.eval()
         with torch.inference_mode():
-            val_loss = setup.loss_fn(model(setup.val.x), setup.val.y)
+            val_loss = setup.loss_fn(model(setup.val.x), setup.target(setup.val.y))
         model.train()
         probe.log(val_loss=val_loss)
     value = float(val_loss)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 import weakref
@@ -19,11 +20,14 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from probes.anomaly import AnomalyStep, backward_op
+from probes.control import Control, ControlState
+from probes.diagnosis import Alert
 from probes.layers import LayerMap, count_parameters, map_layers
 from probes.sampled import count_mode_sensitive
 from probes.sender import Sender, warn
 from probes.stats import Measurement
-from probes.step import StepMeasurer
+from probes.step import NonFiniteGradients, StepMeasurer
 from probes.wire import TOKEN_ENV, Address, resolve_address
 
 Scalar = float | int | torch.Tensor
@@ -48,6 +52,9 @@ class Probe:
         every: int = 1,
         sample_every: int = 20,
         grad_accumulation: bool = False,
+        guard: bool = False,
+        on_anomaly: str = "pause",
+        pause_grace_s: float | None = None,
         queue_size: int = 8192,
         history: int = 1024,
         max_steps_per_s: float = 60.0,
@@ -56,6 +63,8 @@ class Probe:
             raise TypeError(f"watch() needs an nn.Module, got {type(model).__name__}")
         if every < 1 or sample_every < 1:
             raise ValueError("every and sample_every must be at least 1")
+        if on_anomaly not in ("pause", "raise"):
+            raise ValueError(f"on_anomaly must be 'pause' or 'raise', got {on_anomaly!r}")
         self.model = model
         self.optimizer = optimizer
         self.every = every
@@ -77,17 +86,34 @@ class Probe:
         self._disabled = False
         self._closed = False
         self._grad_accumulation = grad_accumulation
+        self._on_anomaly = on_anomaly
+        self._anomaly: AnomalyStep | None = None
+        self._skipped = False
+        if guard and optimizer is None:
+            warn("guard=True needs the optimizer: pass it to probes.watch")
         if not self.layers.params:
             warn(f"{self.name}: the model has no trainable parameters; only logged scalars "
                  "will be recorded")
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+        connected = threading.Event()
+        self._control = Control(
+            connected=connected,
+            send=self._send_now,
+            scale_lr=self._scale_lr if optimizer is not None else None,
+            grace_s=_grace_seconds(pause_grace_s),
+            token=os.environ.get(TOKEN_ENV) if not self.address.is_loopback else None,
+            run_id=self.run_id,
+            guard=guard and optimizer is not None,
+        )
         self.sender = Sender(
             self.address,
             self._hello(),
             queue_size=queue_size,
             history_capacity=history,
             max_steps_per_s=max_steps_per_s,
+            on_command=self._control.receive,
+            connected=connected,
         )
         _open_probes.add(self)
 
@@ -157,6 +183,21 @@ class Probe:
             self._eval = None
             scope.finish()
 
+    @property
+    def update_skipped(self) -> bool:
+        """True when the last step's update was skipped (guard or anomaly step)."""
+        return self._skipped
+
+    @property
+    def control(self) -> ControlState:
+        """Paused, anomaly steps armed, guard: as the monitor sees them."""
+        return self._control.state
+
+    def arm_anomaly(self, steps: int = 1) -> None:
+        """Run the next ``steps`` steps under anomaly detection (as the ``a`` key does)."""
+        self._control.receive({"command": "anomaly", "args": {"count": steps,
+                                                               "step_now": False}})
+
     def event(self, name: str, **fields: Any) -> None:
         """Send a named event (an LR change, a restart, ...) tied to the current step."""
         if self._closed:
@@ -177,6 +218,9 @@ class Probe:
             handle.remove()
         self._handles.clear()
         self._measurer.abandon()  # activation hooks of a step left open
+        if self._anomaly is not None:  # anomaly mode of a step left open
+            self._anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
+            self._anomaly = None
         try:
             self._flush_last()
         finally:
@@ -191,26 +235,87 @@ class Probe:
     # --- step boundary --------------------------------------------------------------
 
     def _enter_step(self, index: int | None) -> None:
+        next_index = self._index + 1 if index is None else index
+        if self._control.busy:  # commands to apply, or paused: may block here
+            self._control.boundary(next_index, self._flush_last)
         self._flush_last()
-        self._index = self._index + 1 if index is None else index
+        self._index = next_index
         self._in_step = True
-        if self._index % self.every == 0:
-            sampled = self._index % self.sample_every == 0
-            self._measurer.begin(self._index, time.time(), sampled)
+        if self._control.state.anomaly_armed and self._control.take_anomaly_step():
+            self._anomaly = AnomalyStep(self.model, next_index)
+            self._anomaly.start()
+        if next_index % self.every == 0:
+            sampled = next_index % self.sample_every == 0
+            self._measurer.begin(next_index, time.time(), sampled)
         self._step_started = time.perf_counter()
 
-    def _exit_step(self, failed: bool) -> None:
+    def _exit_step(self, error: BaseException | None) -> bool:
+        """End the step; True to swallow ``error`` (an anomaly or the guard stopped the
+        update: the loop goes on with the next step, the weights untouched)."""
         duration = time.perf_counter() - self._step_started
         self._in_step = False
-        if failed:
+        swallow = False
+        self._skipped = False
+        if self._anomaly is not None:
+            swallow = self._finish_anomaly(error)
+        if isinstance(error, NonFiniteGradients):
+            self._guard_tripped(error)
+            swallow = True
+        self._skipped = swallow
+        if error is not None and not isinstance(error, NonFiniteGradients):
             self._measurer.abandon()
         else:
             self._last = self._measurer.finish(duration)
+        return swallow
+
+    def _finish_anomaly(self, error: BaseException | None) -> bool:
+        anomaly, self._anomaly = self._anomaly, None
+        assert anomaly is not None
+        step = self._measurer.current
+        scalars = dict(step.float_scalars) if step is not None else {}
+        caught = backward_op(error) is not None
+        pause = caught and self._on_anomaly == "pause"
+        report = anomaly.finish(error, scalars=scalars, paused=pause,
+                                raise_on_anomaly=self._on_anomaly == "raise")
+        self.sender.put(report)
+        if caught:
+            self._clear_grads()  # partial sums of the failed backward must not leak on
+        if pause:
+            self._control.pause("the anomaly step found a non-finite gradient")
+        return pause
+
+    def _guard_tripped(self, error: NonFiniteGradients) -> None:
+        self._clear_grads()
+        alert = guard_alert(error)
+        self.sender.put({"kind": "alert", "step": error.step, "alert": alert.to_dict()})
+        self._control.pause("the guard skipped a non-finite update")
+
+    def _clear_grads(self) -> None:
+        for param in self.layers.params:
+            param.grad = None
+
+    def _scale_lr(self, factor: float) -> list[float]:
+        """Multiply every param group's learning rate (the monitor's LR experiment)."""
+        assert self.optimizer is not None
+        new = []
+        for group in self.optimizer.param_groups:
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].mul_(factor)
+                new.append(float(group["lr"]))
+            else:
+                group["lr"] = group["lr"] * factor
+                new.append(float(group["lr"]))
+        return new
+
+    def _send_now(self, record: dict[str, Any]) -> None:
+        self.sender.put(record)
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._in_step and not self._disabled:
             try:
-                self._measurer.before_optimizer_step()
+                self._measurer.before_optimizer_step(guard=self._control.state.guard)
+            except NonFiniteGradients:
+                raise  # stops optimizer.step(); swallowed at the end of the step block
             except Exception as exc:
                 self._fail(exc)
 
@@ -258,6 +363,10 @@ class Probe:
         self._disabled = True
         with contextlib.suppress(Exception):
             self._measurer.abandon()  # no activation hooks or weight copy left behind
+        if self._anomaly is not None:
+            with contextlib.suppress(Exception):
+                self._anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
+            self._anomaly = None
         warn(f"probe switched off after an error: {type(exc).__name__}: {exc}")
         self.sender.put({"kind": "event", "name": "probe_error", "step": max(self._index, 0),
                          "time": time.time(), "message": f"{type(exc).__name__}: {exc}"})
@@ -316,14 +425,16 @@ class _StepScope:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
+    ) -> bool:
         probe = self._probe
+        swallow = False
         if probe._in_step and not probe._disabled:
             try:
-                probe._exit_step(failed=exc_type is not None)
+                swallow = probe._exit_step(exc)
             except Exception as error:
                 probe._fail(error)
         probe._in_step = False
+        return swallow
 
 
 class _EvalScope:
@@ -364,6 +475,35 @@ class _EvalScope:
             self.probe._fail(exc)
 
 
+PAUSE_GRACE_ENV = "TRAINTOP_PAUSE_GRACE"
+DEFAULT_PAUSE_GRACE_S = 10.0
+
+
+def _grace_seconds(explicit: float | None) -> float:
+    if explicit is not None:
+        return explicit
+    try:
+        return float(os.environ.get(PAUSE_GRACE_ENV, DEFAULT_PAUSE_GRACE_S))
+    except ValueError:
+        return DEFAULT_PAUSE_GRACE_S
+
+
+def guard_alert(error: NonFiniteGradients) -> Alert:
+    """The alert the guard raises when it skips an update."""
+    layers = ", ".join(error.layers[:6])
+    return Alert(
+        "guard_skipped_update", "error", error.step, error.layers[0] if error.layers else "",
+        {"non_finite_layers": len(error.layers), "layers": layers,
+         "first_value": error.norms[0] if error.norms else float("nan")},
+        "Non-finite gradients reached optimizer.step(): the guard skipped this update, as "
+        "GradScaler does, so the weights stay finite, and paused the run. It hides the "
+        "symptom once; it does not remove the cause.",
+        ("Run the next step under anomaly detection (press a) to find the op and layer.",
+         "Lower the learning rate alone (x0.5) and resume.",
+         "Inspect this step's batch for extreme or non-finite inputs."),
+    )
+
+
 def _rank_and_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -394,6 +534,8 @@ def watch(
     every: int = 1,
     sample_every: int = 20,
     grad_accumulation: bool = False,
+    guard: bool = False,
+    on_anomaly: str = "pause",
     **options: Any,
 ) -> Probe:
     """Watch a training run: per-step loss, per-layer gradient norms and more.
@@ -410,7 +552,15 @@ def watch(
             activation health) on one step in this many.
         grad_accumulation: you accumulate gradients over several steps on purpose;
             the check that ``zero_grad`` runs every step is then off.
-        **options: ``queue_size``, ``history``, ``max_steps_per_s`` (see ``Probe``).
+        guard: skip ``optimizer.step()`` when a gradient is non-finite (as AMP's
+            GradScaler does), raise an alert and pause. Costs one host/device sync
+            per step. The monitor's ``g`` key turns it on and off.
+        on_anomaly: what an anomaly step (the monitor's ``a`` key) does when it
+            catches a non-finite gradient: ``"pause"`` (skip the update, pause the run)
+            or ``"raise"`` (re-raise the error into the training loop).
+        **options: ``pause_grace_s`` (how long a paused run waits for a monitor that
+            went away; default 10, or ``$TRAINTOP_PAUSE_GRACE``), ``queue_size``,
+            ``history``, ``max_steps_per_s``.
 
     Returns:
         A ``Probe``; also a context manager that closes it.
@@ -427,4 +577,5 @@ def watch(
                     probe.log(loss=loss)
     """
     return Probe(model, optimizer, run=run, address=address, every=every,
-                 sample_every=sample_every, grad_accumulation=grad_accumulation, **options)
+                 sample_every=sample_every, grad_accumulation=grad_accumulation, guard=guard,
+                 on_anomaly=on_anomaly, **options)

@@ -95,6 +95,7 @@ class Sender:
             (``probes.history.thin``), never losing the first non-finite step.
         history_capacity: step records kept for replay to a late monitor.
         on_command: called on the sender thread with each command frame received.
+        connected: the event to set while a monitor is connected (made if None).
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class Sender:
         max_steps_per_s: float = 60.0,
         history_capacity: int = 1024,
         on_command: Callable[[Frame], None] | None = None,
+        connected: threading.Event | None = None,
     ) -> None:
         self.address = address
         self.run_id = str(hello["run"])
@@ -130,7 +132,7 @@ class Sender:
         self._warned: set[str] = set()
         self._stop = threading.Event()
         self.dropped = 0
-        self.connected = threading.Event()
+        self.connected = connected or threading.Event()
         self.frames_sent = 0
         self._thread = threading.Thread(target=self._run, name="traintop-sender", daemon=True)
         self._thread.start()

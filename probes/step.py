@@ -21,6 +21,22 @@ from probes.sampled import ActivationStats, UpdateNorms
 from probes.stats import Measurement, NormReducer, compose_order, to_host
 
 
+class NonFiniteGradients(RuntimeError):
+    """Raised by the guard from the optimizer's pre-hook: the update must not happen.
+
+    The probe catches it at the end of the ``with probe.step()`` block, so the
+    training loop goes on with the next step, weights untouched (as GradScaler skips
+    a step whose gradients overflowed).
+    """
+
+    def __init__(self, step: int, layers: list[str], norms: list[float]) -> None:
+        super().__init__(f"non-finite gradients at step {step} in {', '.join(layers[:5])}; "
+                         "the guard skipped optimizer.step()")
+        self.step = step
+        self.layers = layers
+        self.norms = norms
+
+
 class _GradNote(NamedTuple):
     """Which gradient tensor a parameter held right after the last optimizer step."""
 
@@ -83,21 +99,47 @@ class StepMeasurer:
             self._post_hook.remove()
             self._post_hook = None
 
-    def before_optimizer_step(self) -> None:
+    def before_optimizer_step(self, *, guard: bool = False) -> None:
         """Gradients are final: check they were cleared since the last step and note
-        them for the next; launch their norms; on sampled steps copy the weights."""
+        them for the next; launch their norms; on sampled steps copy the weights.
+
+        With ``guard``, non-finite gradients raise ``NonFiniteGradients`` here, before
+        the optimizer touches a weight."""
         step = self.current
         if self.check_clearing:
             not_cleared = self._still_holds_last_steps_grad()
             self._note_grad()
             if step is not None:
                 step.not_cleared = not_cleared
+        if guard:
+            self._guard(step)
         if step is None:
             return
         if not step.grads_read:
             self.read_grads(step)
         if step.sampled and self.updates is not None:
             self.updates.before_step()
+
+    def _guard(self, step: Measurement | None) -> None:
+        """One host sync: are all gradients finite? If not, stop the update."""
+        if step is None:
+            step = Measurement(self.layers, -1, 0.0, False)  # a step not measured
+        if not step.grads_read:
+            self.read_grads(step)
+        if not step.grad_norms:
+            return
+        norms = torch.stack(step.grad_norms)
+        if bool(torch.isfinite(norms).all()):
+            return
+        values = norms.tolist()
+        order = compose_order(step.grad_present, step.grad_order)
+        indices = order if order is not None else range(len(values))
+        bad_layers: dict[str, float] = {}
+        for value, param_index in zip(values, indices, strict=True):
+            if not math.isfinite(value):
+                name = self.layers.names[self.layers.param_layer[param_index]]
+                bad_layers.setdefault(name, value)
+        raise NonFiniteGradients(step.step, list(bad_layers), list(bad_layers.values()))
 
     def _after_optimizer_step(self, optimizer: object, args: object, kwargs: object) -> None:
         """The weights moved (a sampled step): take the norms of the update."""

@@ -14,11 +14,13 @@ Addresses: a per-user Unix socket by default, or ``tcp://HOST:PORT``; the
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from hashlib import sha256
 from ipaddress import ip_address
 from typing import Any, Literal
 
@@ -149,6 +151,13 @@ class FrameReader:
 
     def _oversized(self) -> FrameError:
         return FrameError(f"frame exceeds the limit of {self._max} bytes; skipped")
+
+
+def command_signature(token: str, run: str, command_id: int, command: str) -> str:
+    """HMAC-SHA256 proving a command comes from a monitor that holds the shared token
+    (required by probes whose address is not loopback)."""
+    message = f"{run}:{command_id}:{command}".encode()
+    return hmac.new(token.encode(), message, sha256).hexdigest()
 
 
 # --- addresses -------------------------------------------------------------------------

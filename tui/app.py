@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -11,9 +11,14 @@ from textual.widgets import DataTable, Footer, OptionList
 
 from tui.monitor import Monitor
 from tui.screens.alert_detail import AlertDetail
+from tui.screens.anomaly_report import AnomalyReport
+from tui.screens.confirm import Confirm
+from tui.screens.help import HelpScreen
 from tui.sources import FrameSource
 from tui.state import (
+    AckReceived,
     AlertRaised,
+    AnomalyReported,
     FrameRejected,
     MonitorEvent,
     MonitorState,
@@ -39,12 +44,21 @@ class TraintopApp(App[int]):
     TITLE = "traintop"
     BINDINGS = [
         Binding("q", "quit", "Quit"),
-        Binding("l", "toggle_log_scale", "Log scale"),
-        Binding("s", "toggle_smoothing", "Smoothing"),
-        Binding("r", "next_run", "Next run"),
+        Binding("p", "pause_resume", "Pause/resume"),
+        Binding("n", "single_step", "Step"),
+        Binding("a", "anomaly_step", "Anomaly step"),
+        Binding("g", "toggle_guard", "Guard"),
+        Binding("minus", "scale_lr(0.5)", "LR x0.5", show=False),
+        Binding("plus,equals_sign", "scale_lr(2.0)", "LR x2", show=False),
+        Binding("v", "view_anomaly", "Report", show=False),
+        Binding("l", "toggle_log_scale", "Log", show=False),
+        Binding("s", "toggle_smoothing", "Smooth", show=False),
+        Binding("r", "next_run", "Next run", show=False),
+        Binding("question_mark", "help", "Help"),
     ]
 
     selected_run: reactive[str | None] = reactive(None, init=False)
+    count_prefix: reactive[int] = reactive(0)  # typed digits before a key, e.g. 3a
 
     def __init__(self, source: FrameSource, *, record_path: str | None = None) -> None:
         super().__init__()
@@ -108,6 +122,13 @@ class TraintopApp(App[int]):
                 self.notify(f"{event.run.name}: {event.reason}", timeout=4)
             elif isinstance(event, FrameRejected):
                 self.notify(event.message, title="frame rejected", severity="warning", timeout=5)
+            elif isinstance(event, AckReceived) and event.run.run_id == self.selected_run:
+                ack = event.ack
+                self.notify(str(ack.get("result", "")), title=f"{ack.get('command')}",
+                            severity="information" if ack.get("ok") else "warning", timeout=4)
+            elif isinstance(event, AnomalyReported) and event.run.run_id == self.selected_run:
+                if not isinstance(self.screen, AnomalyReport):
+                    self.push_screen(AnomalyReport(event.report))
             elif isinstance(event, AlertRaised) and event.run.run_id == self.selected_run:
                 alert = event.alert
                 self.notify(f"{alert.kind} at step {alert.step:,}"
@@ -130,6 +151,63 @@ class TraintopApp(App[int]):
     def _pick_run(self, event: OptionList.OptionSelected | OptionList.OptionHighlighted) -> None:
         if event.option.id is not None:
             self.selected_run = event.option.id
+
+    # --- taking the wheel ------------------------------------------------------------
+
+    def on_key(self, event: events.Key) -> None:
+        if event.character is not None and event.character.isdigit() and (
+                self.screen is self.screen_stack[0]):
+            self.count_prefix = min(self.count_prefix * 10 + int(event.character), 999)
+            event.stop()
+
+    def _command(self, command: str, **args: object) -> None:
+        run = self.current_run
+        if run is None:
+            self.notify("no run selected", severity="warning")
+            return
+        problem = self.monitor.send_command(run.run_id, command, **args)
+        if problem:
+            self.notify(problem, severity="warning")
+
+    def action_pause_resume(self) -> None:
+        run = self.current_run
+        paused = bool(run and run.control.get("paused"))
+        self._command("resume" if paused else "pause")
+
+    def action_single_step(self) -> None:
+        self._command("step")
+
+    def action_anomaly_step(self) -> None:
+        count, self.count_prefix = max(self.count_prefix, 1), 0
+        self._command("anomaly", count=count)
+
+    def action_toggle_guard(self) -> None:
+        run = self.current_run
+        self._command("guard", on=not bool(run and run.control.get("guard")))
+
+    def action_scale_lr(self, factor: float) -> None:
+        run = self.current_run
+        if run is None:
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._command("lr_scale", factor=factor)
+
+        lrs = ", ".join(f"{x:.3g}" for x in run.learning_rates) or "?"
+        self.push_screen(Confirm(f"Scale the learning rate of {run.name} by {factor:g}?\n"
+                                 f"Now: {lrs}. The change is marked on the loss chart."),
+                         answered)
+
+    def action_view_anomaly(self) -> None:
+        run = self.current_run
+        if run is None or not run.anomaly_reports:
+            self.notify("no anomaly report yet: press a to run a step under anomaly mode")
+            return
+        self.push_screen(AnomalyReport(run.anomaly_reports[-1]))
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
 
     def action_toggle_log_scale(self) -> None:
         chart = self.query_one(LossChart)

@@ -74,6 +74,7 @@ def status_fields(run: RunState | None, monitor: MonitorState, listening: str) -
         f"{rate:,.1f} steps/s" if rate is not None else "- steps/s",
         f"loss {number(run.loss)}",
         connection_label(run),
+        control_label(run),
         f"dropped {run.dropped:,}",
         alerts_label(run),
     ]
@@ -82,6 +83,17 @@ def status_fields(run: RunState | None, monitor: MonitorState, listening: str) -
     if len(monitor.runs) > 1:
         fields.append(f"{len(monitor.runs)} runs")
     return fields
+
+
+def control_label(run: RunState) -> str:
+    """``running``, ``paused``, plus ``anomaly armed N`` and ``guard`` when on."""
+    control = run.control
+    label = "paused" if control.get("paused") else "running"
+    if control.get("anomaly_armed"):
+        label += f", anomaly armed {control['anomaly_armed']}"
+    if control.get("guard"):
+        label += ", guard"
+    return label
 
 
 def alerts_label(run: RunState) -> str:

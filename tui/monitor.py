@@ -7,9 +7,10 @@ notable events to a listener (the app notifies, headless mode prints).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
-from probes.wire import Frame
+from probes.wire import Frame, command_signature, make_frame
 from tui.runlog import RunLogWriter
 from tui.server import Connection
 from tui.state import MonitorEvent, MonitorState
@@ -30,7 +31,9 @@ class Monitor:
         self.state = state or MonitorState()
         self.on_events = on_events
         self.connections: dict[str, Connection] = {}  # run id -> live connection
+        self.token: str | None = None  # signs commands when the probe expects it
         self._recorder = RunLogWriter(record_path) if record_path else None
+        self._command_ids = itertools.count(1)
 
     def frame_received(self, conn: Connection, frame: Frame) -> None:
         if self._recorder is not None:
@@ -52,6 +55,18 @@ class Monitor:
     def source_ended(self, reason: str) -> None:
         """The source has no more frames (a replay is over): its runs are gone."""
         self._emit(self.state.mark_offline(reason))
+
+    def send_command(self, run_id: str, command: str, **args: object) -> str | None:
+        """Send a command to a run's probe; None if sent, else why not (one line)."""
+        conn = self.connections.get(run_id)
+        if conn is None:
+            return "that run is not connected"
+        command_id = next(self._command_ids)
+        frame = make_frame("command", id=command_id, run=run_id, command=command, args=args)
+        if self.token:
+            frame["auth"] = command_signature(self.token, run_id, command_id, command)
+        conn.send(frame)
+        return None
 
     def close(self) -> None:
         """Flush and close the run log, if recording."""

@@ -36,6 +36,7 @@ class ServerSource:
 
     async def run(self, monitor: Monitor) -> None:
         self.server = MonitorServer(self.address, monitor, token=self.token)
+        monitor.token = self.token
         await self.server.start()
         self.description = f"listening on {self.server.bound_address}"
         self.listening.set()

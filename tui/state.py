@@ -58,6 +58,9 @@ class RunState:
     last_eval_step: int = -1
     events: deque[Frame] = field(default_factory=lambda: deque(maxlen=500))
     alerts: list[AlertEntry] = field(default_factory=list)
+    control: dict[str, Any] = field(default_factory=dict)  # paused, anomaly_armed, guard
+    anomaly_reports: list[Frame] = field(default_factory=list)
+    last_ack: Frame | None = None
     diagnoser: Diagnoser = field(default_factory=Diagnoser)
     last_seq: dict[str, int] = field(default_factory=dict)
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
@@ -211,6 +214,18 @@ class FrameRejected:
 
 
 @dataclass(frozen=True)
+class AckReceived:
+    run: RunState
+    ack: Frame
+
+
+@dataclass(frozen=True)
+class AnomalyReported:
+    run: RunState
+    report: Frame
+
+
+@dataclass(frozen=True)
 class AlertRaised:
     run: RunState
     alert: Alert
@@ -223,7 +238,8 @@ class AlertCleared:
     step: int
 
 
-MonitorEvent = RunConnected | RunDisconnected | FrameRejected | AlertRaised | AlertCleared
+MonitorEvent = (RunConnected | RunDisconnected | FrameRejected | AlertRaised | AlertCleared
+                | AckReceived | AnomalyReported)
 
 
 class MonitorState:
@@ -261,10 +277,19 @@ class MonitorState:
             return self._alert_events(run, run.diagnose(frame))
         if kind == "alert":
             return self._probe_alert(run, frame)
+        if kind == "ack":
+            run.last_ack = frame
+            run.control.update(frame.get("state") or {})
+            return [AckReceived(run, frame)]
+        if kind == "anomaly":
+            run.anomaly_reports.append(frame)
+            del run.anomaly_reports[:-MAX_ALERTS]
+            return [AnomalyReported(run, frame)]
         if kind == "bye":
             run.ended = True
         else:
             run.events.append(frame)
+            run.control.update(frame.get("state") or {})
         return []
 
     @staticmethod

@@ -86,7 +86,7 @@ class LossChart(PlotextPlot):
             title += f"  (non-finite from step {int(self.first_non_finite)})"
             plt.vline(self.first_non_finite, NON_FINITE_COLOR)
         plt.title(title)
-        for step, color in _alert_markers(run):
+        for step, color in _alert_markers(run) + _lr_markers(run):
             plt.vline(step, color)
         if run is not None and run.last_step > 0:
             plt.xlim(0, run.last_step)
@@ -128,6 +128,17 @@ def _alert_markers(run: RunState | None) -> list[tuple[int, str]]:
     for entry in run.alerts[-MAX_MARKERS:]:
         marks.setdefault(entry.alert.step, ALERT_COLORS.get(entry.alert.severity, "yellow"))
     return list(marks.items())
+
+
+LR_COLOR = "magenta"
+
+
+def _lr_markers(run: RunState | None) -> list[tuple[int, str]]:
+    """(step, colour) of each learning-rate experiment run from the monitor."""
+    if run is None:
+        return []
+    return [(int(e.get("step", 0)), LR_COLOR) for e in run.events
+            if e.get("name") == "lr_scale"][-MAX_MARKERS:]
 
 
 def _first_non_finite(run: RunState | None) -> float | None:

@@ -43,4 +43,6 @@ def _style(field: str) -> str:
         return "yellow"
     if field == "connected":
         return "green"
+    if field.startswith("paused") or "anomaly" in field:
+        return "bold yellow"
     return ""
