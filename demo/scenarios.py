@@ -120,8 +120,8 @@ class Magnitude(nn.Module):
 
 
 def nan_backward(fixed: bool = False) -> Setup:
-    """A feature is the norm of a bias-free ReLU layer's output, written as
-    sqrt(sum(h**2)); a few input rows are all zeros (missing features), so h = 0.
+    """A feature is the norm of a bias-free tanh layer's output, written as
+    sqrt(sum(h**2)); two input rows are all zeros (missing features), so h = 0.
 
     Evidence: the forward stays finite, yet the gradients turn NaN at the first batch
     that holds a zero row; the guard (on in this demo) skips the update and pauses.
@@ -134,7 +134,7 @@ def nan_backward(fixed: bool = False) -> Setup:
     zero_rows = torch.randperm(len(train), generator=gen)[:2]
     train.x[zero_rows] = 0.0
     model = nn.Sequential(OrderedDict([
-        ("encoder", nn.Linear(16, 32, bias=False)), ("act", nn.ReLU()),
+        ("encoder", nn.Linear(16, 32, bias=False)), ("act", nn.Tanh()),
         ("magnitude", Magnitude(stable=fixed)), ("head", nn.Linear(1, 1))]))
     return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
                  train, val, steps=400, watch_delay=0.05, guard=True)

@@ -105,8 +105,10 @@ class Control:
         if self.state.paused and self.state.steps_allowed:
             self.state.steps_allowed -= 1  # one step, then pause again at the next entry
 
-    def pause(self, reason: str) -> None:
+    def pause(self, reason: str, step: int | None = None) -> None:
         """Pause at the next boundary (the guard and the anomaly step use this)."""
+        if step is not None:
+            self._step = step
         if not self.state.paused:
             self.state.paused = True
             self._event("paused", reason=reason)

@@ -281,14 +281,14 @@ class Probe:
         if caught:
             self._clear_grads()  # partial sums of the failed backward must not leak on
         if pause:
-            self._control.pause("the anomaly step found a non-finite gradient")
+            self._control.pause("the anomaly step found a non-finite gradient", self._index)
         return pause
 
     def _guard_tripped(self, error: NonFiniteGradients) -> None:
         self._clear_grads()
         alert = guard_alert(error)
         self.sender.put({"kind": "alert", "step": error.step, "alert": alert.to_dict()})
-        self._control.pause("the guard skipped a non-finite update")
+        self._control.pause("the guard skipped a non-finite update", self._index)
 
     def _clear_grads(self) -> None:
         for param in self.layers.params:

@@ -28,6 +28,21 @@ def collector(socket_path: str) -> Iterator[FrameCollector]:
     frames.close()
 
 
+def resume_when_paused(frame: dict) -> list[dict]:
+    """A stand-in monitor's reply: resume a run as soon as it says it paused."""
+    if frame.get("kind") == "event" and frame.get("name") == "paused":
+        return [{"v": 1, "kind": "command", "id": 0, "command": "resume"}]
+    return []
+
+
+@pytest.fixture
+def resuming_collector(socket_path: str) -> Iterator[FrameCollector]:
+    """A stand-in monitor that resumes every pause (a person pressing p at once)."""
+    frames = FrameCollector(socket_path, reply=resume_when_paused)
+    yield frames
+    frames.close()
+
+
 @pytest.fixture(autouse=True)
 def _no_default_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
     """Never let a test talk to a real monitor on the default address."""

@@ -18,8 +18,10 @@ from tui.monitor import Monitor
 from tui.server import Connection
 from tui.sources import FrameSource
 from tui.state import (
+    AckReceived,
     AlertCleared,
     AlertRaised,
+    AnomalyReported,
     FrameRejected,
     MonitorEvent,
     RunConnected,
@@ -79,6 +81,12 @@ class HeadlessMonitor(Monitor):
             elif isinstance(event, AlertRaised):
                 self._line(f"{event.alert.line()} run={event.run.name}")
                 self._check_fail_on(event)
+            elif isinstance(event, AnomalyReported):
+                self._line(anomaly_line(event.report) + f" run={event.run.name}")
+            elif isinstance(event, AckReceived):
+                ack = event.ack
+                self._line(f"ACK {ack.get('command')} ok={ack.get('ok')} step={ack.get('step')} "
+                           f"{ack.get('result', '')} run={event.run.name}")
             elif isinstance(event, AlertCleared):
                 self._line(f"CLEARED {event.alert.kind} step={event.step} "
                            f"subject={event.alert.subject or '-'} run={event.run.name}")
@@ -93,6 +101,21 @@ class HeadlessMonitor(Monitor):
 
     def _line(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+
+def anomaly_line(report: Frame) -> str:
+    """``ANOMALY step=N outcome=... backward_op=... module=... first_non_finite=...``."""
+    first = report.get("first_non_finite") or {}
+    parts = [f"ANOMALY step={report.get('step')}", f"outcome={report.get('outcome')}"]
+    if report.get("backward_op"):
+        parts.append(f"backward_op={report['backward_op']}")
+        parts.append(f"module={report.get('module_of_backward_op') or '-'}")
+    if first:
+        parts.append(f"first_non_finite={first.get('name')}")
+    if report.get("batch") is not None:
+        parts.append(f"batch={report['batch']}")
+    parts.append(f"update_skipped={bool(report.get('update_skipped'))}")
+    return " ".join(parts)
 
 
 def summary_line(run: RunState) -> str:

@@ -1,0 +1,146 @@
+"""Commands at step boundaries: acks, pause and step, anomaly and guard, LR, signatures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import probes
+from probes.control import Control
+from probes.wire import command_signature
+from tests.collector import FrameCollector
+from tui.monitor import Monitor
+
+
+class Sent(list):
+    """Records the control sends (acks and events)."""
+
+    def acks(self) -> list[dict]:
+        return [r for r in self if r["kind"] == "ack"]
+
+    def events(self, name: str) -> list[dict]:
+        return [r for r in self if r["kind"] == "event" and r["name"] == name]
+
+
+def make_control(*, token: str | None = None, grace: float = 10.0,
+                 scale_lr=None) -> tuple[Control, Sent, threading.Event]:
+    sent = Sent()
+    connected = threading.Event()
+    connected.set()
+    control = Control(connected=connected, send=sent.append, scale_lr=scale_lr,
+                      grace_s=grace, token=token, run_id="run-1")
+    return control, sent, connected
+
+
+def command(name: str, command_id: int = 1, **args: object) -> dict:
+    return {"v": 1, "kind": "command", "id": command_id, "command": name, "args": args}
+
+
+def test_commands_are_applied_at_the_boundary_and_acknowledged() -> None:
+    control, sent, _ = make_control()
+    control.receive(command("guard", on=True))
+    control.receive(command("anomaly", 2, count=3))
+    assert sent == [] and control.busy  # nothing happens until the training thread comes
+    control.boundary(7, flush=lambda: None)
+    assert [(a["id"], a["ok"]) for a in sent.acks()] == [(1, True), (2, True)]
+    assert control.state.guard and control.state.anomaly_armed == 3
+    assert sent.acks()[1]["state"] == {"paused": False, "anomaly_armed": 3, "guard": True}
+    assert sent.events("guard")[0]["on"] is True and sent.events("guard")[0]["step"] == 7
+    assert [control.take_anomaly_step() for _ in range(4)] == [True, True, True, False]
+
+
+def test_bad_commands_get_a_clear_refusal() -> None:
+    control, sent, _ = make_control()
+    for frame in (command("reboot"), command("step"), command("lr_scale", factor=10.0),
+                  command("lr_scale", factor=0.5)):
+        control.receive(frame)
+    control.boundary(0, flush=lambda: None)
+    results = [(a["ok"], a["result"]) for a in sent.acks()]
+    assert results[0] == (False, "unknown command 'reboot'")
+    assert results[1] == (False, "not paused: pause first, then step")
+    assert results[2][0] is False and "factor must be one of" in results[2][1]
+    assert results[3] == (False, "no optimizer was given to probes.watch")
+
+
+def test_pause_blocks_until_resumed_and_step_lets_exactly_one_through() -> None:
+    control, sent, _ = make_control()
+    flushed: list[int] = []
+    control.receive(command("pause"))
+    timeline: list[str] = []
+
+    def monitor() -> None:
+        time.sleep(0.3)
+        timeline.append("step sent")
+        control.receive(command("step", 2))
+        time.sleep(0.3)
+        timeline.append("resume sent")
+        control.receive(command("resume", 3))
+
+    threading.Thread(target=monitor, daemon=True).start()
+    control.boundary(5, flush=lambda: flushed.append(5))
+    timeline.append("step 5 runs")
+    assert control.state.paused  # one step granted, still paused
+    control.boundary(6, flush=lambda: flushed.append(6))
+    timeline.append("step 6 runs")
+    assert timeline == ["step sent", "step 5 runs", "resume sent", "step 6 runs"]
+    assert not control.state.paused and flushed == [5, 6]
+    assert [e["step"] for e in sent.events("paused")] == [5]
+    assert sent.events("resumed")[0]["reason"] == "the monitor asked"
+
+
+def test_a_paused_run_resumes_when_its_monitor_is_gone(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    control, sent, connected = make_control(grace=0.2)
+    control.receive(command("pause"))
+    connected.clear()  # the monitor went away
+    started = time.monotonic()
+    control.boundary(3, flush=lambda: None)
+    waited = time.monotonic() - started
+    assert 0.2 <= waited < 2.0
+    assert not control.state.paused
+    assert "resumed after 0.2 s" in sent.events("resumed")[0]["reason"]
+    assert capsys.readouterr().err.startswith("traintop: no monitor connected")
+
+
+def test_with_a_token_only_signed_commands_are_obeyed() -> None:
+    control, sent, _ = make_control(token="s3cret")
+    unsigned = command("guard", 1, on=True)
+    forged = {**command("guard", 2, on=True), "auth": "0" * 64}
+    signed = {**command("guard", 3, on=True),
+              "auth": command_signature("s3cret", "run-1", 3, "guard")}
+    for frame in (unsigned, forged):
+        control.receive(frame)
+    control.boundary(0, flush=lambda: None)
+    assert not control.state.guard
+    assert all(not a["ok"] and "signature" in a["result"] for a in sent.acks())
+    control.receive(signed)
+    control.boundary(1, flush=lambda: None)
+    assert control.state.guard and sent.acks()[-1]["ok"]
+
+
+def test_lr_experiment_scales_every_group_and_is_recorded(collector: FrameCollector) -> None:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD([{"params": [model.weight], "lr": 0.1},
+                           {"params": [model.bias], "lr": 0.02}])
+    probe = probes.watch(model, opt, address=collector.address)
+    probe._control.receive(command("lr_scale", factor=0.5))
+    for _ in range(2):
+        with probe.step():
+            model(torch.randn(4, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    probe.close()
+    assert [g["lr"] for g in opt.param_groups] == [0.05, 0.01]
+    assert collector.wait_for(lambda f: any(x.get("name") == "lr_scale" for x in f))
+    [event] = [f for f in collector.kinds("event") if f["name"] == "lr_scale"]
+    assert event["factor"] == 0.5 and event["lr"] == [0.05, 0.01] and event["step"] == 0
+    steps = {f["step"]: f for f in collector.kinds("step")}
+    assert steps[0]["lr"] == [0.05, 0.01]  # applied at the step boundary, before step 0
+
+
+def test_monitor_reports_a_run_that_is_not_connected() -> None:
+    assert Monitor().send_command("nope", "pause") == "that run is not connected"

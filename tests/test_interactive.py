@@ -1,0 +1,110 @@
+"""Taking the wheel of a live run: a real trainer subprocess, the real monitor."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+
+from probes.wire import Address
+from tui.app import make_app
+from tui.monitor import Monitor
+from tui.screens.anomaly_report import AnomalyReport
+from tui.server import MonitorServer
+from tui.sources import ServerSource
+from tui.state import RunState
+
+
+def start_trainer(address: Address, *args: str, grace: float = 10.0) -> subprocess.Popen:
+    env = {**os.environ, "TRAINTOP_ADDRESS": str(address), "TRAINTOP_PAUSE_GRACE": str(grace)}
+    return subprocess.Popen([sys.executable, "-m", "demo", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def trainer(socket_path: str) -> Iterator[Callable[..., subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str, grace: float = 10.0) -> subprocess.Popen:
+        process = start_trainer(Address("unix", path=socket_path), *args, grace=grace)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 30.0,
+                pause: Callable[[float], Awaitable[None]] | None = None) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        if pause is not None:
+            await pause(0.05)
+        else:
+            await asyncio.sleep(0.05)
+
+
+async def test_pause_step_anomaly_resume_from_the_keyboard(
+        socket_path: str, trainer: Callable[..., subprocess.Popen]) -> None:
+    app = make_app(ServerSource(Address("unix", path=socket_path)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        trainer("healthy", "--steps", "100000", "--delay", "0.02")
+
+        def run() -> RunState | None:
+            return app.current_run
+
+        await until(lambda: run() is not None and run().last_step >= 5, 60, pilot.pause)
+        await pilot.press("p")
+        await until(lambda: run().control.get("paused") is True, 10, pilot.pause)
+        await pilot.pause(0.4)  # the last step before the pause is flushed by now
+        stopped_at = run().last_step
+        await pilot.pause(0.6)
+        assert run().last_step == stopped_at, "the run went on while paused"
+        assert "paused" in app.query_one("#status").text
+
+        await pilot.press("n")
+        await until(lambda: run().last_step == stopped_at + 1, 10, pilot.pause)
+        await pilot.pause(0.5)
+        assert run().last_step == stopped_at + 1, "n must run exactly one step"
+
+        await pilot.press("a")
+        await until(lambda: bool(run().anomaly_reports), 20, pilot.pause)
+        report = run().anomaly_reports[-1]
+        assert report["outcome"] == "clean" and report["step"] == stopped_at + 2
+        await until(lambda: isinstance(app.screen, AnomalyReport), 5, pilot.pause)
+        await pilot.press("escape")
+        await until(lambda: run().last_step == stopped_at + 2, 10, pilot.pause)
+        assert run().control.get("paused") is True
+
+        await pilot.press("p")
+        await until(lambda: run().last_step > stopped_at + 10, 20, pilot.pause)
+        assert run().control.get("paused") is False
+
+
+async def test_a_run_paused_by_a_monitor_that_dies_finishes(
+        socket_path: str, trainer: Callable[..., subprocess.Popen]) -> None:
+    address = Address("unix", path=socket_path)
+    monitor = Monitor()
+    server = MonitorServer(address, monitor)
+    await server.start()
+    process = trainer("healthy", "--steps", "300", "--delay", "0.01", grace=1.0)
+    await until(lambda: any(r.last_step >= 3 for r in monitor.state.runs.values()))
+    [run] = monitor.state.runs.values()
+    assert monitor.send_command(run.run_id, "pause") is None
+    await until(lambda: run.control.get("paused") is True, 10)
+    await asyncio.sleep(0.3)
+    stopped_at = run.last_step
+    await server.close()  # the monitor dies with the run paused
+    output = (await asyncio.to_thread(process.communicate, timeout=60))[0].decode()
+    assert process.returncode == 0, output
+    assert stopped_at < 299
+    assert "step 299 " in output  # it went on to the end
+    assert "no monitor connected while the run was paused; resumed after 1 s" in output
