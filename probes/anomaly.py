@@ -155,7 +155,8 @@ class AnomalyStep:
             "duration": duration,
             "backward_op": op,
             "message": "" if error is None else f"{type(error).__name__}: {error}"[:2000],
-            "forward_traceback": [f for f in frames if not _TORCH_PATH.search(f["file"])],
+            "forward_traceback": [f for f in frames if not _TORCH_PATH.search(f["file"])
+                                  and not f["file"].startswith("<")],
             "first_non_finite": None if self.first is None else self.first.__dict__,
             "module_of_backward_op": locate_module(self.model, frames),
             "update_skipped": op is not None or error is not None,
@@ -202,7 +203,8 @@ def parse_frames(traceback_text: str) -> list[dict[str, Any]]:
         match = _FRAME_PATTERN.match(line)
         if not match:
             continue
-        code = lines[index + 1].strip() if index + 1 < len(lines) else ""
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        code = "" if _FRAME_PATTERN.match(following) else following.strip()
         frames.append({"file": match.group(1), "line": int(match.group(2)),
                        "function": match.group(3), "code": code})
     return frames

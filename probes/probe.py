@@ -277,11 +277,12 @@ class Probe:
         pause = caught and self._on_anomaly == "pause"
         report = anomaly.finish(error, scalars=scalars, paused=pause,
                                 raise_on_anomaly=self._on_anomaly == "raise")
-        self.sender.put(report)
         if caught:
             self._clear_grads()  # partial sums of the failed backward must not leak on
         if pause:
             self._control.pause("the anomaly step found a non-finite gradient", self._index)
+        report["state"] = self._control.state.as_dict()
+        self.sender.put(report)
         return pause
 
     def _guard_tripped(self, error: NonFiniteGradients) -> None:

@@ -75,8 +75,8 @@ def status_fields(run: RunState | None, monitor: MonitorState, listening: str) -
         f"loss {number(run.loss)}",
         connection_label(run),
         control_label(run),
-        f"dropped {run.dropped:,}",
         alerts_label(run),
+        f"dropped {run.dropped:,}",
     ]
     if monitor.rejected_frames:
         fields.append(f"rejected {monitor.rejected_frames:,}")
@@ -90,9 +90,9 @@ def control_label(run: RunState) -> str:
     control = run.control
     label = "paused" if control.get("paused") else "running"
     if control.get("anomaly_armed"):
-        label += f", anomaly armed {control['anomaly_armed']}"
+        label += f"+anomaly({control['anomaly_armed']})"
     if control.get("guard"):
-        label += ", guard"
+        label += "+guard"
     return label
 
 

@@ -282,6 +282,7 @@ class MonitorState:
             run.control.update(frame.get("state") or {})
             return [AckReceived(run, frame)]
         if kind == "anomaly":
+            run.control.update(frame.get("state") or {})
             run.anomaly_reports.append(frame)
             del run.anomaly_reports[:-MAX_ALERTS]
             return [AnomalyReported(run, frame)]

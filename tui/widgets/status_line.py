@@ -28,7 +28,7 @@ class StatusLine(Static):
         fields = status_fields(run, monitor, listening)
         text = Text(fields[0], style="bold")
         for field in fields[1:]:
-            text.append("  │  ", style="dim")
+            text.append(" │ ", style="dim")
             text.append(field, style=_style(field))
         self.text = text.plain
         self.update(text)
