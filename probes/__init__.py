@@ -23,11 +23,24 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from probes.batch_checks import check_batch, overfit_batch
     from probes.clip import clip_grad_norm_
+    from probes.data_checks import check_preprocessing, check_split
     from probes.diagnosis import Alert, Diagnoser, Thresholds
     from probes.probe import Probe, watch
 
-__all__ = ["Alert", "Diagnoser", "Probe", "Thresholds", "clip_grad_norm_", "watch"]
+__all__ = [
+    "Alert",
+    "Diagnoser",
+    "Probe",
+    "Thresholds",
+    "check_batch",
+    "check_preprocessing",
+    "check_split",
+    "clip_grad_norm_",
+    "overfit_batch",
+    "watch",
+]
 
 _LAZY = {
     "Probe": "probes.probe",
@@ -36,6 +49,10 @@ _LAZY = {
     "Alert": "probes.diagnosis",
     "Diagnoser": "probes.diagnosis",
     "Thresholds": "probes.diagnosis",
+    "check_split": "probes.data_checks",
+    "check_preprocessing": "probes.data_checks",
+    "check_batch": "probes.batch_checks",
+    "overfit_batch": "probes.batch_checks",
 }
 
 

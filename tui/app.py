@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Footer, OptionList
 from tui.monitor import Monitor
 from tui.screens.alert_detail import AlertDetail
 from tui.screens.anomaly_report import AnomalyReport
+from tui.screens.checks import ChecksScreen
 from tui.screens.confirm import Confirm
 from tui.screens.help import HelpScreen
 from tui.sources import FrameSource
@@ -51,6 +52,7 @@ class TraintopApp(App[int]):
         Binding("minus", "scale_lr(0.5)", "LR x0.5", show=False),
         Binding("plus,equals_sign", "scale_lr(2.0)", "LR x2", show=False),
         Binding("v", "view_anomaly", "Report", show=False),
+        Binding("c", "view_checks", "Checks", show=False),
         Binding("l", "toggle_log_scale", "Log", show=False),
         Binding("s", "toggle_smoothing", "Smooth", show=False),
         Binding("r", "next_run", "Next run", show=False),
@@ -205,6 +207,10 @@ class TraintopApp(App[int]):
             self.notify("no anomaly report yet: press a to run a step under anomaly mode")
             return
         self.push_screen(AnomalyReport(run.anomaly_reports[-1]))
+
+    def action_view_checks(self) -> None:
+        run = self.current_run
+        self.push_screen(ChecksScreen(run.check_reports if run else []))
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

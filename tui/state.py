@@ -85,6 +85,11 @@ class RunState:
         return len(self.layers)
 
     @property
+    def check_reports(self) -> list[Frame]:
+        """Reports of the pre-training checks, in the order they came."""
+        return [e for e in self.events if e.get("name") == "check_report"]
+
+    @property
     def active_alerts(self) -> list[Alert]:
         return [entry.alert for entry in self.alerts if entry.active]
 

@@ -15,6 +15,7 @@ KEYS = (
     ("a", "run the next step under torch.autograd.detect_anomaly (3a: the next three);"
           " while paused, it runs now"),
     ("v", "view the last anomaly report"),
+    ("c", "view the reports of the data and batch checks (check_split, ...)"),
     ("g", "guard on/off: non-finite gradients skip optimizer.step() and pause (one sync "
           "a step)"),
     ("-  +", "learning-rate experiment: scale every group's LR by 0.5 or 2 (asks first)"),
