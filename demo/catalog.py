@@ -1,27 +1,84 @@
-"""The scenario names and their one-line descriptions (no torch: the monitor lists them)."""
+"""The scenario gallery's index: names, what breaks, which alert teaches it, where it
+shows (no torch: the monitor lists them)."""
 
 from __future__ import annotations
 
-SCENARIOS: dict[str, str] = {
-    "healthy": "a small MLP learns a synthetic task; train and validation loss fall together",
-    "exploding": "learning rate far too high: per-layer gradient norms climb until non-finite",
-    "nan-forward": "-log(1 - sigmoid(z)) hits log(0) once the score saturates: an inf is born "
-                   "in a named module's forward",
-    "nan-backward": "a hand-written norm, sqrt(sum(h**2)), at h = 0: finite forward, NaN "
-                    "gradient (PowBackward0)",
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScenarioInfo:
+    """One failure mode of the lesson, as the gallery presents it."""
+
+    summary: str  # what breaks, in one line
+    alerts: tuple[str, ...]  # the alert kinds it must raise (none for healthy)
+    subject: str = ""  # the layer, module or field the first alert must name
+    view: str = "alerts panel"  # where a person sees it
+    fixable: bool = True  # --fixed runs the corrected version
+
+
+SCENARIOS: dict[str, ScenarioInfo] = {
+    "healthy": ScenarioInfo(
+        "a small MLP learns a synthetic task; train and validation loss fall together",
+        (), view="loss chart", fixable=False),
+    "exploding": ScenarioInfo(
+        "learning rate far too high: per-layer gradient norms climb until non-finite",
+        ("exploding_gradient", "non_finite"), view="layer table, alerts"),
+    "vanishing": ScenarioInfo(
+        "a deep sigmoid stack: the first layers' gradients are ~1e-6 of the last's",
+        ("vanishing_gradient",), subject="0", view="layer table (yellow rows)"),
+    "nan-forward": ScenarioInfo(
+        "-log(1 - sigmoid(z)) hits log(0) once the score saturates: an inf is born in "
+        "a named module's forward",
+        ("guard_skipped_update", "non_finite"), view="guard pause, then a: anomaly report"),
+    "nan-backward": ScenarioInfo(
+        "a hand-written norm, sqrt(sum(h**2)), at h = 0: finite forward, NaN gradient "
+        "(PowBackward0)",
+        ("guard_skipped_update", "non_finite"), view="guard pause, then a: anomaly report"),
+    "overfit": ScenarioInfo(
+        "a big MLP on 48 examples: training loss falls while validation loss rises",
+        ("overfitting_signal",), view="loss chart (diverging curves), alerts"),
+    "flat-loss": ScenarioInfo(
+        "labels shuffled: the training loss stays where it started",
+        ("flat_loss",), view="loss chart, alerts"),
+    "dead-relu": ScenarioInfo(
+        "a ReLU layer initialised with bias -10: its outputs are all exactly zero",
+        ("dead_activations",), subject="act1", view="layer table (grey row), alerts"),
+    "no-zero-grad": ScenarioInfo(
+        "optimizer.zero_grad() forgotten: gradients accumulate across steps",
+        ("grad_not_cleared",), view="alerts, growing grad norms"),
+    "eval-mode": ScenarioInfo(
+        "validation with dropout on and gradients recorded",
+        ("eval_in_train_mode", "eval_with_grad"), view="alerts"),
+    "none-grad": ScenarioInfo(
+        "a branch detached from the loss: its parameters never get a gradient",
+        ("none_gradients",), subject="aux", view="layer table (magenta rows), alerts"),
+    "leakage": ScenarioInfo(
+        "normalisation statistics fitted on train, validation and test together",
+        ("leakage",), subject="mean", view="checks view (c), alerts"),
+    "shape-bug": ScenarioInfo(
+        "MSELoss given outputs [B, 1] and targets [B]: it broadcasts to [B, B]",
+        ("broadcast_in_loss",), subject="targets", view="checks view (c), alerts"),
+    "lr-too-low": ScenarioInfo(
+        "Adam at lr 1e-7: updates are a millionth of the weights, the loss barely moves",
+        ("update_ratio",), view="layer table (update/w), alerts"),
 }
 
 
 def describe(name: str) -> str:
     """The one-line description of a scenario; KeyError names the known ones."""
     try:
-        return SCENARIOS[name]
+        return SCENARIOS[name].summary
     except KeyError:
         known = ", ".join(SCENARIOS)
         raise KeyError(f"unknown scenario {name!r}; known: {known}") from None
 
 
 def listing() -> str:
-    """One line per scenario, for ``--list``."""
+    """One line per scenario, for ``--list``: name, what breaks, the alert it raises."""
     width = max(len(name) for name in SCENARIOS)
-    return "\n".join(f"{name:<{width}}  {text}" for name, text in SCENARIOS.items())
+    lines = []
+    for name, info in SCENARIOS.items():
+        alert = f"  -> {', '.join(info.alerts)}" if info.alerts else "  -> no alert"
+        lines.append(f"{name:<{width}}  {info.summary}{alert}")
+    return "\n".join(lines)

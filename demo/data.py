@@ -49,3 +49,20 @@ class Batches:
         self._at += self.batch_size
         self.drawn += 1
         return self.split.x[index], self.split.y[index]
+
+
+def teacher_classification(
+    train: int, val: int, *, dim: int = 16, classes: int = 4, seed: int = 0
+) -> tuple[Split, Split]:
+    """Labels from a random linear teacher (argmax of x @ w): learnable, int64 targets."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(dim, classes, generator=gen)
+    x = torch.randn(train + val, dim, generator=gen)
+    y = (x @ w + 0.3 * torch.randn(train + val, classes, generator=gen)).argmax(dim=1)
+    return Split(x[:train], y[:train]), Split(x[train:], y[train:])
+
+
+def shuffled(split: Split, seed: int = 0) -> Split:
+    """The same inputs with their labels permuted: nothing left to learn."""
+    gen = torch.Generator().manual_seed(seed)
+    return Split(split.x, split.y[torch.randperm(len(split.y), generator=gen)])

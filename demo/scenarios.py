@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+import probes
 from demo.catalog import SCENARIOS
-from demo.data import Split, teacher_regression
+from demo.data import Split, shuffled, teacher_classification, teacher_regression
 
 
 @dataclass
@@ -32,6 +34,11 @@ class Setup:
     guard: bool = False  # start with the guard on (non-finite gradients skip the update)
     target_shift: float = 0.0  # added to the targets (a scale the model must reach)
     target_scale: float = 1.0
+    zero_grad: bool = True  # False: the no-zero-grad bug
+    eval_mode: bool = True  # False: validation with model.train() left on
+    eval_no_grad: bool = True  # False: validation with gradient recording on
+    # Run before the first step (the data and batch checks), with the probe attached.
+    before_training: Callable[[Setup, Any], None] | None = None
 
     def target(self, y: torch.Tensor) -> torch.Tensor:
         """The targets as this scenario trains on them."""
@@ -140,11 +147,194 @@ def nan_backward(fixed: bool = False) -> Setup:
                  train, val, steps=400, watch_delay=0.05, guard=True)
 
 
+def vanishing(fixed: bool = False) -> Setup:
+    """Ten Linear+Sigmoid layers: each sigmoid passes back at most a quarter of the
+    gradient, so the first layers get about a millionth of what the last gets.
+
+    Evidence: the layer table's first rows turn yellow (vanishing) while the last ones
+    learn; the loss crawls. Fix (``--fixed``): ReLU instead of Sigmoid, same depth.
+    """
+    train, val = teacher_regression(2048, 512)
+    model = mlp(16, 32, 10, activation=nn.ReLU if fixed else nn.Sigmoid)
+    return Setup(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(),
+                 train, val, steps=600)
+
+
+def overfit(fixed: bool = False) -> Setup:
+    """A 256-wide MLP trained on 48 noisy examples, validated on 512.
+
+    Evidence: the training loss keeps falling while the validation loss turns up:
+    the two curves diverge on the loss chart; overfitting_signal says it is a signal,
+    not proof of its cause. Fix (``--fixed``): 2048 training examples, nothing else.
+    """
+    train, val = teacher_regression(2048 if fixed else 48, 512, noise=0.3)
+    model = mlp(16, 256, 3)
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
+                 train, val, steps=300, batch_size=48 if not fixed else 64, eval_every=20)
+
+
+def flat_loss(fixed: bool = False) -> Setup:
+    """A classifier trained on shuffled labels: there is nothing to learn.
+
+    Evidence: after 200 steps the training loss is still where it started (about
+    ln 4); flat_loss lists the lesson's next experiments (tiny-batch overfit, gradients
+    and a learning-rate change, labels and the loss contract). Fix (``--fixed``): the
+    real labels.
+    """
+    train, val = teacher_classification(2048, 512)
+    if not fixed:
+        train, val = shuffled(train), shuffled(val, seed=1)
+    model = nn.Sequential(nn.Linear(16, 4))
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-2),
+                 nn.CrossEntropyLoss(), train, val, steps=500)
+
+
+def dead_relu(fixed: bool = False) -> Setup:
+    """The first hidden layer's bias is initialised to -10: every pre-activation is
+    negative, so the ReLU after it outputs exactly zero and passes no gradient.
+
+    Evidence: dead_activations names ``act1`` (zero fraction 1.0) on sampled steps, and
+    the layer ``hidden1`` before it shows no gradient. Fix (``--fixed``): bias 0.
+    """
+    train, val = teacher_regression(2048, 512)
+    model = nn.Sequential(OrderedDict([
+        ("hidden1", nn.Linear(16, 64)), ("act1", nn.ReLU()),
+        ("hidden2", nn.Linear(64, 64)), ("act2", nn.ReLU()), ("out", nn.Linear(64, 1))]))
+    if not fixed:
+        with torch.no_grad():
+            model.hidden1.bias.fill_(-10.0)
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
+                 train, val, steps=300)
+
+
+def no_zero_grad(fixed: bool = False) -> Setup:
+    """The loop never calls optimizer.zero_grad(): every backward adds to the last.
+
+    Evidence: grad_not_cleared (the gradient after one optimizer.step() is the same
+    tensor, one backward larger, at the next); gradient norms grow step after step.
+    Fix (``--fixed``): zero_grad(set_to_none=True) each step.
+    """
+    train, val = teacher_regression(2048, 512)
+    model = mlp(16, 64, 2)
+    return Setup(model, torch.optim.SGD(model.parameters(), lr=1e-3), nn.MSELoss(),
+                 train, val, steps=300, zero_grad=fixed)
+
+
+def eval_mode(fixed: bool = False) -> Setup:
+    """Validation runs with dropout on (no model.eval()) and with gradient recording
+    on (no torch.inference_mode()): two separate mistakes.
+
+    Evidence: eval_in_train_mode (error: the model has dropout, so validation numbers
+    are not the model's) and eval_with_grad (memory and time). Fix (``--fixed``):
+    model.eval() and torch.inference_mode() around validation.
+    """
+    train, val = teacher_regression(2048, 512)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Dropout(0.3), nn.Linear(64, 1))
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
+                 train, val, steps=200, eval_mode=fixed, eval_no_grad=fixed)
+
+
+class Branches(nn.Module):
+    """A main path and an auxiliary one whose output is detached: the bug."""
+
+    def __init__(self, detach_aux: bool) -> None:
+        super().__init__()
+        self.main = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+        self.aux = nn.Linear(16, 1)
+        self.detach_aux = detach_aux
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        aux = self.aux(x)
+        return self.main(x) + (aux.detach() if self.detach_aux else aux)
+
+
+def none_grad(fixed: bool = False) -> Setup:
+    """An auxiliary branch's output is .detach()-ed before it joins the main path.
+
+    Evidence: none_gradients names ``aux.weight`` and ``aux.bias``: trainable, but their
+    .grad stays None; the layer table's ``aux`` row is magenta. Fix (``--fixed``): no
+    detach.
+    """
+    train, val = teacher_regression(2048, 512)
+    model = Branches(detach_aux=not fixed)
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
+                 train, val, steps=200)
+
+
+def leakage(fixed: bool = False) -> Setup:
+    """The inputs are standardised with a mean and std computed on train, validation
+    and test together, before the split is used.
+
+    Evidence: check_preprocessing (run before training) raises leakage naming the
+    statistics: they match all rows, not train. Fix (``--fixed``): statistics from
+    train only.
+    """
+    train, val = teacher_regression(2048, 512)
+    gen = torch.Generator().manual_seed(2)
+    test_x = torch.randn(512, 16, generator=gen) * 2 + 3  # a test set from elsewhere
+    every = torch.cat([train.x, val.x, test_x])
+    fitted_on = train.x if fixed else every
+    mean, std = fitted_on.mean(dim=0), fitted_on.std(dim=0)
+
+    def standardise(split: Split) -> Split:
+        return Split((split.x - mean) / std, split.y)
+
+    def check(setup: Setup, probe: Any) -> None:
+        probes.check_preprocessing({"mean": mean, "std": std}, train.x, every, probe=probe)
+
+    model = mlp(16, 64, 2)
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
+                 standardise(train), standardise(val), steps=200, before_training=check)
+
+
+def shape_bug(fixed: bool = False) -> Setup:
+    """The model outputs [B, 1]; the targets are [B]. MSELoss broadcasts them to
+    [B, B] and compares every output with every target: training 'works', badly.
+
+    Evidence: check_batch (run before training) raises broadcast_in_loss with the
+    shapes; the loss stalls near the targets' variance. Fix (``--fixed``): targets of
+    shape [B, 1].
+    """
+    train, val = teacher_regression(2048, 512)
+    if not fixed:
+        train, val = Split(train.x, train.y.squeeze(1)), Split(val.x, val.y.squeeze(1))
+
+    def check(setup: Setup, probe: Any) -> None:
+        batch = (setup.train.x[:64], setup.train.y[:64])
+        probes.check_batch(setup.model, batch, setup.loss_fn, probe=probe)
+
+    model = mlp(16, 64, 2)
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
+                 train, val, steps=300, before_training=check)
+
+
+def lr_too_low(fixed: bool = False) -> Setup:
+    """Adam at lr 1e-7: every update is about a millionth of the weights.
+
+    Evidence: update_ratio (side low) names the layers: |dw|/|w| near 1e-7, far below
+    the usual ~1e-3; the loss barely moves. Fix (``--fixed``): lr 1e-3.
+    """
+    train, val = teacher_regression(2048, 512)
+    model = mlp(16, 64, 2)
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3 if fixed else 1e-7),
+                 nn.MSELoss(), train, val, steps=300)
+
+
 BUILDERS: dict[str, Callable[[bool], Setup]] = {
     "healthy": healthy,
     "exploding": exploding,
+    "vanishing": vanishing,
     "nan-forward": nan_forward,
     "nan-backward": nan_backward,
+    "overfit": overfit,
+    "flat-loss": flat_loss,
+    "dead-relu": dead_relu,
+    "no-zero-grad": no_zero_grad,
+    "eval-mode": eval_mode,
+    "none-grad": none_grad,
+    "leakage": leakage,
+    "shape-bug": shape_bug,
+    "lr-too-low": lr_too_low,
 }
 
 assert set(BUILDERS) == set(SCENARIOS), "demo.catalog and demo.scenarios disagree"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any
@@ -36,10 +37,13 @@ def train(
     x, y = batches.next()
     retried = False
     with probes.watch(model, optimizer, run=run, **probe_options) as probe:
+        if setup.before_training is not None:
+            setup.before_training(setup, probe)
         for step in range(steps):
             with probe.step():
                 probe.log(batch=batches.drawn)
-                optimizer.zero_grad(set_to_none=True)
+                if setup.zero_grad:
+                    optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model(x), setup.target(y))
                 loss.backward()
                 optimizer.step()
@@ -60,13 +64,16 @@ def train(
 
 
 def validate(setup: Setup, probe: probes.Probe) -> float:
-    """Validation the right way: ``model.eval()`` and ``torch.inference_mode()``."""
+    """Validation the right way: ``model.eval()`` and ``torch.inference_mode()`` (unless
+    the scenario's bug is to forget one of them)."""
     model = setup.model
+    no_grad = torch.inference_mode() if setup.eval_no_grad else contextlib.nullcontext()
     with probe.evaluate():
-        model.eval()
-        with torch.inference_mode():
+        if setup.eval_mode:
+            model.eval()
+        with no_grad:
             val_loss = setup.loss_fn(model(setup.val.x), setup.target(setup.val.y))
         model.train()
-        probe.log(val_loss=val_loss)
+        probe.log(val_loss=val_loss.detach())
     value = float(val_loss)
     return value if math.isfinite(value) else math.nan

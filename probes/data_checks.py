@@ -93,6 +93,8 @@ def select(row: Any, selector: Selector) -> Any:
     value = _to_numpy(value) if isinstance(value, torch.Tensor) else value
     if isinstance(value, np.ndarray):
         return value.item() if value.size == 1 else value.tobytes()
+    if isinstance(value, np.generic):  # a NumPy scalar (a float32 column): a Python number
+        return value.item()
     return value
 
 

@@ -89,11 +89,14 @@ class Thresholds:
     # exploding_gradient: the seed's example uses 100 for the total norm.
     exploding_norm: float = 100.0
     exploding_growth: float = 50.0  # x over the window's smallest norm
+    exploding_growth_floor: float = 1.0  # growth counts only for norms above this
     exploding_window: int = 10  # step records
     # vanishing_gradient: a layer's gradient this much smaller than the largest layer's,
-    # or than its own weights, for this many step records in a row.
+    # or than its own weights (while also well below the largest layer's: a model that
+    # has converged everywhere is not vanishing), for this many step records in a row.
     vanishing_to_largest: float = 1e-4
     vanishing_to_weight: float = 1e-8
+    vanishing_to_largest_with_weight: float = 1e-2
     vanishing_records: int = 20
     # overfitting_signal: validation above its best by this fraction while the smoothed
     # training loss fell by this fraction since that best.
@@ -121,6 +124,7 @@ class Thresholds:
     # absolute deviations above it.
     spike_factor: float = 4.0
     spike_deviations: float = 12.0
+    spike_min_jump: float = 0.01  # ... and a jump of at least this fraction of the start loss
     spike_window: int = 50
     spike_min_records: int = 20
     # hysteresis
@@ -375,7 +379,8 @@ class ExplodingGradient(Rule):
                 continue  # non-finite is the other rule's business
             window = self._norms.setdefault(i, deque(maxlen=self.t.exploding_window))
             growth = norm / min(window) if window and min(window) > 0 else 1.0
-            if norm > self.t.exploding_norm or growth >= self.t.exploding_growth:
+            if norm > self.t.exploding_norm or (
+                    growth >= self.t.exploding_growth and norm > self.t.exploding_growth_floor):
                 self._crossed.setdefault(i, (view.step, norm, growth))
             else:
                 self._crossed.pop(i, None)
@@ -394,7 +399,8 @@ class ExplodingGradient(Rule):
                 "grad_norm_total": total if total is not None else math.nan,
                 "layers_over": len(self._crossed)})]
         if total is not None and math.isfinite(total) and (
-                total > self.t.exploding_norm or total_growth >= self.t.exploding_growth):
+                total > self.t.exploding_norm or (total_growth >= self.t.exploding_growth
+                                                  and total > self.t.exploding_growth_floor)):
             return [self.alert(view.step, "total", {"grad_norm_total": total,
                                                     "growth": total_growth})]
         return []
@@ -437,7 +443,8 @@ class VanishingGradient(Rule):
             weight = self._weight(i)
             to_weight = norm / weight if weight else math.inf
             tiny = (len(finite) >= 2 and to_largest < self.t.vanishing_to_largest) or (
-                to_weight < self.t.vanishing_to_weight)
+                to_weight < self.t.vanishing_to_weight
+                and (len(finite) < 2 or to_largest < self.t.vanishing_to_largest_with_weight))
             self._streak[i] = self._streak.get(i, 0) + 1 if tiny else 0
             if self._streak[i] >= self.t.vanishing_records:
                 findings.append(self.alert(view.step, history.info.layer(i), {
@@ -508,6 +515,10 @@ class FlatLoss(Rule):
     )
     START_RECORDS = 3  # the loss "where it started": the first records of the run
 
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._flat = False
+
     def on_step(self, history: RunHistory, view: StepView) -> Findings:
         start = [s.loss for s in history.first_steps[: self.START_RECORDS]
                  if s.loss is not None and math.isfinite(s.loss)]
@@ -520,7 +531,11 @@ class FlatLoss(Rule):
         if len(recent) < 2 or began <= 0:
             return []
         now = statistics.fmean(recent)
-        if now < began * (1 - self.t.flat_min_drop):
+        # Hysteresis on the value itself: once flat, the loss must fall half as far
+        # again before the alert clears, so noise at the line does not flap it.
+        drop = self.t.flat_min_drop * (1.5 if self._flat else 1.0)
+        self._flat = now >= began * (1 - drop)
+        if not self._flat:
             return []
         return [self.alert(view.step, "", {"loss_at_start": began, "loss_now": now,
                                            "steps": view.step})]
@@ -731,8 +746,9 @@ class LossSpike(Rule):
     """The loss jumps far above its rolling baseline."""
 
     kind = "loss_spike"
-    signal = ("The loss jumped far above its recent level: a bad batch, an outlier or the "
-              "start of instability. One spike is not divergence.")
+    signal = ("The loss jumped far above its recent level (and by a visible part of where "
+              "it started): a bad batch, an outlier or the start of instability. One spike "
+              "is not divergence.")
     experiments = (
         "Inspect the batch of that step: inputs, labels, any extreme values.",
         "Rerun the same steps with a lower learning rate alone.",
@@ -742,6 +758,7 @@ class LossSpike(Rule):
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
         self._window: deque[float] = deque(maxlen=thresholds.spike_window)
+        self._start: float | None = None  # the first finite loss: the run's scale
 
     def on_step(self, history: RunHistory, view: StepView) -> Findings:
         loss = view.loss
@@ -749,11 +766,14 @@ class LossSpike(Rule):
             return []
         window = self._window
         findings: list[Alert] = []
+        if self._start is None:
+            self._start = loss
         if len(window) >= self.t.spike_min_records:
             median = statistics.median(window)
             deviation = statistics.median(abs(x - median) for x in window) or abs(median) * 0.01
             if (median > 0 and loss > median * self.t.spike_factor
-                    and loss - median > self.t.spike_deviations * deviation):
+                    and loss - median > self.t.spike_deviations * deviation
+                    and loss - median > self.t.spike_min_jump * abs(self._start)):
                 findings.append(self.alert(view.step, "loss", {
                     "loss": loss, "baseline": median, "times": loss / median}))
         window.append(loss)

@@ -47,6 +47,7 @@ class PendingRecord(Protocol):
 
     step: int
     span: tuple[int, int] | None
+    sampled: bool
 
     def ready(self) -> bool: ...
 
@@ -60,14 +61,21 @@ def _is_step(item: Record | PendingRecord) -> bool:
 
 
 def _merge_pending(group: list[PendingRecord]) -> list[PendingRecord]:
-    """What stands for ``group``: its last measurement, or, when one is non-finite, the
-    first non-finite one and the finite one just before it (the peak of a climb)."""
+    """What stands for ``group``: its last measurement (so the step count stays true),
+    preceded by its last sampled one if that is another (sampled steps alone carry
+    parameter norms, update ratios and activation health); or, when one is non-finite,
+    the first non-finite one and the one just before it (the peak of a climb)."""
     first = group[0].span[0] if group[0].span else group[0].step
+    last = group[-1]
     bad = next((i for i, m in enumerate(group) if m.has_non_finite()), None)
     if bad is None:
-        kept = group[-1]
-        kept.span = (first, group[-1].step)
-        return [kept]
+        sampled = next((m for m in reversed(group) if m.sampled), last)
+        if sampled is last:
+            last.span = (first, last.step)
+            return [last]
+        sampled.span = (first, sampled.step)  # and the last, so the step count is true
+        last.span = (sampled.step + 1, last.step)
+        return [sampled, last]
     out = []
     if bad > 0:
         before = group[bad - 1]

@@ -1,7 +1,9 @@
 """``traintop --headless``: the monitor without a screen, one line per event.
 
 For logs, CI and machines without a terminal: prints a line when a run connects or
-disconnects, and a short summary every N steps.
+disconnects, one per alert and anomaly report, and a short summary every N steps. It
+takes no keys, so a run that pauses itself (the guard, an anomaly step) is resumed at
+once, with a line saying so.
 """
 
 from __future__ import annotations
@@ -53,10 +55,20 @@ class HeadlessMonitor(Monitor):
 
     def frame_received(self, conn: Connection, frame: Frame) -> None:
         super().frame_received(conn, frame)
+        if frame["kind"] == "event" and frame.get("name") == "paused":
+            self._resume(frame)
         if frame["kind"] == "step":
             run = self.state.runs.get(str(frame.get("run"))) or self.state.run_for(conn.id)
             if run is not None:
                 self._maybe_summarise(run)
+
+    def _resume(self, frame: Frame) -> None:
+        """A headless monitor takes no keys: say why the run paused, and resume it."""
+        run_id = str(frame.get("run"))
+        run = self.state.runs.get(run_id)
+        self._line(f"PAUSED step={frame.get('step')} reason={frame.get('reason', '-')!r}; "
+                   f"resuming (headless) run={run.name if run else run_id}")
+        self.send_command(run_id, "resume")
 
     def _maybe_summarise(self, run: RunState) -> None:
         bucket = run.last_step // self.summary_every
