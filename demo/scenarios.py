@@ -156,7 +156,7 @@ def vanishing(fixed: bool = False) -> Setup:
     """
     train, val = teacher_regression(2048, 512)
     model = mlp(16, 32, 10, activation=nn.ReLU if fixed else nn.Sigmoid)
-    return Setup(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(),
+    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
                  train, val, steps=600)
 
 
@@ -185,6 +185,9 @@ def flat_loss(fixed: bool = False) -> Setup:
     if not fixed:
         train, val = shuffled(train), shuffled(val, seed=1)
     model = nn.Sequential(nn.Linear(16, 4))
+    with torch.no_grad():  # start from uniform predictions: the loss starts at ln 4
+        model[0].weight.zero_()
+        model[0].bias.zero_()
     return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-2),
                  nn.CrossEntropyLoss(), train, val, steps=500)
 

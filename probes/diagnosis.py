@@ -89,7 +89,7 @@ class Thresholds:
     # exploding_gradient: the seed's example uses 100 for the total norm.
     exploding_norm: float = 100.0
     exploding_growth: float = 50.0  # x over the window's smallest norm
-    exploding_growth_floor: float = 1.0  # growth counts only for norms above this
+    exploding_growth_floor: float = 10.0  # growth counts only for norms above this
     exploding_window: int = 10  # step records
     # vanishing_gradient: a layer's gradient this much smaller than the largest layer's,
     # or than its own weights (while also well below the largest layer's: a model that

@@ -231,17 +231,20 @@ def test_exploding_absolute_names_the_layer() -> None:
 
 
 def test_exploding_growth_below_absolute_bound() -> None:
-    records = [*steady_grads(10, [1.0, 0.05, 1.0]), step(10, grads=[1.0, 3.0, 1.0])]
+    records = [*steady_grads(10, [1.0, 0.5, 1.0]), step(10, grads=[1.0, 30.0, 1.0])]
     _, changes = run(records)
     alert = only(raised(changes, "exploding_gradient"))
     assert alert.subject == "enc.1"
-    assert alert.evidence["grad_norm"] == 3.0
+    assert alert.evidence["grad_norm"] == 30.0
     assert alert.evidence["growth"] == pytest.approx(60.0)
 
 
-def test_exploding_growth_of_tiny_norms_is_not_an_explosion() -> None:
-    # A memorised batch: norms near 1e-7 bounce 60x and stay tiny (the overfit demo).
-    records = [*steady_grads(10, [1e-7, 1e-7, 1e-7]), step(10, grads=[1e-7, 6e-6, 1e-7])]
+@pytest.mark.parametrize("peak", [6e-6, 6.0])
+def test_exploding_growth_of_small_norms_is_not_an_explosion(peak: float) -> None:
+    # A memorised batch (norms near 1e-7 bounce 60x) or a deep net leaving a plateau
+    # (0.1 to 6): large factors, but the norm stays under exploding_growth_floor (10).
+    low = peak / 60
+    records = [*steady_grads(10, [low, low, low]), step(10, grads=[low, peak, low])]
     _, changes = run(records)
     assert "exploding_gradient" not in kinds(changes)
 
