@@ -132,11 +132,17 @@ class Thresholds:
 
     def with_overrides(self, **overrides: float) -> Thresholds:
         """A copy with some thresholds changed (unknown names raise ``TypeError``)."""
-        known = {f.name for f in fields(self)}
-        unknown = set(overrides) - known
+        defaults = {f.name: getattr(self, f.name) for f in fields(self)}
+        unknown = set(overrides) - set(defaults)
         if unknown:
             raise TypeError(f"unknown thresholds: {', '.join(sorted(unknown))}")
-        return replace(self, **overrides)  # type: ignore[arg-type]
+        typed: dict[str, Any] = {}
+        for name, value in overrides.items():
+            if isinstance(defaults[name], int) and float(value) != int(value):
+                raise ValueError(f"threshold {name} counts records: a whole number, got "
+                                 f"{value}")
+            typed[name] = type(defaults[name])(value)  # counts stay ints (window sizes)
+        return replace(self, **typed)
 
 
 # --- the records, as the rules see them -----------------------------------------------

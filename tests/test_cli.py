@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from probes.wire import encode_frame
 from tests.frames import short_run
 from tui.cli import main
@@ -76,3 +78,27 @@ def test_monitor_cannot_listen_on_non_loopback_without_token(capsys) -> None:
 def test_bad_address_is_one_line(capsys) -> None:
     assert main(["--headless", "--address", "tcp://nowhere"]) == 1
     assert "expected tcp://HOST:PORT" in capsys.readouterr().err
+
+
+def test_thresholds_from_the_command_line() -> None:
+    from tui.cli import parse_thresholds
+
+    thresholds = parse_thresholds(["exploding_norm=50", "vanishing_records=5"])
+    assert thresholds.exploding_norm == 50.0
+    assert thresholds.vanishing_records == 5 and isinstance(thresholds.vanishing_records, int)
+    for bad in (["nope=1"], ["exploding_norm"], ["exploding_norm=x"], ["vanishing_records=2.5"]):
+        with pytest.raises((TypeError, ValueError)):
+            parse_thresholds(bad)
+
+
+def test_a_lower_threshold_changes_what_fires(tmp_path) -> None:
+    from probes.wire import encode_frame
+    from tests.frames import hello, step
+
+    log = tmp_path / "run.ndjson"
+    frames = [hello(), *(step(i, grad_norms=[1.0, 20.0, 1.0]) for i in range(5))]
+    log.write_bytes(b"".join(encode_frame(f) for f in frames))
+    default = traintop("replay", str(log), "--headless")
+    lowered = traintop("replay", str(log), "--headless", "--threshold", "exploding_norm=10")
+    assert "ALERT" not in default.stdout
+    assert "ALERT error exploding_gradient step=0 subject=encoder.2" in lowered.stdout

@@ -44,3 +44,12 @@ def test_probes_wire_is_stdlib_only() -> None:
 def test_lazy_export_still_works() -> None:
     loaded = loaded_after("import probes; assert callable(probes.watch)")
     assert "torch" in loaded  # the torch side loads on first use, not at import
+
+
+def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
+    code = ("import sys, json\nimport tui.app, tui.cli, tui.headless, tui.launcher\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('probes'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    loaded = set(json.loads(out.stdout.splitlines()[-1]))
+    assert loaded == {"probes", "probes.wire", "probes.diagnosis"}

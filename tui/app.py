@@ -62,10 +62,12 @@ class TraintopApp(App[int]):
     selected_run: reactive[str | None] = reactive(None, init=False)
     count_prefix: reactive[int] = reactive(0)  # typed digits before a key, e.g. 3a
 
-    def __init__(self, source: FrameSource, *, record_path: str | None = None) -> None:
+    def __init__(self, source: FrameSource, *, record_path: str | None = None,
+                 state: MonitorState | None = None) -> None:
         super().__init__()
         self.source = source
-        self.monitor = Monitor(record_path=record_path, on_events=self._on_monitor_events)
+        self.monitor = Monitor(state, record_path=record_path,
+                               on_events=self._on_monitor_events)
         self._drawn_version = -1
 
     @property
@@ -236,6 +238,7 @@ class TraintopApp(App[int]):
         self.monitor.close()
 
 
-def make_app(source: FrameSource, *, record_path: str | None = None) -> TraintopApp:
+def make_app(source: FrameSource, *, record_path: str | None = None,
+             state: MonitorState | None = None) -> TraintopApp:
     """Build the monitor app around a frame source (injected, so tests need no socket)."""
-    return TraintopApp(source, record_path=record_path)
+    return TraintopApp(source, record_path=record_path, state=state)

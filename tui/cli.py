@@ -13,8 +13,10 @@ import asyncio
 import os
 import sys
 
+from probes.diagnosis import Thresholds
 from probes.wire import TOKEN_ENV, resolve_address
 from tui.server import ServerError
+from tui.state import MonitorState
 
 SEVERITIES = ("info", "warning", "error")
 
@@ -32,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--summary-every", type=int, default=100, metavar="N")
     replay.add_argument("--fail-on", choices=SEVERITIES, help="headless: exit 3 if an "
                         "alert this severe (or worse) fires")
+    replay.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE")
     demo = commands.add_parser("demo", help="run a bundled failure mode, monitored")
     demo.add_argument("scenario", nargs="?", default="healthy")
     demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -43,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--summary-every", type=int, default=100, metavar="N")
     demo.add_argument("--fail-on", choices=SEVERITIES, help="headless: exit 3 if an alert "
                       "this severe (or worse) fires")
+    demo.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE")
     return parser
 
 
@@ -59,6 +63,9 @@ def _add_monitor_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on", choices=SEVERITIES,
                         help="headless: exit with status 3 as soon as an alert this severe "
                         "(or worse) fires: a smoke test for CI")
+    parser.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                        help="change a diagnosis threshold, e.g. exploding_norm=50 "
+                        "(repeatable; names in probes.diagnosis.Thresholds)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "fail_on", None) and not args.headless:
         parser.error("--fail-on needs --headless")
+    try:
+        args.thresholds = parse_thresholds(args.threshold)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
     try:
         if args.command == "demo":
             from tui.launcher import run_demo
@@ -89,7 +100,7 @@ def _monitor(args: argparse.Namespace) -> int:
     source = ServerSource(address, token=os.environ.get(TOKEN_ENV))
     return serve(source, headless=args.headless, record=args.record,
                  summary_every=args.summary_every, exit_when_done=args.exit_when_done,
-                 fail_on=args.fail_on)
+                 fail_on=args.fail_on, thresholds=args.thresholds)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -100,22 +111,39 @@ def _replay(args: argparse.Namespace) -> int:
     with open(args.file, "rb"):
         pass  # fail now, with one line, if it cannot be read
     return serve(ReplaySource(args.file), headless=args.headless, record=None,
-                 summary_every=args.summary_every, exit_when_done=True, fail_on=args.fail_on)
+                 summary_every=args.summary_every, exit_when_done=True, fail_on=args.fail_on,
+                 thresholds=args.thresholds)
+
+
+def parse_thresholds(pairs: list[str]) -> Thresholds:
+    """``["exploding_norm=50", ...]`` as ``Thresholds`` (bad names or values raise)."""
+    overrides: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--threshold {pair!r}: expected NAME=VALUE")
+        try:
+            overrides[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--threshold {pair!r}: {value!r} is not a number") from None
+    return Thresholds().with_overrides(**overrides)
 
 
 def serve(source: object, *, headless: bool, record: str | None, summary_every: int,
-          exit_when_done: bool, fail_on: str | None = None) -> int:
+          exit_when_done: bool, fail_on: str | None = None,
+          thresholds: Thresholds | None = None) -> int:
     """Run the monitor on ``source``: the Textual app, or headless printing."""
+    state = MonitorState(thresholds)
     if headless:
         from tui.headless import HeadlessMonitor, run_headless
 
         monitor = HeadlessMonitor(summary_every=summary_every, record_path=record,
-                                  fail_on=fail_on)
+                                  fail_on=fail_on, state=state)
         return asyncio.run(run_headless(source, monitor,  # type: ignore[arg-type]
                                         exit_when_done=exit_when_done))
     from tui.app import make_app
 
-    app = make_app(source, record_path=record)  # type: ignore[arg-type]
+    app = make_app(source, record_path=record, state=state)  # type: ignore[arg-type]
     result = app.run()
     return app.return_code or (result or 0)
 

@@ -74,7 +74,7 @@ def status_fields(run: RunState | None, monitor: MonitorState, listening: str) -
         f"{rate:,.1f} steps/s" if rate is not None else "- steps/s",
         f"loss {number(run.loss)}",
         connection_label(run),
-        control_label(run),
+        *([control_label(run)] if run.connected else []),
         alerts_label(run),
         f"dropped {run.dropped:,}",
     ]

@@ -26,6 +26,7 @@ from tui.state import (
     AnomalyReported,
     FrameRejected,
     MonitorEvent,
+    MonitorState,
     RunConnected,
     RunDisconnected,
     RunState,
@@ -44,8 +45,9 @@ class HeadlessMonitor(Monitor):
         summary_every: int = 100,
         record_path: str | None = None,
         fail_on: str | None = None,
+        state: MonitorState | None = None,
     ) -> None:
-        super().__init__(record_path=record_path, on_events=self._print_events)
+        super().__init__(state, record_path=record_path, on_events=self._print_events)
         self.out = out
         self.summary_every = max(1, summary_every)
         self.fail_on = fail_on

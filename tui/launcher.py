@@ -38,7 +38,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
         status = serve(ServerSource(address), headless=args.headless, record=args.record,
                        summary_every=args.summary_every, exit_when_done=args.headless,
-                       fail_on=args.fail_on)
+                       fail_on=args.fail_on, thresholds=args.thresholds)
     finally:
         trainer_status = _stop(trainer)
         if trainer_status not in (0, None) and args.headless:

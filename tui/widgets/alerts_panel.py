@@ -30,8 +30,8 @@ class AlertsPanel(DataTable[Text | str]):
     def on_mount(self) -> None:
         self.add_column("", key="sev", width=1)
         self.add_column("step", key="step", width=8)
-        self.add_column("alert", key="kind")
-        self.add_column("on", key="subject")
+        self.add_column("alert", key="kind", width=24)
+        self.add_column("on", key="subject", width=26)
         self.add_column("", key="state")
 
     def show(self, run: RunState | None) -> None:
