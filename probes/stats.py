@@ -120,9 +120,7 @@ class Measurement:
             param_norms = combine_layer_norms(params, self.param_order, layers)
             record["param_norms"] = param_norms
             if self.update_count:
-                update_norms = combine_layer_norms(updates, self.update_order, layers)
-                record["update_ratios"] = [_ratio(u, w) for u, w in zip(update_norms,
-                                                                          param_norms, strict=True)]
+                record["update_ratios"] = self._update_ratios(updates)
         if self.activation_totals:
             record["activations"] = _fractions(counts, self.activation_totals)
         if self.not_cleared:
@@ -132,6 +130,21 @@ class Measurement:
         if self.span is not None:
             record["span"] = list(self.span)
         return record
+
+    def _update_ratios(self, updates: list[float]) -> list[float | None]:
+        """Per layer |dw|/|w|: the values are the sampled changes, then the sampled
+        weights (see ``probes.sampled.UpdateNorms``), in ``update_order``."""
+        count = len(self.layer_map.params)
+        order = self.update_order
+        if order is None:
+            order = tuple(range(2 * count))
+        changes = [v for v, i in zip(updates, order, strict=True) if i < count]
+        weights = [v for v, i in zip(updates, order, strict=True) if i >= count]
+        change_order = tuple(i for i in order if i < count)
+        weight_order = tuple(i - count for i in order if i >= count)
+        per_layer_change = combine_layer_norms(changes, change_order, self.layer_map)
+        per_layer_weight = combine_layer_norms(weights, weight_order, self.layer_map)
+        return [_ratio(u, w) for u, w in zip(per_layer_change, per_layer_weight, strict=True)]
 
     def _scalars(self, tail: list[float]) -> dict[str, float]:
         scalars = {name: value for name, value in zip(self.tensor_scalar_names, tail,

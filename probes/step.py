@@ -146,7 +146,9 @@ class StepMeasurer:
         step = self.current
         if step is not None and self.updates is not None:
             try:
-                step.update_norms, step.update_order = self.updates.after_step()
+                taken = self.updates.after_step()
+                if taken is not None:
+                    step.update_norms, step.update_order = taken
             except Exception as exc:
                 self.on_error(exc)
 
