@@ -65,15 +65,6 @@ SCENARIOS: dict[str, ScenarioInfo] = {
 }
 
 
-def describe(name: str) -> str:
-    """The one-line description of a scenario; KeyError names the known ones."""
-    try:
-        return SCENARIOS[name].summary
-    except KeyError:
-        known = ", ".join(SCENARIOS)
-        raise KeyError(f"unknown scenario {name!r}; known: {known}") from None
-
-
 def listing() -> str:
     """One line per scenario, for ``--list``: name, what breaks, the alert it raises."""
     width = max(len(name) for name in SCENARIOS)

@@ -17,6 +17,7 @@ import math
 import re
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,7 @@ class AnomalyStep:
 
     model: nn.Module
     step: int
+    on_error: Callable[[Exception], None] | None = None  # a failing check must not raise
     started: float = field(default_factory=time.perf_counter)
     first: FirstNonFinite | None = None
     _handles: list[RemovableHandle] = field(default_factory=list)
@@ -102,6 +104,13 @@ class AnomalyStep:
             self._handles.append(module.register_forward_hook(self._check))
 
     def _check(self, module: nn.Module, args: Any, output: Any) -> None:
+        try:
+            self._first_non_finite(module, args, output)
+        except Exception as exc:  # a forward hook must never raise into the user's forward
+            if self.on_error is not None:
+                self.on_error(exc)
+
+    def _first_non_finite(self, module: nn.Module, args: Any, output: Any) -> None:
         if self.first is not None:
             return
         outputs = _tensors(output)

@@ -106,12 +106,19 @@ class Control:
             self.state.steps_allowed -= 1  # one step, then pause again at the next entry
 
     def pause(self, reason: str, step: int | None = None) -> None:
-        """Pause at the next boundary (the guard and the anomaly step use this)."""
+        """Pause at the next boundary (the guard and the anomaly step use this).
+
+        With no monitor connected nobody could resume, so the run does not pause: it
+        says so instead (a dead monitor never holds a run hostage)."""
         if step is not None:
             self._step = step
-        if not self.state.paused:
-            self.state.paused = True
-            self._event("paused", reason=reason)
+        if self.state.paused:
+            return
+        if not self._connected.is_set():
+            self._event("pause_skipped", reason=f"{reason}; no monitor is connected")
+            return
+        self.state.paused = True
+        self._event("paused", reason=reason)
 
     def take_anomaly_step(self) -> bool:
         """True if this step must run under anomaly mode (consumes one)."""
@@ -143,13 +150,22 @@ class Control:
         if not self._authentic(frame, command):
             return False, "refused: missing or wrong signature (TRAINTOP_TOKEN)"
         args = frame.get("args") or {}
-        return getattr(self, f"_do_{command}")(args)
+        if not isinstance(args, dict):
+            return False, f"refused: args must be an object, got {type(args).__name__}"
+        try:
+            return getattr(self, f"_do_{command}")(args)
+        except (TypeError, ValueError) as exc:  # a malformed argument: refuse, run on
+            return False, f"refused: bad arguments for {command}: {exc}"
 
     def _authentic(self, frame: Frame, command: str) -> bool:
         if not self._token:
             return True  # Unix socket (0600 in a 0700 folder) or loopback
-        expected = command_signature(self._token, self._run_id, int(frame.get("id", 0)),
-                                     command)
+        try:
+            command_id = int(frame.get("id", 0))
+        except (TypeError, ValueError):
+            return False
+        expected = command_signature(self._token, self._run_id, command_id, command,
+                                     frame.get("args") or {})
         return hmac.compare_digest(str(frame.get("auth", "")), expected)
 
     def _do_pause(self, args: dict[str, Any]) -> tuple[bool, str]:

@@ -190,7 +190,7 @@ class StepView:
 
     @classmethod
     def from_record(cls, record: Record) -> StepView:
-        scalars = {str(k): _num(v) for k, v in (record.get("scalars") or {}).items()}
+        scalars = {str(k): as_number(v) for k, v in (record.get("scalars") or {}).items()}
         loss = scalars.get("loss", next(iter(scalars.values()), None))
         return cls(
             step=int(record.get("step", 0)),
@@ -219,7 +219,7 @@ class EvalView:
 
     @classmethod
     def from_record(cls, record: Record) -> EvalView:
-        scalars = {str(k): _num(v) for k, v in (record.get("scalars") or {}).items()}
+        scalars = {str(k): as_number(v) for k, v in (record.get("scalars") or {}).items()}
         loss = next((v for k, v in scalars.items() if "loss" in k), None)
         return cls(
             step=int(record.get("step", 0)),
@@ -231,15 +231,18 @@ class EvalView:
         )
 
 
-def _num(value: Any) -> float:
+def as_number(value: Any) -> float:
+    """A record's number as a float; NaN for anything that is not one."""
     try:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
 
 
+
+
 def _opt_num(value: Any) -> float | None:
-    return None if value is None else _num(value)
+    return None if value is None else as_number(value)
 
 
 def _opt_list(values: Any) -> list[float | None] | None:

@@ -37,13 +37,6 @@ class LayerMap:
     def num_layers(self) -> int:
         return len(self.names)
 
-    def members(self) -> list[list[int]]:
-        """For each layer, the indices of its parameters in ``params``."""
-        groups: list[list[int]] = [[] for _ in self.names]
-        for param_index, layer_index in enumerate(self.param_layer):
-            groups[layer_index].append(param_index)
-        return groups
-
 
 def map_layers(model: nn.Module) -> LayerMap:
     """Group ``model``'s trainable parameters by the module that owns them directly."""

@@ -89,6 +89,7 @@ class Probe:
         self._on_anomaly = on_anomaly
         self._anomaly: AnomalyStep | None = None
         self._skipped = False
+        self._bad_scalars: set[str] = set()  # names warned about once
         if guard and optimizer is None:
             warn("guard=True needs the optimizer: pass it to probes.watch")
         if not self.layers.params:
@@ -218,9 +219,7 @@ class Probe:
             handle.remove()
         self._handles.clear()
         self._measurer.abandon()  # activation hooks of a step left open
-        if self._anomaly is not None:  # anomaly mode of a step left open
-            self._anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
-            self._anomaly = None
+        self._end_anomaly()  # anomaly mode of a step left open
         try:
             self._flush_last()
         finally:
@@ -236,13 +235,14 @@ class Probe:
 
     def _enter_step(self, index: int | None) -> None:
         next_index = self._index + 1 if index is None else index
+        self._measurer.index = next_index
         if self._control.busy:  # commands to apply, or paused: may block here
             self._control.boundary(next_index, self._flush_last)
         self._flush_last()
         self._index = next_index
         self._in_step = True
         if self._control.state.anomaly_armed and self._control.take_anomaly_step():
-            self._anomaly = AnomalyStep(self.model, next_index)
+            self._anomaly = AnomalyStep(self.model, next_index, on_error=self._fail)
             self._anomaly.start()
         if next_index % self.every == 0:
             sampled = next_index % self.sample_every == 0
@@ -290,6 +290,12 @@ class Probe:
         alert = guard_alert(error)
         self.sender.put({"kind": "alert", "step": error.step, "alert": alert.to_dict()})
         self._control.pause("the guard skipped a non-finite update", self._index)
+
+    def _end_anomaly(self) -> None:
+        """Turn off an anomaly step that will not finish normally (close, failure)."""
+        anomaly, self._anomaly = self._anomaly, None
+        if anomaly is not None:
+            anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
 
     def _clear_grads(self) -> None:
         for param in self.layers.params:
@@ -345,17 +351,19 @@ class Probe:
         floats: dict[str, float],
         scalars: dict[str, Scalar],
     ) -> None:
+        """File each scalar; a value that is not one number is dropped with one warning
+        per name (a mistake in what is logged must not stop the measuring)."""
         for name, value in scalars.items():
-            if isinstance(value, torch.Tensor):
-                if value.numel() != 1:
-                    raise ValueError(f"log({name}=...) needs one value, got a tensor of "
-                                     f"shape {tuple(value.shape)}")
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
                 tensors[name] = value.detach()
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 floats[name] = float(value)
-            else:
-                raise TypeError(f"log({name}=...) takes a float or a one-element tensor, "
-                                f"got {type(value).__name__}")
+            elif name not in self._bad_scalars:
+                self._bad_scalars.add(name)
+                shape = f"a tensor of shape {tuple(value.shape)}" if isinstance(
+                    value, torch.Tensor) else type(value).__name__
+                warn(f"log({name}=...) takes a float or a one-element tensor, got {shape}; "
+                     "that value is not recorded")
 
     def _fail(self, exc: BaseException) -> None:
         """Switch the probe off after an internal error; training goes on."""
@@ -364,10 +372,8 @@ class Probe:
         self._disabled = True
         with contextlib.suppress(Exception):
             self._measurer.abandon()  # no activation hooks or weight copy left behind
-        if self._anomaly is not None:
-            with contextlib.suppress(Exception):
-                self._anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
-            self._anomaly = None
+        with contextlib.suppress(Exception):
+            self._end_anomaly()
         warn(f"probe switched off after an error: {type(exc).__name__}: {exc}")
         self.sender.put({"kind": "event", "name": "probe_error", "step": max(self._index, 0),
                          "time": time.time(), "message": f"{type(exc).__name__}: {exc}"})
@@ -452,6 +458,7 @@ class _EvalScope:
         self.handle = probe.model.register_forward_pre_hook(self._on_forward)
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
+        # Plain attribute reads and sums: nothing here can raise into the user's forward.
         self.forwards += 1
         self.train_mode_forwards += int(module.training)
         self.grad_forwards += int(torch.is_grad_enabled())

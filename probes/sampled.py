@@ -9,6 +9,7 @@ batched copy to the host, and every hook handle is removed when the step ends.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,9 @@ class ActivationStats:
     Only ``nn.Module`` activations can be seen (``F.relu`` inside a forward cannot).
     """
 
-    def __init__(self, model: nn.Module, layer_names: tuple[str, ...] = ()) -> None:
+    def __init__(self, model: nn.Module, layer_names: tuple[str, ...] = (),
+                 on_error: Callable[[Exception], None] | None = None) -> None:
+        self.on_error = on_error  # a failing count must not raise into the forward
         # (name, family, module, index of the layer feeding it: the last layer before
         # it in module order, so the monitor can colour that layer's row)
         self.modules: list[tuple[str, str, nn.Module, int | None]] = []
@@ -98,8 +101,15 @@ class ActivationStats:
         totals = [t.total for t in tallies]
         return counts, totals
 
-    def _hook(self, index: int, family: str):
+    def _hook(self, index: int, family: str) -> Callable[[nn.Module, object, object], None]:
         def count(module: nn.Module, args: object, output: object) -> None:
+            try:
+                tally(module, output)
+            except Exception as exc:  # never into the user's forward
+                if self.on_error is not None:
+                    self.on_error(exc)
+
+        def tally(module: nn.Module, output: object) -> None:
             if not isinstance(output, torch.Tensor) or index >= len(self._tallies):
                 return
             with torch.no_grad():  # count_nonzero: half the cost of a comparison + sum

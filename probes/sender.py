@@ -141,7 +141,6 @@ class Sender:
         self._stop = threading.Event()
         self.dropped = 0
         self.connected = connected or threading.Event()
-        self.frames_sent = 0
         self._thread = threading.Thread(target=self._run, name="traintop-sender", daemon=True)
         self._thread.start()
 
@@ -272,7 +271,6 @@ class Sender:
         except FrameError as exc:
             self._warn_once("encode", f"a {frame['kind']} record was not sent: {exc}")
             return b""
-        self.frames_sent += 1
         return data
 
     def _wait(self) -> None:

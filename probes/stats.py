@@ -68,6 +68,7 @@ class Measurement:
     def has_non_finite(self) -> bool:
         """True if any norm or scalar of the step is NaN or Inf (cheap: one sum)."""
         total = sum(self._values()) + sum(self.float_scalars.values())
+        total += sum(float(t) for t in self.late_scalars.values())
         return not math.isfinite(total)
 
     def _values(self) -> list[float]:

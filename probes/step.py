@@ -63,7 +63,7 @@ class StepMeasurer:
         self.on_error = on_error  # a hook of ours must never raise into training
         self.optimizer = optimizer
         self.norms = NormReducer()
-        self.activations = ActivationStats(model, layers.names)
+        self.activations = ActivationStats(model, layers.names, on_error=on_error)
         self.updates = UpdateNorms(layers.params, self.norms) if optimizer else None
         self.check_clearing = not grad_accumulation and bool(layers.params)
         # Tensor learning rates (capturable schedulers) travel with the batched copy.
@@ -73,6 +73,7 @@ class StepMeasurer:
         self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
         self._post_hook: RemovableHandle | None = None
         self.current: Measurement | None = None
+        self.index = -1  # the step under way, measured or not (the probe sets it)
 
     # --- boundaries ------------------------------------------------------------------
 
@@ -123,7 +124,7 @@ class StepMeasurer:
     def _guard(self, step: Measurement | None) -> None:
         """One host sync: are all gradients finite? If not, stop the update."""
         if step is None:
-            step = Measurement(self.layers, -1, 0.0, False)  # a step not measured
+            step = Measurement(self.layers, self.index, 0.0, False)  # a step not measured
         if not step.grads_read:
             self.read_grads(step)
         if not step.grad_norms:
@@ -254,10 +255,16 @@ class StepMeasurer:
         if not scalars:
             return ()
         like = values[0] if values else next(iter(scalars.values()))
-        device, dtype = like.device, (like.dtype if values else torch.float32)
+        # The norms' float dtype; counts (activation hits) are integers, scalars are not.
+        dtype = like.dtype if values and like.is_floating_point() else torch.float32
+        device = like.device
         for tensor in scalars.values():
             if tensor.dtype != dtype or tensor.device != device or tensor.dim():
                 tensor = tensor.reshape(()).to(device=device, dtype=dtype, non_blocking=True)
+            elif device.type == "cpu":
+                # Read later by the sender: a snapshot, since a scheduler may change a
+                # tensor LR (or the user a logged accumulator) in place meanwhile.
+                tensor = tensor.clone()
             values.append(tensor)
         return tuple(scalars)
 

@@ -153,10 +153,12 @@ class FrameReader:
         return FrameError(f"frame exceeds the limit of {self._max} bytes; skipped")
 
 
-def command_signature(token: str, run: str, command_id: int, command: str) -> str:
-    """HMAC-SHA256 proving a command comes from a monitor that holds the shared token
-    (required by probes whose address is not loopback)."""
-    message = f"{run}:{command_id}:{command}".encode()
+def command_signature(token: str, run: str, command_id: int, command: str,
+                      args: Mapping[str, Any] | None = None) -> str:
+    """HMAC-SHA256 proving a command, its arguments included, comes from a monitor that
+    holds the shared token (required by probes whose address is not loopback)."""
+    canonical = json.dumps(dict(args or {}), sort_keys=True, separators=(",", ":"))
+    message = f"{run}:{command_id}:{command}:{canonical}".encode()
     return hmac.new(token.encode(), message, sha256).hexdigest()
 
 

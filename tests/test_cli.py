@@ -102,3 +102,20 @@ def test_a_lower_threshold_changes_what_fires(tmp_path) -> None:
     lowered = traintop("replay", str(log), "--headless", "--threshold", "exploding_norm=10")
     assert "ALERT" not in default.stdout
     assert "ALERT error exploding_gradient step=0 subject=encoder.2" in lowered.stdout
+
+
+def test_headless_demo_stops_when_the_trainer_dies_before_connecting(
+        monkeypatch, capsys) -> None:
+    import tui.launcher
+
+    def broken_trainer(args, address, log_path):
+        with open(log_path, "w") as log:
+            log.write("ImportError: the trainer could not start\n")
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"])
+
+    monkeypatch.setattr(tui.launcher, "_start_trainer", broken_trainer)
+    assert main(["demo", "healthy", "--headless"]) == 1
+    captured = capsys.readouterr()
+    assert "the trainer exited with status 4" in captured.out
+    assert "ImportError: the trainer could not start" in captured.err
+    assert "the demo trainer exited with status 4" in captured.err

@@ -190,10 +190,11 @@ def test_map_layers_names_frozen_tied_and_counts() -> None:
         "temperature", "embed.weight", "body.0.weight", "body.0.bias", "body.2.weight",
         "body.2.bias", "inner.scale", "inner.proj.weight", "inner.proj.bias", "head.bias",
     )
-    members = layer_map.members()
     for name, params in expected.items():
         layer = layer_map.names.index(name)
-        assert [layer_map.params[i] for i in members[layer]] == params
+        owned = [p for p, owner in zip(layer_map.params, layer_map.param_layer, strict=True)
+                 if owner == layer]
+        assert owned == params
 
 
 def test_map_layers_tied_weight_owner_follows_module_order() -> None:

@@ -36,7 +36,6 @@ def test_below_capacity_keeps_every_point() -> None:
     assert series.low == ys
     assert series.high == ys
     assert series.latest == ys[-1]
-    assert series.tail(3) == ys[-3:]
 
 
 @pytest.mark.parametrize(("capacity", "count"), [(4, 5), (4, 1000), (16, 17), (64, 10_000)])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -23,6 +26,7 @@ from tui.state import (
     FrameRejected,
     MonitorEvent,
     MonitorState,
+    ProbeSwitchedOff,
     RunConnected,
     RunDisconnected,
     RunState,
@@ -30,6 +34,7 @@ from tui.state import (
 from tui.widgets import AlertsPanel, LayerTable, LossChart, RunList, StatusLine
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
+REPORT_FRESH_S = 30.0  # an anomaly report older than this (a replayed one) does not pop up
 
 
 class TraintopApp(App[int]):
@@ -63,9 +68,12 @@ class TraintopApp(App[int]):
     count_prefix: reactive[int] = reactive(0)  # typed digits before a key, e.g. 3a
 
     def __init__(self, source: FrameSource, *, record_path: str | None = None,
-                 state: MonitorState | None = None) -> None:
+                 state: MonitorState | None = None,
+                 companion: Callable[[], int | None] | None = None) -> None:
         super().__init__()
         self.source = source
+        self.companion = companion  # the demo trainer's exit status, None while it runs
+        self._companion_reported = False
         self.monitor = Monitor(state, record_path=record_path,
                                on_events=self._on_monitor_events)
         self._drawn_version = -1
@@ -94,7 +102,16 @@ class TraintopApp(App[int]):
     def on_mount(self) -> None:
         self.feed()
         self.set_interval(1 / FRAME_RATE_HZ, self.redraw)
+        if self.companion is not None:
+            self.set_interval(0.5, self._check_companion)
         self.redraw()
+
+    def _check_companion(self) -> None:
+        status = self.companion() if self.companion else None
+        if status not in (None, 0) and not self._companion_reported:
+            self._companion_reported = True
+            self.notify(f"the demo trainer exited with status {status}; its log is printed "
+                        "when you quit", severity="error", timeout=30)
 
     @work(exclusive=True, group="source", exit_on_error=False, name="source")
     async def feed(self) -> None:
@@ -131,8 +148,12 @@ class TraintopApp(App[int]):
                 self.notify(str(ack.get("result", "")), title=f"{ack.get('command')}",
                             severity="information" if ack.get("ok") else "warning", timeout=4)
             elif isinstance(event, AnomalyReported) and event.run.run_id == self.selected_run:
-                if not isinstance(self.screen, AnomalyReport):
-                    self.push_screen(AnomalyReport(event.report))
+                fresh = time.time() - float(event.report.get("time", 0)) < REPORT_FRESH_S
+                if fresh and not isinstance(self.screen, AnomalyReport):
+                    self.push_screen(AnomalyReport(event.report))  # not an old one replayed
+            elif isinstance(event, ProbeSwitchedOff):
+                self.notify(f"{event.run.name}: the probe switched itself off: "
+                            f"{event.message}", severity="error", timeout=10)
             elif isinstance(event, AlertRaised) and event.run.run_id == self.selected_run:
                 alert = event.alert
                 self.notify(f"{alert.kind} at step {alert.step:,}"
@@ -239,6 +260,7 @@ class TraintopApp(App[int]):
 
 
 def make_app(source: FrameSource, *, record_path: str | None = None,
-             state: MonitorState | None = None) -> TraintopApp:
+             state: MonitorState | None = None,
+             companion: Callable[[], int | None] | None = None) -> TraintopApp:
     """Build the monitor app around a frame source (injected, so tests need no socket)."""
-    return TraintopApp(source, record_path=record_path, state=state)
+    return TraintopApp(source, record_path=record_path, state=state, companion=companion)

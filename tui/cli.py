@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 
 from probes.diagnosis import Thresholds
 from probes.wire import TOKEN_ENV, resolve_address
@@ -26,44 +27,45 @@ def build_parser() -> argparse.ArgumentParser:
         prog="traintop",
         description="A live, interactive debugger for PyTorch training runs.",
     )
-    _add_monitor_options(parser)
+    _add_output_options(parser, suppress=False)
+    parser.add_argument("--address", help="listen here: unix:/path or tcp://HOST:PORT "
+                        "(default: $TRAINTOP_ADDRESS, else a per-user Unix socket)")
+    parser.add_argument("--exit-when-done", action="store_true",
+                        help="headless: exit once every run that connected has finished")
+    # The same options after a subcommand: defaults suppressed there, so an option given
+    # before the subcommand is not overwritten by the subcommand's default.
+    shared = argparse.ArgumentParser(add_help=False)
+    _add_output_options(shared, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    replay = commands.add_parser("replay", help="show a recorded run log")
+    replay = commands.add_parser("replay", parents=[shared], help="show a recorded run log")
     replay.add_argument("file", help="a run log written by --record")
-    replay.add_argument("--headless", action="store_true", help="print instead of drawing")
-    replay.add_argument("--summary-every", type=int, default=100, metavar="N")
-    replay.add_argument("--fail-on", choices=SEVERITIES, help="headless: exit 3 if an "
-                        "alert this severe (or worse) fires")
-    replay.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE")
-    demo = commands.add_parser("demo", help="run a bundled failure mode, monitored")
+    demo = commands.add_parser("demo", parents=[shared],
+                               help="run a bundled failure mode, monitored")
     demo.add_argument("scenario", nargs="?", default="healthy")
     demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    demo.add_argument("--headless", action="store_true", help="print instead of drawing")
     demo.add_argument("--steps", type=int, help="train this many steps")
     demo.add_argument("--delay", type=float, help="seconds between steps (0: full speed)")
     demo.add_argument("--fixed", action="store_true", help="run the corrected version")
-    demo.add_argument("--record", metavar="FILE", help="write every received frame to FILE")
-    demo.add_argument("--summary-every", type=int, default=100, metavar="N")
-    demo.add_argument("--fail-on", choices=SEVERITIES, help="headless: exit 3 if an alert "
-                      "this severe (or worse) fires")
-    demo.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE")
     return parser
 
 
-def _add_monitor_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", help="listen here: unix:/path or tcp://HOST:PORT "
-                        "(default: $TRAINTOP_ADDRESS, else a per-user Unix socket)")
-    parser.add_argument("--headless", action="store_true",
-                        help="no screen: print a line per run event and a summary every N steps")
-    parser.add_argument("--record", metavar="FILE", help="write every received frame to FILE")
-    parser.add_argument("--summary-every", type=int, default=100, metavar="N",
+def _add_output_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """Options of the monitor itself, valid before or after a subcommand."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument("--headless", action="store_true", default=default(False),
+                        help="no screen: a line per run event, alert and summary")
+    parser.add_argument("--record", metavar="FILE", default=default(None),
+                        help="write every received frame to FILE (the run log)")
+    parser.add_argument("--summary-every", type=int, metavar="N", default=default(100),
                         help="headless: a summary line every N steps (default 100)")
-    parser.add_argument("--exit-when-done", action="store_true",
-                        help="headless: exit once every run that connected has finished")
-    parser.add_argument("--fail-on", choices=SEVERITIES,
+    parser.add_argument("--fail-on", choices=SEVERITIES, default=default(None),
                         help="headless: exit with status 3 as soon as an alert this severe "
                         "(or worse) fires: a smoke test for CI")
-    parser.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+    parser.add_argument("--threshold", action="append", metavar="NAME=VALUE",
+                        default=default(None),
                         help="change a diagnosis threshold, e.g. exploding_norm=50 "
                         "(repeatable; names in probes.diagnosis.Thresholds)")
 
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "fail_on", None) and not args.headless:
         parser.error("--fail-on needs --headless")
     try:
-        args.thresholds = parse_thresholds(args.threshold)
+        args.thresholds = parse_thresholds(args.threshold or [])
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     try:
@@ -131,8 +133,14 @@ def parse_thresholds(pairs: list[str]) -> Thresholds:
 
 def serve(source: object, *, headless: bool, record: str | None, summary_every: int,
           exit_when_done: bool, fail_on: str | None = None,
-          thresholds: Thresholds | None = None) -> int:
-    """Run the monitor on ``source``: the Textual app, or headless printing."""
+          thresholds: Thresholds | None = None,
+          companion: Callable[[], int | None] | None = None) -> int:
+    """Run the monitor on ``source``: the Textual app, or headless printing.
+
+    ``companion`` gives the exit status of a process the monitor was started for (the
+    demo trainer), None while it runs: a trainer that dies is reported, and a headless
+    monitor then stops instead of waiting for a run that will never come.
+    """
     state = MonitorState(thresholds)
     if headless:
         from tui.headless import HeadlessMonitor, run_headless
@@ -140,10 +148,11 @@ def serve(source: object, *, headless: bool, record: str | None, summary_every: 
         monitor = HeadlessMonitor(summary_every=summary_every, record_path=record,
                                   fail_on=fail_on, state=state)
         return asyncio.run(run_headless(source, monitor,  # type: ignore[arg-type]
-                                        exit_when_done=exit_when_done))
+                                        exit_when_done=exit_when_done, companion=companion))
     from tui.app import make_app
 
-    app = make_app(source, record_path=record, state=state)  # type: ignore[arg-type]
+    app = make_app(source, record_path=record, state=state,  # type: ignore[arg-type]
+                   companion=companion)
     result = app.run()
     return app.return_code or (result or 0)
 

@@ -56,6 +56,8 @@ def _scale(value: float, log: bool) -> float:
 
 
 def connection_label(run: RunState) -> str:
+    if run.probe_error:
+        return "probe off"
     if run.connected:
         return "connected"
     if run.ended:

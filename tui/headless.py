@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 from probes.diagnosis import at_least
@@ -27,8 +28,10 @@ from tui.state import (
     FrameRejected,
     MonitorEvent,
     MonitorState,
+    ProbeSwitchedOff,
     RunConnected,
     RunDisconnected,
+    RunPaused,
     RunState,
 )
 
@@ -41,14 +44,14 @@ class HeadlessMonitor(Monitor):
     def __init__(
         self,
         *,
-        out: TextIO = sys.stdout,
+        out: TextIO | None = None,
         summary_every: int = 100,
         record_path: str | None = None,
         fail_on: str | None = None,
         state: MonitorState | None = None,
     ) -> None:
         super().__init__(state, record_path=record_path, on_events=self._print_events)
-        self.out = out
+        self.out = out  # None: whatever sys.stdout is when a line is printed
         self.summary_every = max(1, summary_every)
         self.fail_on = fail_on
         self.failed_by: AlertRaised | None = None  # the alert that tripped --fail-on
@@ -57,20 +60,16 @@ class HeadlessMonitor(Monitor):
 
     def frame_received(self, conn: Connection, frame: Frame) -> None:
         super().frame_received(conn, frame)
-        if frame["kind"] == "event" and frame.get("name") == "paused":
-            self._resume(frame)
         if frame["kind"] == "step":
             run = self.state.runs.get(str(frame.get("run"))) or self.state.run_for(conn.id)
             if run is not None:
                 self._maybe_summarise(run)
 
-    def _resume(self, frame: Frame) -> None:
+    def _resume(self, event: RunPaused) -> None:
         """A headless monitor takes no keys: say why the run paused, and resume it."""
-        run_id = str(frame.get("run"))
-        run = self.state.runs.get(run_id)
-        self._line(f"PAUSED step={frame.get('step')} reason={frame.get('reason', '-')!r}; "
-                   f"resuming (headless) run={run.name if run else run_id}")
-        self.send_command(run_id, "resume")
+        self._line(f"PAUSED step={event.step} reason={event.reason!r}; resuming (headless) "
+                   f"run={event.run.name}")
+        self.send_command(event.run.run_id, "resume")
 
     def _maybe_summarise(self, run: RunState) -> None:
         bucket = run.last_step // self.summary_every
@@ -95,6 +94,10 @@ class HeadlessMonitor(Monitor):
             elif isinstance(event, AlertRaised):
                 self._line(f"{event.alert.line()} run={event.run.name}")
                 self._check_fail_on(event)
+            elif isinstance(event, RunPaused):
+                self._resume(event)
+            elif isinstance(event, ProbeSwitchedOff):
+                self._line(f"PROBE OFF run={event.run.name}: {event.message}")
             elif isinstance(event, AnomalyReported):
                 self._line(anomaly_line(event.report) + f" run={event.run.name}")
             elif isinstance(event, AckReceived):
@@ -114,7 +117,19 @@ class HeadlessMonitor(Monitor):
             self.all_done.set()
 
     def _line(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        print(text, file=self.out or sys.stdout, flush=True)
+
+
+async def _companion_gone(companion: Callable[[], int | None],
+                          monitor: HeadlessMonitor) -> None:
+    """Return once the companion process has exited and no run of it is connected."""
+    while True:
+        await asyncio.sleep(0.25)
+        status = companion()
+        if status is not None and not any(r.connected for r in monitor.state.runs.values()):
+            if status != 0:
+                monitor._line(f"the trainer exited with status {status}")
+            return
 
 
 def anomaly_line(report: Frame) -> str:
@@ -157,6 +172,7 @@ async def run_headless(
     monitor: HeadlessMonitor,
     *,
     exit_when_done: bool = False,
+    companion: Callable[[], int | None] | None = None,
 ) -> int:
     """Run ``source`` into ``monitor`` until it ends (a replay), until interrupted, or,
     with ``exit_when_done``, until every run that connected has gone; with the
@@ -167,6 +183,8 @@ async def run_headless(
     waiters = {feeding}
     if exit_when_done or monitor.fail_on:
         waiters.add(asyncio.create_task(monitor.all_done.wait()))
+    if companion is not None:
+        waiters.add(asyncio.create_task(_companion_gone(companion, monitor)))
     try:
         done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         if feeding in done and feeding.exception() is not None:

@@ -38,10 +38,11 @@ def run_demo(args: argparse.Namespace) -> int:
 
         status = serve(ServerSource(address), headless=args.headless, record=args.record,
                        summary_every=args.summary_every, exit_when_done=args.headless,
-                       fail_on=args.fail_on, thresholds=args.thresholds)
+                       fail_on=args.fail_on, thresholds=args.thresholds,
+                       companion=trainer.poll)
     finally:
         trainer_status = _stop(trainer)
-        if trainer_status not in (0, None) and args.headless:
+        if trainer_status not in (0, None):
             print(_tail(log_path), file=sys.stderr)
         shutil.rmtree(folder, ignore_errors=True)
     if status == 0 and trainer_status not in (0, None):

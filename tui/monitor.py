@@ -36,9 +36,15 @@ class Monitor:
         self._command_ids = itertools.count(1)
 
     def frame_received(self, conn: Connection, frame: Frame) -> None:
+        try:
+            events = self.state.apply(conn.id, frame)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            # It decoded, but its fields are not what a traintop frame carries.
+            self.frame_rejected(conn, f"bad {frame.get('kind')} frame: {type(exc).__name__}: "
+                                      f"{exc}")
+            return
         if self._recorder is not None:
-            self._recorder.write(frame)
-        events = self.state.apply(conn.id, frame)
+            self._recorder.write({k: v for k, v in frame.items() if k != "token"})
         if frame["kind"] == "hello":
             self.connections[str(frame.get("run"))] = conn
         self._emit(events)
@@ -64,7 +70,7 @@ class Monitor:
         command_id = next(self._command_ids)
         frame = make_frame("command", id=command_id, run=run_id, command=command, args=args)
         if self.token:
-            frame["auth"] = command_signature(self.token, run_id, command_id, command)
+            frame["auth"] = command_signature(self.token, run_id, command_id, command, args)
         conn.send(frame)
         return None
 

@@ -57,10 +57,6 @@ class BucketedSeries:
                 return x
         return None
 
-    def tail(self, count: int) -> list[float]:
-        """The last ``count`` y values."""
-        return self.last[-count:]
-
     def _compact(self) -> None:
         half = (len(self.xs) // 2) & ~1
         xs, last, low, high = [], [], [], []

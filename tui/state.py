@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, Thresholds
+from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, Thresholds, as_number
 from probes.wire import Frame
 from tui.series import BucketedSeries
 
@@ -55,12 +55,12 @@ class RunState:
     update_ratios: list[float | None] = field(default_factory=list)
     learning_rates: list[float] = field(default_factory=list)
     none_grads: int = 0
-    last_eval_step: int = -1
     events: deque[Frame] = field(default_factory=lambda: deque(maxlen=500))
     alerts: list[AlertEntry] = field(default_factory=list)
     control: dict[str, Any] = field(default_factory=dict)  # paused, anomaly_armed, guard
     anomaly_reports: list[Frame] = field(default_factory=list)
-    last_ack: Frame | None = None
+    check_reports: list[Frame] = field(default_factory=list)
+    probe_error: str = ""  # set when the probe switched itself off
     diagnoser: Diagnoser = field(default_factory=Diagnoser)
     last_seq: dict[str, int] = field(default_factory=dict)
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
@@ -79,15 +79,6 @@ class RunState:
     def loss(self) -> float | None:
         series = self.scalars.get("loss")
         return None if series is None else series.latest
-
-    @property
-    def layer_count(self) -> int:
-        return len(self.layers)
-
-    @property
-    def check_reports(self) -> list[Frame]:
-        """Reports of the pre-training checks, in the order they came."""
-        return [e for e in self.events if e.get("name") == "check_report"]
 
     @property
     def active_alerts(self) -> list[Alert]:
@@ -141,34 +132,33 @@ class RunState:
         self.dropped = int(frame.get("dropped", self.dropped))
         self._recent.append((float(frame.get("time", 0.0)), step))
         for name, value in (frame.get("scalars") or {}).items():
-            self._series(self.scalars, name).append(step, _as_float(value))
+            self._series(self.scalars, name).append(step, as_number(value))
         total = frame.get("grad_norm_total")
         if total is not None:
-            self.grad_total.append(step, _as_float(total))
+            self.grad_total.append(step, as_number(total))
         self._apply_layer_values(frame)
-        self.learning_rates = [_as_float(x) for x in frame.get("lr") or []]
+        self.learning_rates = [as_number(x) for x in frame.get("lr") or []]
         self.none_grads = int(frame.get("none_grads", 0))
         return True
 
     def apply_eval(self, frame: Frame) -> None:
         step = int(frame.get("step", self.last_step))
-        self.last_eval_step = step
         for name, value in (frame.get("scalars") or {}).items():
-            self._series(self.eval_scalars, name).append(step, _as_float(value))
+            self._series(self.eval_scalars, name).append(step, as_number(value))
 
     def _apply_layer_values(self, frame: Frame) -> None:
         grad_norms = frame.get("grad_norms")
         if grad_norms is not None and len(grad_norms) == len(self.layers):
-            self.grad_norms = [None if g is None else _as_float(g) for g in grad_norms]
+            self.grad_norms = [None if g is None else as_number(g) for g in grad_norms]
             for history, value in zip(self.grad_history, self.grad_norms, strict=True):
                 if value is not None:
                     history.append(value)
         param_norms = frame.get("param_norms")
         if param_norms is not None and len(param_norms) == len(self.layers):
-            self.param_norms = [None if p is None else _as_float(p) for p in param_norms]
+            self.param_norms = [None if p is None else as_number(p) for p in param_norms]
         ratios = frame.get("update_ratios")
         if ratios is not None and len(ratios) == len(self.layers):
-            self.update_ratios = [None if r is None else _as_float(r) for r in ratios]
+            self.update_ratios = [None if r is None else as_number(r) for r in ratios]
 
     def diagnose(self, frame: Frame) -> list[AlertChange]:
         """Run the diagnosis rules on a step or eval record; keep what they raise."""
@@ -231,6 +221,19 @@ class AnomalyReported:
 
 
 @dataclass(frozen=True)
+class RunPaused:
+    run: RunState
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProbeSwitchedOff:
+    run: RunState
+    message: str
+
+
+@dataclass(frozen=True)
 class AlertRaised:
     run: RunState
     alert: Alert
@@ -244,7 +247,7 @@ class AlertCleared:
 
 
 MonitorEvent = (RunConnected | RunDisconnected | FrameRejected | AlertRaised | AlertCleared
-                | AckReceived | AnomalyReported)
+                | AckReceived | AnomalyReported | RunPaused | ProbeSwitchedOff)
 
 
 class MonitorState:
@@ -283,7 +286,6 @@ class MonitorState:
         if kind == "alert":
             return self._probe_alert(run, frame)
         if kind == "ack":
-            run.last_ack = frame
             run.control.update(frame.get("state") or {})
             return [AckReceived(run, frame)]
         if kind == "anomaly":
@@ -293,9 +295,23 @@ class MonitorState:
             return [AnomalyReported(run, frame)]
         if kind == "bye":
             run.ended = True
-        else:
-            run.events.append(frame)
-            run.control.update(frame.get("state") or {})
+            return []
+        return self._event(run, frame)
+
+    @staticmethod
+    def _event(run: RunState, frame: Frame) -> list[MonitorEvent]:
+        name = frame.get("name")
+        run.control.update(frame.get("state") or {})
+        if name == "check_report":
+            run.check_reports.append(frame)
+            return []
+        run.events.append(frame)
+        if name == "paused":
+            return [RunPaused(run, int(frame.get("step", run.last_step)),
+                              str(frame.get("reason", "")))]
+        if name == "probe_error":
+            run.probe_error = str(frame.get("message", "unknown error"))
+            return [ProbeSwitchedOff(run, run.probe_error)]
         return []
 
     @staticmethod
@@ -364,8 +380,3 @@ class MonitorState:
         return True
 
 
-def _as_float(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan

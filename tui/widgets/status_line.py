@@ -35,7 +35,8 @@ class StatusLine(Static):
 
 
 def _style(field: str) -> str:
-    if field.startswith("disconnected") or field.startswith("rejected") or "error" in field:
+    if (field.startswith(("disconnected", "rejected", "probe off"))
+            or "error" in field):
         return "bold red"
     if field.startswith("alerts") and field != "alerts 0":
         return "yellow"
