@@ -149,7 +149,7 @@ def nan_backward(fixed: bool = False) -> Setup:
 
 def vanishing(fixed: bool = False) -> Setup:
     """Ten Linear+Sigmoid layers: each sigmoid passes back at most a quarter of the
-    gradient, so the first layers get about a millionth of what the last gets.
+    gradient, so the first layers get 1e-4 to 1e-8 of what the last gets.
 
     Evidence: the layer table's first rows turn yellow (vanishing) while the last ones
     learn; the loss crawls. Fix (``--fixed``): ReLU instead of Sigmoid, same depth.

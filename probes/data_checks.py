@@ -356,10 +356,20 @@ def _mean_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Finding]]:
 
 STATISTICS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "mean": lambda x: x.mean(dim=0),
-    "std": lambda x: x.std(dim=0),
+    "std": lambda x: x.std(dim=0),  # torch's default: unbiased (n - 1)
     "min": lambda x: x.min(dim=0).values,
     "max": lambda x: x.max(dim=0).values,
 }
+# Other conventions a statistic may have been computed with: the population std (n) of
+# NumPy and scikit-learn's StandardScaler.
+ALTERNATIVES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "std": lambda x: x.std(dim=0, correction=0),
+}
+
+
+def _matches(name: str, used: torch.Tensor, rows: torch.Tensor, rtol: float) -> bool:
+    candidates = [STATISTICS[name]] + ([ALTERNATIVES[name]] if name in ALTERNATIVES else [])
+    return any(torch.allclose(used, fit(rows), rtol=rtol, atol=1e-12) for fit in candidates)
 
 
 def check_preprocessing(
@@ -401,7 +411,7 @@ def check_preprocessing(
         used = torch.as_tensor(_to_numpy(given), dtype=torch.float64)
         on_train = STATISTICS[name](train_t)
         report.summary[name] = {"used": _short(used), "train": _short(on_train)}
-        if torch.allclose(used, on_train, rtol=rtol, atol=1e-12):
+        if _matches(name, used, train_t, rtol):
             continue
         report.findings.append(_statistic_finding(name, used, on_train, every_t, rtol))
     return report.send(probe)
@@ -413,7 +423,7 @@ def _statistic_finding(name: str, used: torch.Tensor, on_train: torch.Tensor,
     evidence = {"used": _short(used), "train": _short(on_train)}
     if on_all is not None:
         evidence["all_rows"] = _short(on_all)
-    if on_all is not None and torch.allclose(used, on_all, rtol=rtol, atol=1e-12):
+    if on_all is not None and every is not None and _matches(name, used, every, rtol):
         return Finding(
             "leakage", "error", name,
             f"{name} {_short(used)} matches all rows ({_short(on_all)}), not train "

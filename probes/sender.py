@@ -29,6 +29,7 @@ from probes.wire import (
     Frame,
     FrameError,
     FrameReader,
+    default_socket_dir,
     encode_frame,
     make_frame,
 )
@@ -234,6 +235,7 @@ class Sender:
 
     def _open_socket(self) -> socket.socket:
         if self.address.scheme == "unix":
+            self._check_socket_folder()
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.settimeout(CONNECT_TIMEOUT_S)
@@ -248,6 +250,22 @@ class Sender:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(SEND_TIMEOUT_S)
         return sock
+
+    def _check_socket_folder(self) -> None:
+        """Refuse the default folder if another user owns it or can write to it: a
+        listener there could read the run and send it commands."""
+        folder = os.path.dirname(self.address.path)
+        if folder != default_socket_dir():
+            return
+        try:
+            info = os.stat(folder)
+        except OSError:
+            return  # no folder, no monitor: connect fails as usual
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            problem = (f"{folder} belongs to uid {info.st_uid} or is writable by others; "
+                       "not connecting to a monitor there")
+            self._warn_once("unsafe-folder", problem)
+            raise OSError(problem)
 
     def _send_outbox(self) -> None:
         batch, self._outbox = self._outbox, []

@@ -434,3 +434,13 @@ def test_check_split_reports_to_the_monitor(collector: FrameCollector) -> None:
     alerts = collector.kinds("alert")
     assert [a["alert"]["kind"] for a in alerts] == report.kinds
     assert [a["alert"]["severity"] for a in alerts] == [f.severity for f in report.findings]
+
+
+def test_a_population_std_fitted_on_train_is_not_a_mismatch() -> None:
+    train = torch.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 8.0]])
+    every = torch.cat([train, torch.tensor([[10.0, -5.0]])])
+    scaler_std = train.std(dim=0, correction=0)  # NumPy / scikit-learn's convention
+    assert probes.check_preprocessing({"std": scaler_std}, train, every).findings == []
+    leaked = every.std(dim=0, correction=0)
+    [finding] = probes.check_preprocessing({"std": leaked}, train, every).findings
+    assert finding.kind == "leakage" and finding.severity == "error"

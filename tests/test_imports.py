@@ -21,7 +21,9 @@ def loaded_after(statement: str) -> set[str]:
     "import probes",
     "import probes; probes.watch",
     "import probes.wire, probes.history",
-    "import demo.trainer",
+    "import probes.data_checks, probes.batch_checks, probes.reports, probes.clip",
+    "import probes.control, probes.anomaly, probes.step, probes.sampled",
+    "import demo.trainer, demo.scenarios",
 ])
 def test_training_side_loads_no_ui(statement: str) -> None:
     loaded = loaded_after(statement)
@@ -36,9 +38,11 @@ def test_monitor_loads_no_torch(statement: str) -> None:
     assert "torch" not in loaded_after(statement)
 
 
-def test_probes_wire_is_stdlib_only() -> None:
-    loaded = loaded_after("import probes.wire")
-    assert "probes" in loaded and "torch" not in loaded and "numpy" not in loaded
+@pytest.mark.parametrize("module", ["probes.wire", "probes.diagnosis", "probes.control"])
+def test_pure_modules_are_stdlib_only(module: str) -> None:
+    loaded = loaded_after(f"import {module}")
+    assert "probes" in loaded
+    assert not loaded & {"torch", "numpy", "textual", "rich"}
 
 
 def test_lazy_export_still_works() -> None:

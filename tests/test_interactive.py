@@ -64,7 +64,9 @@ async def test_pause_step_anomaly_resume_from_the_keyboard(
         await until(lambda: run() is not None and run().last_step >= 5, 60, pilot.pause)
         await pilot.press("p")
         await until(lambda: run().control.get("paused") is True, 10, pilot.pause)
-        await pilot.pause(0.4)  # the last step before the pause is flushed by now
+        paused_at = next(e["step"] for e in reversed(run().events) if e["name"] == "paused")
+        # the step before the boundary where it paused is flushed before it blocks
+        await until(lambda: run().last_step == paused_at - 1, 10, pilot.pause)
         stopped_at = run().last_step
         await pilot.pause(0.6)
         assert run().last_step == stopped_at, "the run went on while paused"
@@ -100,7 +102,8 @@ async def test_a_run_paused_by_a_monitor_that_dies_finishes(
     [run] = monitor.state.runs.values()
     assert monitor.send_command(run.run_id, "pause") is None
     await until(lambda: run.control.get("paused") is True, 10)
-    await asyncio.sleep(0.3)
+    paused_at = next(e["step"] for e in reversed(run.events) if e["name"] == "paused")
+    await until(lambda: run.last_step == paused_at - 1, 10)
     stopped_at = run.last_step
     await server.close()  # the monitor dies with the run paused
     output = (await asyncio.to_thread(process.communicate, timeout=60))[0].decode()

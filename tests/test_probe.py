@@ -626,3 +626,28 @@ def test_monitor_refusal_is_reported_once_and_training_goes_on(
     assert len(refused) == 1, refused
     assert refused[0].startswith("traintop:")
     assert "protocol version 9 is not supported" in refused[0]
+
+
+def test_probe_will_not_connect_through_a_default_folder_others_can_write(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.delenv("TRAINTOP_ADDRESS")
+    folder = runtime / "traintop"
+    folder.mkdir(mode=0o700)
+    collector = FrameCollector(str(folder / "monitor.sock"))
+    try:
+        folder.chmod(0o777)  # someone opened it to everyone: nothing may be sent there
+        probe = probes.watch(mlp())
+        for _ in range(3):
+            with probe.step():
+                pass
+        time.sleep(0.3)
+        probe.close()
+        assert collector.frames == []
+        err = capsys.readouterr().err
+        assert "writable by others; not connecting" in err and err.count("traintop:") == 1
+    finally:
+        folder.chmod(0o700)
+        collector.close()

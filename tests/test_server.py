@@ -112,8 +112,12 @@ async def test_stale_socket_file_is_replaced(socket_path: str) -> None:
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(socket_path)
     stale.close()  # the file stays, nobody listens
-    server, _ = await started(Address("unix", path=socket_path))
-    await server.close()
+    server, monitor = await started(Address("unix", path=socket_path))
+    try:
+        await exchange(server.address, [encode_frame(hello()), encode_frame(step(0))])
+        await wait_until(lambda: "run-a" in monitor.state.runs)  # really listening there
+    finally:
+        await server.close()
 
 
 async def test_path_that_is_not_a_socket_is_an_error(socket_path: str) -> None:

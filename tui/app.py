@@ -240,7 +240,8 @@ class TraintopApp(App[int]):
 
     def action_toggle_log_scale(self) -> None:
         chart = self.query_one(LossChart)
-        chart.log_scale = not chart.log_scale
+        chart.cycle_scale()
+        self.notify(f"loss scale: {chart.scale}", timeout=2)
         self.redraw(force=True)
 
     def action_toggle_smoothing(self) -> None:

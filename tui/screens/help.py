@@ -20,7 +20,7 @@ KEYS = (
           "a step)"),
     ("-  +", "learning-rate experiment: scale every group's LR by 0.5 or 2 (asks first)"),
     ("enter", "on an alert: its evidence, what it signals and the next experiments"),
-    ("l  s", "loss chart: log scale, smoothing"),
+    ("l  s", "loss chart: scale (auto, log, linear), smoothing of the train loss"),
     ("r", "next run (several runs connected)"),
     ("tab", "move between the layer table and the alerts"),
     ("q", "quit: the run goes on untouched"),

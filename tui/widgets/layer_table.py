@@ -37,6 +37,7 @@ class LayerTable(DataTable[Text | str]):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self._layers: list[str] = []
+        self._shown: dict[tuple[str, str], str] = {}  # what each cell shows (plain text)
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
@@ -47,6 +48,7 @@ class LayerTable(DataTable[Text | str]):
         layers = run.layers if run is not None else []
         if layers != self._layers:
             self.clear()
+            self._shown.clear()
             self._layers = list(layers)
             for name in layers:
                 self.add_row(name, "-", "", "-", "-", "", key=name)
@@ -57,13 +59,20 @@ class LayerTable(DataTable[Text | str]):
             grad = _at(run.grad_norms, i)
             history = run.grad_history[i] if i < len(run.grad_history) else []
             style = STATUS_STYLE.get(status.get(name, ""), "")
-            self.update_cell(name, "layer", Text(name, style=style))
-            self.update_cell(name, "grad", _value_text(grad))
-            self.update_cell(name, "history", Text(sparkline(history, SPARK_WIDTH), "cyan"))
-            self.update_cell(name, "param", number(_at(run.param_norms, i)))
-            self.update_cell(name, "update", number(_at(run.update_ratios, i), 2))
-            self.update_cell(name, "status", Text(status.get(name, "").replace("_", " "),
-                                                  style=style))
+            self._set(name, "layer", Text(name, style=style))
+            self._set(name, "grad", _value_text(grad))
+            self._set(name, "history", Text(sparkline(history, SPARK_WIDTH), "cyan"))
+            self._set(name, "param", Text(number(_at(run.param_norms, i))))
+            self._set(name, "update", Text(number(_at(run.update_ratios, i), 2)))
+            self._set(name, "status", Text(status.get(name, "").replace("_", " "), style=style))
+
+    def _set(self, row: str, column: str, text: Text) -> None:
+        """Update a cell only when what it shows changed (a deep model has many)."""
+        key = (row, column)
+        shown = f"{text.plain}|{text.style}"
+        if self._shown.get(key) != shown:
+            self._shown[key] = shown
+            self.update_cell(row, column, text)
 
     def row_text(self, layer: str) -> list[str]:
         """The plain text of one layer's row (for tests and captures)."""

@@ -21,7 +21,8 @@ class LossChart(PlotextPlot):
     """Train loss (every step) and validation loss (each eval) against the step.
 
     The y axis turns logarithmic on its own when the loss spans more than one and
-    a half decades (``l`` forces it); a red line marks the first non-finite training loss.
+    a half decades (``l`` cycles auto, log, linear); a red line marks the first
+    non-finite training loss.
     """
 
     DEFAULT_CSS = """
@@ -31,7 +32,7 @@ class LossChart(PlotextPlot):
     }
     """
 
-    log_scale: reactive[bool] = reactive(False)
+    scale: reactive[str] = reactive("auto")  # "auto", "log" or "linear" (l cycles)
     smoothing: reactive[bool] = reactive(True)  # EMA of the train loss (mini-batch noise)
 
     def __init__(self, **kwargs: object) -> None:
@@ -48,7 +49,7 @@ class LossChart(PlotextPlot):
         self.plotted = {}
         lines = self._lines(run)
         every_y = [y for _, _, _, ys in lines for y in ys]
-        log = self.log_scale or wants_log_scale(every_y)
+        log = self.scale == "log" or (self.scale == "auto" and wants_log_scale(every_y))
         if log:
             lines = [(label, color, *_log_points(xs, ys)) for label, color, xs, ys in lines]
         limit = max(2 * self.size.width, 16)
@@ -97,8 +98,12 @@ class LossChart(PlotextPlot):
             labels = [number(10**t if log else t, 3) for t in ticks]
             plt.yticks(ticks, labels)
 
-    def watch_log_scale(self) -> None:
+    def watch_scale(self) -> None:
         self.refresh()
+
+    def cycle_scale(self) -> None:
+        """auto -> log -> linear -> auto."""
+        self.scale = {"auto": "log", "log": "linear", "linear": "auto"}[self.scale]
 
 
 def ema(values: list[float], weight: float) -> list[float]:
