@@ -108,7 +108,8 @@ class Thresholds:
     # where it started.
     flat_after_steps: int = 200
     flat_min_drop: float = 0.10
-    # none_gradients and grad_not_cleared: held for this many step records.
+    # none_gradients: held for this many step records; grad_not_cleared: for this many
+    # sampled steps (the probe checks the clearing around sampled steps only).
     none_grad_records: int = 3
     not_cleared_records: int = 2
     # update_ratio: |dw|/|w| per layer outside [low, high] (the usual band is ~1e-3) on
@@ -621,6 +622,8 @@ class GradNotCleared(Rule):
     def on_step(self, history: RunHistory, view: StepView) -> Findings:
         if history.info.grad_accumulation:
             return []
+        if view.param_norms is None:
+            return None  # not a sampled step: the probe checked nothing here
         self._streak = self._streak + 1 if view.grads_not_cleared else 0
         if self._streak < self.t.not_cleared_records:
             return []

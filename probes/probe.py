@@ -79,7 +79,8 @@ class Probe:
         self._step_started = 0.0
         self._param_ids = {id(p) for p in self.layers.params}
         self._measurer = StepMeasurer(model, self.layers, optimizer,
-                                      grad_accumulation=grad_accumulation, on_error=self._fail)
+                                      grad_accumulation=grad_accumulation, on_error=self._fail,
+                                      sample_every=sample_every)
         self._next_step_scope = _StepScope(self, None)
         self._last: Measurement | None = None
         self._eval: _EvalScope | None = None

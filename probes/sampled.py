@@ -22,6 +22,7 @@ from probes.stats import NormReducer
 RELU_TYPES: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6)
 TANH_TYPES: tuple[type[nn.Module], ...] = (nn.Tanh, nn.Hardtanh)
 SIGMOID_TYPES: tuple[type[nn.Module], ...] = (nn.Sigmoid, nn.Hardsigmoid)
+ACTIVATION_ROWS = 16  # batch rows an activation's dead/saturated fraction is counted on
 TANH_SATURATED = 0.99  # |tanh(x)| above this: the gradient 1 - y^2 is below 0.02
 SIGMOID_SATURATED = 0.01  # sigmoid below this or above 1 - this
 MODE_SENSITIVE_TYPES: tuple[type[nn.Module], ...] = (
@@ -52,7 +53,9 @@ class _Tally:
 
 
 class ActivationStats:
-    """Fraction of dead or saturated outputs per activation module, on sampled steps.
+    """Fraction of dead or saturated outputs per activation module, on sampled steps,
+    counted on the first ``ACTIVATION_ROWS`` rows of the batch (enough to estimate a
+    fraction; counting whole outputs of a wide model cost most of a sampled step).
 
     Only ``nn.Module`` activations can be seen (``F.relu`` inside a forward cannot).
     """
@@ -112,6 +115,8 @@ class ActivationStats:
         def tally(module: nn.Module, output: object) -> None:
             if not isinstance(output, torch.Tensor) or index >= len(self._tallies):
                 return
+            if output.dim() > 1 and output.shape[0] > ACTIVATION_ROWS:
+                output = output[:ACTIVATION_ROWS]  # a fraction: a few samples estimate it
             with torch.no_grad():  # count_nonzero: half the cost of a comparison + sum
                 if family == "relu":
                     hits = output.numel() - torch.count_nonzero(output)

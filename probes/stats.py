@@ -198,7 +198,7 @@ class NormReducer:
     """
 
     def __init__(self) -> None:
-        self._plans: dict[tuple[object, ...], tuple[bool, torch.dtype]] = {}
+        self._plans: dict[tuple[object, ...], tuple[bool, torch.dtype, bool]] = {}
 
     def norms(
         self, tensors: list[torch.Tensor]
@@ -215,9 +215,11 @@ class NormReducer:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = _plan(tensors)
-        single, wide = plan
+        single, wide, cast = plan
         if single:
-            return list(torch._foreach_norm(tensors, 2, dtype=wide)), None
+            if cast:  # e.g. float16 grads: norms in float32 (a float16 norm overflows)
+                return list(torch._foreach_norm(tensors, 2, dtype=wide)), None
+            return list(torch._foreach_norm(tensors)), None
         grouped = torch.utils._foreach_utils._group_tensors_by_device_and_dtype(
             [tensors], with_indices=True
         )
@@ -232,11 +234,12 @@ class NormReducer:
         return norms, tuple(order)
 
 
-def _plan(tensors: list[torch.Tensor]) -> tuple[bool, torch.dtype]:
+def _plan(tensors: list[torch.Tensor]) -> tuple[bool, torch.dtype, bool]:
+    """(one device and dtype?, the norms' dtype, must the norms be cast to it?)"""
     first = tensors[0]
     wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
     single = all(t.device == first.device and t.dtype == first.dtype for t in tensors)
-    return single, wide
+    return single, wide, first.dtype != wide
 
 
 def compose_order(

@@ -53,14 +53,16 @@ class StepMeasurer:
         layers: its layers and trainable parameters.
         optimizer: its optimizer, if any (learning rates, update norms).
         grad_accumulation: the user accumulates on purpose: skip the zero_grad check.
+        sample_every: the probe's sampling period (the zero_grad check follows it).
         on_error: called with an exception raised inside a hook of ours.
     """
 
     def __init__(self, model: nn.Module, layers: LayerMap,
                  optimizer: torch.optim.Optimizer | None, *, grad_accumulation: bool,
-                 on_error: Callable[[Exception], None]) -> None:
+                 on_error: Callable[[Exception], None], sample_every: int = 20) -> None:
         self.layers = layers
         self.on_error = on_error  # a hook of ours must never raise into training
+        self.sample_every = sample_every
         self.optimizer = optimizer
         self.norms = NormReducer()
         self.activations = ActivationStats(model, layers.names, on_error=on_error)
@@ -69,7 +71,7 @@ class StepMeasurer:
         # Tensor learning rates (capturable schedulers) travel with the batched copy.
         self._tensor_lrs = optimizer is not None and any(
             isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups)
-        self._note: _GradNote | None = None
+        self._note: _GradNote | None = None  # the gradient seen at the last update
         self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
         self._post_hook: RemovableHandle | None = None
         self.current: Measurement | None = None
@@ -108,10 +110,7 @@ class StepMeasurer:
         the optimizer touches a weight."""
         step = self.current
         if self.check_clearing:
-            not_cleared = self._still_holds_last_steps_grad()
-            self._note_grad()
-            if step is not None:
-                step.not_cleared = not_cleared
+            self._check_clearing(step)
         if guard:
             self._guard(step)
         if step is None:
@@ -185,8 +184,8 @@ class StepMeasurer:
             if counts:
                 step.activation_totals = totals
                 values += counts
-        step.tensor_scalar_names = self._append_tensor_scalars(step, values)
         step.lrs = self._learning_rates()
+        step.tensor_scalar_names = self._append_tensor_scalars(step, values)
         if values:
             step.values, step.event = to_host(values)
         step.grad_norms = []  # the values hold them now
@@ -219,6 +218,17 @@ class StepMeasurer:
         with torch.no_grad():
             return self.norms.norms([p.detach() for p in self.layers.params])
 
+    def _check_clearing(self, step: Measurement | None) -> None:
+        """On sampled steps, was the gradient noted one update earlier cleared since?
+
+        Only around sampled steps (the note the step before, the check on it): a loop
+        that never calls zero_grad shows it every time, so every step need not pay."""
+        if step is not None and step.sampled:
+            step.not_cleared = self._still_holds_last_steps_grad()
+        self._note = None
+        if (self.index + 1) % self.sample_every == 0:
+            self._note_grad()  # for the sampled step that comes next
+
     def _still_holds_last_steps_grad(self) -> bool:
         """True when the gradient noted at the last optimizer step is the very tensor
         now held and the only in-place change since is this step's accumulation: no
@@ -238,14 +248,22 @@ class StepMeasurer:
         self._in_place_ops = 0
         if not self.check_clearing:
             return
-        for index, param in enumerate(self.layers.params):
+        params = self.layers.params
+        first = params[0].grad  # nearly always the one; else look further
+        if first is not None:
+            self._note = _GradNote(0, weakref.ref(first), first._version)
+            return
+        for index, param in enumerate(params):
             if param.grad is not None:
                 self._note = _GradNote(index, weakref.ref(param.grad), param.grad._version)
                 return
 
     def _append_tensor_scalars(self, step: Measurement,
                                values: list[torch.Tensor]) -> tuple[str, ...]:
-        """Append the logged tensor scalars (and tensor LRs) to ``values``; their names."""
+        """Append the logged tensor scalars (and tensor LRs) to ``values``; their names.
+
+        On the CPU there is no device to wait for: they are read now (cheaper than a
+        copy, and a snapshot, since a scheduler may change a tensor LR in place)."""
         scalars = step.tensor_scalars
         if self.optimizer is not None and self._tensor_lrs:
             scalars = dict(scalars)
@@ -255,16 +273,19 @@ class StepMeasurer:
         if not scalars:
             return ()
         like = values[0] if values else next(iter(scalars.values()))
+        if like.device.type == "cpu":
+            for name, tensor in scalars.items():
+                if name.startswith("lr/"):
+                    step.lrs[int(name[3:])] = tensor.item()
+                else:
+                    step.float_scalars[name] = tensor.item()
+            return ()
         # The norms' float dtype; counts (activation hits) are integers, scalars are not.
         dtype = like.dtype if values and like.is_floating_point() else torch.float32
-        device = like.device
         for tensor in scalars.values():
-            if tensor.dtype != dtype or tensor.device != device or tensor.dim():
-                tensor = tensor.reshape(()).to(device=device, dtype=dtype, non_blocking=True)
-            elif device.type == "cpu":
-                # Read later by the sender: a snapshot, since a scheduler may change a
-                # tensor LR (or the user a logged accumulator) in place meanwhile.
-                tensor = tensor.clone()
+            if tensor.dtype != dtype or tensor.device != like.device or tensor.dim():
+                tensor = tensor.reshape(()).to(device=like.device, dtype=dtype,
+                                               non_blocking=True)
             values.append(tensor)
         return tuple(scalars)
 

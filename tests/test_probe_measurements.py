@@ -430,11 +430,20 @@ def diagnose(hello: Frame, records: dict[int, Frame]) -> set[str]:
 def test_never_zeroed_grads_are_flagged_from_the_second_step(
     clip: bool, collector: FrameCollector
 ) -> None:
-    records, hello = run_loop(collector, "never", clip=clip)
+    # Checked around sampled steps: with every step sampled, every step after the first.
+    records, hello = run_loop(collector, "never", clip=clip, sample_every=1)
     assert "grads_not_cleared" not in records[0]
     for i in range(1, 5):
         assert records[i].get("grads_not_cleared") is True, i
     assert hello["config"]["grad_accumulation"] is False
+    assert "grad_not_cleared" in diagnose(hello, records)
+
+
+def test_never_zeroed_grads_are_checked_on_sampled_steps_only(
+        collector: FrameCollector) -> None:
+    records, hello = run_loop(collector, "never", steps=13, sample_every=4)
+    flagged = sorted(i for i, r in records.items() if r.get("grads_not_cleared"))
+    assert flagged == [4, 8, 12]  # the note at 3, 7, 11; the verdict at 4, 8, 12
     assert "grad_not_cleared" in diagnose(hello, records)
 
 
