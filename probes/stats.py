@@ -73,8 +73,8 @@ class Measurement:
 
     def _values(self) -> list[float]:
         if self._host is None:
-            if self.event is not None:
-                self.event.synchronize()
+            if self.event is not None and not self.event.query():
+                self.event.synchronize()  # only when forced (closing, far behind)
             if self.values is None:
                 self._host = []
             elif isinstance(self.values, list):

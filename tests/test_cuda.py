@@ -1,0 +1,68 @@
+"""On a GPU: the probe's training-thread path never synchronises host and device.
+
+These run only where CUDA is available (CI has no GPU, so they are reported skipped
+there, never counted as passing).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import probes
+from tests.collector import FrameCollector
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def cuda_model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)).cuda()
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+@cuda
+def test_default_probe_path_makes_no_host_device_sync(collector: FrameCollector) -> None:
+    model, opt = cuda_model()
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 1, device="cuda")
+    probe = probes.watch(model, opt, address=collector.address, max_steps_per_s=1e9)
+    for _ in range(3):  # warm up: allocator, pinned host buffers
+        with probe.step():
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            probe.log(loss=loss)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+    try:
+        for _ in range(40):  # sampled steps (every 20) included
+            with probe.step():
+                loss = nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                probe.log(loss=loss)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    probe.close()
+    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames))
+    steps = {f["step"]: f for f in collector.kinds("step")}
+    assert max(steps) == 42 and all(g is not None and g > 0 for g in steps[42]["grad_norms"])
+    assert "param_norms" in steps[40] and "update_ratios" in steps[40]
+
+
+@cuda
+def test_guard_on_cuda_skips_a_non_finite_update(collector: FrameCollector) -> None:
+    model, opt = cuda_model()
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 1, device="cuda")
+    probe = probes.watch(model, opt, address=collector.address, guard=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    with probe.step():
+        loss = nn.functional.mse_loss(model(x), y) * float("nan")
+        loss.backward()
+        opt.step()
+    assert probe.update_skipped
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    probe.close()
