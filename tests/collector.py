@@ -91,3 +91,17 @@ class FrameCollector:
                     for frame in self._reply(item):
                         with contextlib.suppress(OSError):
                             conn.sendall(encode_frame(frame))
+
+
+def watch_unthinned(model: Any, optimizer: Any, collector: FrameCollector,
+                    **options: Any) -> Any:
+    """A probe that sends every step as its own frame (no rate thinning)."""
+    import probes  # late: the collector itself needs no torch
+
+    return probes.watch(model, optimizer, address=collector.address, max_steps_per_s=1e9,
+                        **options)
+
+
+def wait_for_bye(collector: FrameCollector) -> None:
+    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames)), \
+        "the probe never said bye"

@@ -16,6 +16,17 @@ from tests.collector import FrameCollector
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def train(probe: probes.Probe, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+          y: torch.Tensor, steps: int) -> None:
+    for _ in range(steps):
+        with probe.step():
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            probe.log(loss=loss)
+
+
 def cuda_model() -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)).cuda()
@@ -27,23 +38,11 @@ def test_default_probe_path_makes_no_host_device_sync(collector: FrameCollector)
     model, opt = cuda_model()
     x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 1, device="cuda")
     probe = probes.watch(model, opt, address=collector.address, max_steps_per_s=1e9)
-    for _ in range(3):  # warm up: allocator, pinned host buffers
-        with probe.step():
-            loss = nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            probe.log(loss=loss)
+    train(probe, model, opt, x, y, 3)  # warm up: allocator, pinned host buffers
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
     try:
-        for _ in range(40):  # sampled steps (every 20) included
-            with probe.step():
-                loss = nn.functional.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                probe.log(loss=loss)
+        train(probe, model, opt, x, y, 40)  # sampled steps (every 20) included
     finally:
         torch.cuda.set_sync_debug_mode(0)
     probe.close()

@@ -12,7 +12,7 @@ from torch import nn
 import probes
 from probes.sender import Sender
 from probes.wire import resolve_address
-from tests.collector import Frame, FrameCollector
+from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 
 # --- helpers ---------------------------------------------------------------------------
 
@@ -36,18 +36,6 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) ->
     loss.backward()
     optimizer.step()
     return loss
-
-
-def watch_unthinned(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    collector: FrameCollector, **options: object) -> probes.Probe:
-    """A probe that sends every step as its own frame (no rate thinning)."""
-    return probes.watch(model, optimizer, address=collector.address, max_steps_per_s=1e9,
-                        **options)
-
-
-def wait_for_bye(collector: FrameCollector) -> None:
-    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames)), \
-        "the probe never said bye"
 
 
 def traintop_lines(text: str) -> list[str]:

@@ -18,7 +18,7 @@ import probes.sampled
 import probes.stats
 import probes.step
 from probes.diagnosis import Diagnoser, RunInfo
-from tests.collector import Frame, FrameCollector
+from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 
 REL_TOL = 1e-5
 
@@ -41,18 +41,6 @@ def batch(seed: int, size: int = 16, scale: float = 1.0) -> tuple[torch.Tensor, 
 def loss_of(model: nn.Module, seed: int, scale: float = 1.0) -> torch.Tensor:
     x, y = batch(seed, scale=scale)
     return nn.functional.cross_entropy(model(x), y)
-
-
-def watch_unthinned(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    collector: FrameCollector, **options: object) -> probes.Probe:
-    """A probe that sends every step as its own frame (no rate thinning)."""
-    return probes.watch(model, optimizer, address=collector.address, max_steps_per_s=1e9,
-                        **options)
-
-
-def wait_for_bye(collector: FrameCollector) -> None:
-    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames)), \
-        "the probe never said bye"
 
 
 def close_and_collect(probe: probes.Probe, collector: FrameCollector) -> dict[int, Frame]:

@@ -7,36 +7,19 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from probes.diagnosis import Alert
 from tui.format import number
+from tui.screens.panel import PanelScreen
 from tui.state import AlertEntry
 from tui.widgets.alerts_panel import SEVERITY_STYLE
 
 
-class AlertDetail(ModalScreen[None]):
+class AlertDetail(PanelScreen):
     """Modal view of one alert; Escape or q closes it."""
 
     BINDINGS = [Binding("escape,q", "dismiss", "Close")]
-    DEFAULT_CSS = """
-    AlertDetail {
-        align: center middle;
-    }
-    AlertDetail > VerticalScroll {
-        width: 90%;
-        max-width: 110;
-        height: auto;
-        max-height: 90%;
-        border: thick $accent;
-        background: $surface;
-        padding: 1 2;
-    }
-    AlertDetail Static {
-        margin-bottom: 1;
-    }
-    """
 
     def __init__(self, entry: AlertEntry) -> None:
         super().__init__()

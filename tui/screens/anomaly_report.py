@@ -9,11 +9,11 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from probes.wire import Frame
 from tui.format import number
+from tui.screens.panel import PanelScreen
 
 OUTCOME_TEXT = {
     "clean": ("clean: no non-finite value in the forward or the backward", "green"),
@@ -23,25 +23,16 @@ OUTCOME_TEXT = {
 }
 
 
-class AnomalyReport(ModalScreen[None]):
+class AnomalyReport(PanelScreen):
     """Modal view of one anomaly report; Escape or q closes it."""
 
     BINDINGS = [Binding("escape,q,v", "dismiss", "Close")]
     DEFAULT_CSS = """
-    AnomalyReport {
-        align: center middle;
-    }
     AnomalyReport > VerticalScroll {
         width: 95%;
         max-width: 130;
-        height: auto;
         max-height: 95%;
         border: thick $error;
-        background: $surface;
-        padding: 1 2;
-    }
-    AnomalyReport Static {
-        margin-bottom: 1;
     }
     """
 

@@ -7,30 +7,21 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from probes.wire import Frame
+from tui.screens.panel import PanelScreen
 
 
-class ChecksScreen(ModalScreen[None]):
+class ChecksScreen(PanelScreen):
     """Every check report of the run, newest last; Escape closes."""
 
     BINDINGS = [Binding("escape,q,c", "dismiss", "Close")]
     DEFAULT_CSS = """
-    ChecksScreen {
-        align: center middle;
-    }
     ChecksScreen > VerticalScroll {
         width: 95%;
         max-width: 130;
         height: 90%;
-        border: thick $accent;
-        background: $surface;
-        padding: 1 2;
-    }
-    ChecksScreen Static {
-        margin-bottom: 1;
     }
     """
 

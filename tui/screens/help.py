@@ -6,8 +6,9 @@ from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from tui.screens.panel import PanelScreen
 
 KEYS = (
     ("p", "pause the run at the next step boundary, or resume it"),
@@ -27,21 +28,16 @@ KEYS = (
 )
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(PanelScreen):
     """The keys of the monitor."""
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
     DEFAULT_CSS = """
-    HelpScreen {
-        align: center middle;
-    }
     HelpScreen > VerticalScroll {
-        width: 90%;
         max-width: 100;
-        height: auto;
-        border: thick $accent;
-        background: $surface;
-        padding: 1 2;
+    }
+    HelpScreen Static {
+        margin-bottom: 0;
     }
     """
 
