@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from demo.catalog import SCENARIOS, listing
@@ -35,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     from demo.scenarios import BUILDERS
     from demo.trainer import train
 
+    # One intra-op thread: the demo's models are tiny, and torch's spinning worker
+    # threads, on a machine shared with the monitor (or a second demo), slow every
+    # step by an order of magnitude. OMP_NUM_THREADS, when set, still decides.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
     torch.manual_seed(args.seed)  # before the model is built: its initial weights too
     setup = BUILDERS[args.scenario](args.fixed)
     name = args.scenario + (" (fixed)" if args.fixed else "")
