@@ -219,7 +219,7 @@ def no_zero_grad(fixed: bool = False) -> Setup:
     """
     train, val = teacher_regression(2048, 512)
     model = mlp(16, 64, 2)
-    return Setup(model, torch.optim.SGD(model.parameters(), lr=1e-3), nn.MSELoss(),
+    return Setup(model, torch.optim.SGD(model.parameters(), lr=1e-2), nn.MSELoss(),
                  train, val, steps=300, zero_grad=fixed)
 
 
