@@ -2,13 +2,19 @@
 
 Each scenario runs as a user would run it (``traintop demo NAME --headless``), at full
 speed; the runs go two at a time, since each spends most of its time starting torch.
+All runs are queued when the module starts, in the order the tests ask for them, and
+each test waits only for its own run: a slow machine stretches the whole, not one test,
+and a run that hangs fails its own test with its own output.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
@@ -47,6 +53,9 @@ def parse_alerts(stdout: str) -> list[AlertLine]:
     return alerts
 
 
+RUN_TIMEOUT_S = 90  # one run; the pytest timeout per test (120 s) stays above it
+
+
 def run_demo(name: str, fixed: bool) -> Outcome:
     command = [sys.executable, "-m", "tui.cli", "demo", name, "--headless", "--delay", "0",
                "--summary-every", "1000000"]
@@ -54,24 +63,53 @@ def run_demo(name: str, fixed: bool) -> Outcome:
         command += ["--steps", str(STEPS[name])]
     if fixed:
         command.append("--fixed")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    return Outcome(done.returncode, parse_alerts(done.stdout), done.stdout + done.stderr)
+    # Its own session, so that a run which hangs is killed with its trainer.
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            return Outcome(-1, parse_alerts(stdout),
+                           f"timed out after {RUN_TIMEOUT_S} s; output so far:\n"
+                           f"{stdout}{stderr}")
+    return Outcome(process.returncode, parse_alerts(stdout), stdout + stderr)
+
+
+ALERTING = [name for name, info in SCENARIOS.items() if info.alerts]
+CLEAN = ["healthy"] + [name for name, info in SCENARIOS.items() if info.fixable]
+
+
+class Gallery:
+    """Every run of the module, started two at a time in the order the tests read them."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=2)
+        runs = [(name, False) for name in ALERTING]
+        runs += [(name, name != "healthy") for name in CLEAN]
+        self._runs: dict[tuple[str, bool], Future[Outcome]] = {
+            run: self._pool.submit(run_demo, *run) for run in runs}
+
+    def outcome(self, name: str, fixed: bool) -> Outcome:
+        return self._runs[(name, fixed)].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
-def outcomes() -> dict[tuple[str, bool], Outcome]:
-    runs = [(name, False) for name in SCENARIOS]
-    runs += [(name, True) for name, info in SCENARIOS.items() if info.fixable]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda run: run_demo(*run), runs)
-        return dict(zip(runs, results, strict=True))
+def gallery() -> Iterator[Gallery]:
+    runs = Gallery()
+    yield runs
+    runs.close()
 
 
-@pytest.mark.parametrize("name", [n for n, info in SCENARIOS.items() if info.alerts])
+@pytest.mark.parametrize("name", ALERTING)
 def test_scenario_raises_the_alert_it_teaches(
-        name: str, outcomes: dict[tuple[str, bool], Outcome]) -> None:
+        name: str, gallery: Gallery) -> None:
     info = SCENARIOS[name]
-    outcome = outcomes[(name, False)]
+    outcome = gallery.outcome(name, fixed=False)
     assert outcome.status == 0, outcome.output
     kinds = [alert.kind for alert in outcome.alerts]
     missing = [kind for kind in info.alerts if kind not in kinds]
@@ -84,18 +122,18 @@ def test_scenario_raises_the_alert_it_teaches(
     assert not unexpected, f"{name} raised unexpected errors {unexpected}"
 
 
-@pytest.mark.parametrize("name", ["healthy"] + [n for n, i in SCENARIOS.items() if i.fixable])
+@pytest.mark.parametrize("name", CLEAN)
 def test_healthy_and_every_fix_raise_no_alert(
-        name: str, outcomes: dict[tuple[str, bool], Outcome]) -> None:
-    outcome = outcomes[(name, name != "healthy")]
+        name: str, gallery: Gallery) -> None:
+    outcome = gallery.outcome(name, fixed=name != "healthy")
     assert outcome.status == 0, outcome.output
     assert outcome.alerts == [], outcome.output
     assert "reason=finished" in outcome.output
 
 
 def test_exploding_names_a_layer_before_the_first_non_finite(
-        outcomes: dict[tuple[str, bool], Outcome]) -> None:
-    alerts = outcomes[("exploding", False)].alerts
+        gallery: Gallery) -> None:
+    alerts = gallery.outcome("exploding", fixed=False).alerts
     kinds = [a.kind for a in alerts]
     exploding = alerts[kinds.index("exploding_gradient")]
     non_finite = alerts[kinds.index("non_finite")]
