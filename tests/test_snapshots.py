@@ -1,0 +1,81 @@
+"""What the monitor looks like, pinned as SVG snapshots (pytest-textual-snapshot).
+
+Each screen is drawn from fixed frames (their clock included), so a change in any
+pixel of the layout, the chart or the colours shows up here as a failing diff. After
+a deliberate change of the look, review the report and run
+``python -m pytest tests/test_snapshots.py --snapshot-update``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from textual.app import App
+from textual.pilot import Pilot
+
+from tests.frames import short_run, step
+from tests.test_app import exploding_run
+from tui.app import make_app
+from tui.sources import FramesSource
+from tui.widgets import AlertsPanel, LossChart
+
+SIZE = (120, 40)
+SnapCompare = Callable[..., bool]  # the plugin's fixture
+
+
+def until(predicate: Callable[[App], bool]) -> Callable[[Pilot], Awaitable[None]]:
+    """A ``run_before`` that lets the app redraw until ``predicate(app)`` holds."""
+
+    async def wait(pilot: Pilot) -> None:
+        for _ in range(200):
+            if predicate(pilot.app):
+                break
+            await pilot.pause(0.05)
+        else:
+            raise AssertionError("the screen did not reach the expected state")
+        # Toasts expire on a timer: a slow machine would catch some and not others.
+        pilot.app.clear_notifications()
+        await pilot.pause(0.2)  # one more redraw tick of the views
+
+    return wait
+
+
+def test_healthy_run(snap_compare: SnapCompare) -> None:
+    frames = short_run(60)
+    app = make_app(FramesSource(frames))
+    assert snap_compare(app, terminal_size=SIZE, run_before=until(
+        lambda app: len(app.query_one(LossChart).plotted.get("train loss", [])) == 60))
+
+
+def test_exploding_run_with_its_alert(snap_compare: SnapCompare) -> None:
+    app = make_app(FramesSource(exploding_run()))
+    assert snap_compare(app, terminal_size=SIZE, run_before=until(
+        lambda app: bool(app.query_one(AlertsPanel).entries)))
+
+
+def test_alert_detail(snap_compare: SnapCompare) -> None:
+    async def open_detail(pilot: Pilot) -> None:
+        await until(lambda app: bool(app.query_one(AlertsPanel).entries))(pilot)
+        pilot.app.query_one(AlertsPanel).focus()
+        await pilot.press("enter")
+        await until(lambda app: type(app.screen).__name__ == "AlertDetail")(pilot)
+
+    app = make_app(FramesSource(exploding_run()))
+    assert snap_compare(app, terminal_size=SIZE, run_before=open_detail)
+
+
+def test_non_finite_values(snap_compare: SnapCompare) -> None:
+    frames = [*short_run(20), step(20, loss=float("nan"), grad_norms=[1.0, float("inf"), None])]
+    app = make_app(FramesSource(frames))
+    assert snap_compare(app, terminal_size=SIZE, run_before=until(
+        lambda app: app.query_one(LossChart).first_non_finite is not None))
+
+
+def test_help_screen(snap_compare: SnapCompare) -> None:
+    async def open_help(pilot: Pilot) -> None:
+        await until(lambda app: app.current_run is not None)(pilot)
+        await pilot.press("question_mark")
+        await until(lambda app: type(app.screen).__name__ == "HelpScreen")(pilot)
+
+    app = make_app(FramesSource(short_run(5)))
+    assert snap_compare(app, terminal_size=SIZE, run_before=open_help)
