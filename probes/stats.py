@@ -28,7 +28,8 @@ class Measurement:
     __slots__ = (
         "_host", "activation_totals", "clipped", "duration", "event", "float_scalars",
         "grad_count", "grad_norms", "grad_order", "grad_present", "grads_read",
-        "late_scalars", "layer_map", "lrs", "none_grads", "not_cleared", "param_count",
+        "late_scalars", "layer_map", "lrs", "none_grads", "not_cleared", "optimizer_step",
+        "param_count",
         "param_order", "sampled", "span", "step", "tensor_scalar_names", "tensor_scalars",
         "time", "update_count", "update_norms", "update_order", "values",
     )
@@ -47,6 +48,9 @@ class Measurement:
         self.none_grads = 0
         self.not_cleared = False  # the last step's gradient was never cleared
         self.clipped: float | None = None  # max_norm of probes.clip_grad_norm_, if it ran
+        # Did optimizer.step() run? None: no optimizer watched. False: AMP's GradScaler
+        # skipped it (non-finite gradients), or the loop accumulates this step.
+        self.optimizer_step: bool | None = None
         self.update_norms: list[torch.Tensor] | None = None
         self.update_order: tuple[int, ...] | None = None
         self.tensor_scalars: dict[str, torch.Tensor] = {}
@@ -128,6 +132,8 @@ class Measurement:
             record["grads_not_cleared"] = True
         if self.clipped is not None:
             record["clipped"] = self.clipped
+        if self.optimizer_step is False:
+            record["optimizer_step"] = False
         if self.span is not None:
             record["span"] = list(self.span)
         return record

@@ -82,6 +82,8 @@ class StepMeasurer:
     def begin(self, index: int, wall_time: float, sampled: bool) -> Measurement:
         """A measured step starts: fresh state; activation hooks on sampled steps."""
         self.current = Measurement(self.layers, index, wall_time, sampled)
+        if self.optimizer is not None:
+            self.current.optimizer_step = False  # until its pre-hook runs
         if sampled and self.activations.modules:
             self.activations.attach()
         if sampled and self.updates is not None and self.optimizer is not None:
@@ -109,6 +111,8 @@ class StepMeasurer:
         With ``guard``, non-finite gradients raise ``NonFiniteGradients`` here, before
         the optimizer touches a weight."""
         step = self.current
+        if step is not None:
+            step.optimizer_step = True
         if self.check_clearing:
             self._check_clearing(step)
         if guard:
