@@ -112,6 +112,9 @@ class Thresholds:
     # sampled steps (the probe checks the clearing around sampled steps only).
     none_grad_records: int = 3
     not_cleared_records: int = 2
+    # skipped_updates: optimizer.step() skipped with non-finite gradients for this many
+    # steps in a row (GradScaler skips a few at the start while it finds its scale).
+    skipped_steps: int = 10
     # update_ratio: |dw|/|w| per layer outside [low, high] (the usual band is ~1e-3) on
     # this many sampled steps in a row.
     update_high: float = 0.1
@@ -188,6 +191,15 @@ class StepView:
     activations: Sequence[float | None] | None
     none_grad_params: Sequence[int]
     grads_not_cleared: bool
+    optimizer_stepped: bool = True  # False: optimizer.step() never ran in this step
+
+    @property
+    def non_finite_grads(self) -> bool:
+        """True if the step's gradient norms hold a NaN or Inf."""
+        total = self.grad_norm_total
+        if total is not None and not math.isfinite(total):
+            return True
+        return any(g is not None and not math.isfinite(g) for g in self.grad_norms)
 
     @classmethod
     def from_record(cls, record: Record) -> StepView:
@@ -204,6 +216,7 @@ class StepView:
             activations=_opt_list(record.get("activations")),
             none_grad_params=[int(i) for i in record.get("none_grad_params") or ()],
             grads_not_cleared=bool(record.get("grads_not_cleared")),
+            optimizer_stepped=record.get("optimizer_step", True) is not False,
         )
 
 
@@ -344,13 +357,17 @@ def _first_non_finite_step_field(view: StepView, info: RunInfo) -> tuple[str, fl
     for name, value in view.scalars.items():
         if not math.isfinite(value):
             return name, value
-    if view.grad_norm_total is not None and not math.isfinite(view.grad_norm_total):
+    # Non-finite gradients that never reached optimizer.step() left the weights alone:
+    # AMP's GradScaler skips such steps by design (skipped_updates judges a streak).
+    grads_applied = view.optimizer_stepped
+    if grads_applied and view.non_finite_grads:
         bad = next((i for i, g in enumerate(view.grad_norms)
                     if g is not None and not math.isfinite(g)), None)
         if bad is not None:
             return f"grad_norm[{info.layer(bad)}]", view.grad_norms[bad]  # type: ignore[return-value]
         return "grad_norm_total", view.grad_norm_total
-    for label, values in (("grad_norm", view.grad_norms), ("param_norm", view.param_norms),
+    for label, values in (("grad_norm", view.grad_norms if grads_applied else None),
+                          ("param_norm", view.param_norms),
                           ("update_ratio", view.update_ratios)):
         for i, value in enumerate(values or ()):
             if value is not None and not math.isfinite(value):
@@ -600,6 +617,39 @@ def _common_prefix(names: Sequence[str]) -> str:
     return ".".join(common) or names[0]
 
 
+class SkippedUpdates(Rule):
+    """optimizer.step() skipped, step after step, because the gradients are non-finite."""
+
+    kind = "skipped_updates"
+    signal = ("The optimizer has not stepped for a while because every gradient is "
+              "non-finite: a GradScaler skipping each update while its loss scale keeps "
+              "falling. A few skips are normal under AMP; a streak means the gradients are "
+              "non-finite at any scale.")
+    experiments = (
+        "Run one step under anomaly mode (a) to find the op that makes the gradient "
+        "non-finite.",
+        "Compute the loss in float32 (outside autocast) and check scaler.get_scale().",
+        "Check the inputs and targets of these batches for NaN/Inf or extreme values.",
+    )
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._since: int | None = None  # the first step of the current streak
+
+    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+        if view.optimizer_stepped or not view.non_finite_grads:
+            self._since = None
+            return []
+        if self._since is None:
+            self._since = view.step
+        skipped = view.step - self._since + 1
+        if skipped < self.t.skipped_steps:
+            return []
+        return [self.alert(view.step, "", {"skipped_steps": skipped,
+                                           "since_step": self._since,
+                                           "loss": view.loss})]
+
+
 class GradNotCleared(Rule):
     """Gradients accumulate across steps because zero_grad was not called."""
 
@@ -797,6 +847,7 @@ class LossSpike(Rule):
 RULES: tuple[type[Rule], ...] = (
     ExplodingGradient, NonFinite, VanishingGradient, OverfittingSignal, FlatLoss,
     NoneGradients, GradNotCleared, UpdateRatio, Activations, EvalMode, LossSpike,
+    SkippedUpdates,
 )
 
 

@@ -203,6 +203,49 @@ def test_non_finite_in_every_per_layer_field(field: str, subject: str) -> None:
     assert alert.evidence["first_step"] == 10
 
 
+def test_non_finite_gradients_of_a_skipped_update_are_not_an_error() -> None:
+    """AMP's GradScaler skips optimizer.step() when the gradients overflow: normal."""
+    records = [step(0, grads=[math.inf, 1.0, 1.0], total=math.inf, optimizer_step=False),
+               *steady_grads(5, [1.0, 1.0, 1.0], start=1)]
+    diagnoser, changes = run(records)
+    assert changes == []
+    assert diagnoser.raised_count == {}
+
+
+def test_a_non_finite_loss_is_an_error_even_when_the_update_was_skipped() -> None:
+    _, changes = run([step(0, loss=math.nan, grads=[math.nan] * 3, total=math.nan,
+                           optimizer_step=False)])
+    assert only(raised(changes, "non_finite")).subject == "loss"
+
+
+def skipped(n: int) -> Record:
+    return step(n, grads=[1.0, math.inf, 1.0], total=math.inf, optimizer_step=False)
+
+
+def test_skipped_updates_fires_on_a_streak_and_clears_when_the_optimizer_steps() -> None:
+    records = [*steady_grads(3, [1.0, 1.0, 1.0]), *(skipped(n) for n in range(3, 13))]
+    diagnoser, changes = run(records)
+    alert = only(raised(changes, "skipped_updates"))
+    assert (alert.severity, alert.step) == ("warning", 12)
+    assert alert.evidence["skipped_steps"] == 10
+    assert alert.evidence["since_step"] == 3
+    assert "non_finite" not in diagnoser.active
+    after = feed(diagnoser, steady_grads(3, [1.0, 1.0, 1.0], start=13))
+    assert [a.kind for a in cleared(after)] == ["skipped_updates"]
+
+
+def test_skipped_updates_near_misses() -> None:
+    # nine in a row; then a stepped one breaks the streak before a tenth
+    records = [*(skipped(n) for n in range(9)), step(9, grads=[1.0, 1.0, 1.0]),
+               *(skipped(n) for n in range(10, 19))]
+    _, changes = run(records)
+    assert raised(changes, "skipped_updates") == []
+    # steps the loop did not update on purpose (accumulation) with finite gradients
+    _, changes = run([step(n, grads=[1.0, 1.0, 1.0], optimizer_step=False)
+                      for n in range(30)])
+    assert raised(changes, "skipped_updates") == []
+
+
 def test_non_finite_nan_in_eval_scalar() -> None:
     records = [step(0), evaluation(0, 0.5), step(1), evaluation(1, math.nan)]
     _, changes = run(records)
