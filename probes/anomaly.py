@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from probes.hooks import eager
+
 _OP_PATTERN = re.compile(r"Function '(\w+)' returned nan values")
 _FRAME_PATTERN = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$')
 _TORCH_PATH = re.compile(r"[/\\]torch[/\\]")
@@ -101,7 +103,7 @@ class AnomalyStep:
         self._anomaly.__enter__()
         for name, module in self.model.named_modules():
             self._names[id(module)] = name or "(root)"
-            self._handles.append(module.register_forward_hook(self._check))
+            self._handles.append(module.register_forward_hook(eager(self._check)))
 
     def _check(self, module: nn.Module, args: Any, output: Any) -> None:
         try:

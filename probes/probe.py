@@ -23,6 +23,7 @@ from torch.utils.hooks import RemovableHandle
 from probes.anomaly import AnomalyStep, backward_op
 from probes.control import Control, ControlState
 from probes.diagnosis import Alert
+from probes.hooks import eager, unwrap
 from probes.layers import LayerMap, count_parameters, map_layers
 from probes.sampled import count_mode_sensitive
 from probes.sender import Sender, warn
@@ -66,19 +67,21 @@ class Probe:
         if on_anomaly not in ("pause", "raise"):
             raise ValueError(f"on_anomaly must be 'pause' or 'raise', got {on_anomaly!r}")
         self.model = model
+        # Inside torch.compile / DDP wrappers: layer names without their prefixes.
+        self.module = unwrap(model)
         self.optimizer = optimizer
         self.every = every
         self.sample_every = sample_every
-        self.layers: LayerMap = map_layers(model)
+        self.layers: LayerMap = map_layers(self.module)
         self.run_id = uuid.uuid4().hex[:12]
-        self.name = run or f"{type(model).__name__}-{os.getpid()}"
+        self.name = run or f"{type(self.module).__name__}-{os.getpid()}"
         self.address = resolve_address(address)
         self._handles: list[RemovableHandle] = []
         self._index = -1
         self._in_step = False
         self._step_started = 0.0
         self._param_ids = {id(p) for p in self.layers.params}
-        self._measurer = StepMeasurer(model, self.layers, optimizer,
+        self._measurer = StepMeasurer(self.module, self.layers, optimizer,
                                       grad_accumulation=grad_accumulation, on_error=self._fail,
                                       sample_every=sample_every)
         self._next_step_scope = _StepScope(self, None)
@@ -243,7 +246,7 @@ class Probe:
         self._index = next_index
         self._in_step = True
         if self._control.state.anomaly_armed and self._control.take_anomaly_step():
-            self._anomaly = AnomalyStep(self.model, next_index, on_error=self._fail)
+            self._anomaly = AnomalyStep(self.module, next_index, on_error=self._fail)
             self._anomaly.start()
         if next_index % self.every == 0:
             sampled = next_index % self.sample_every == 0
@@ -391,7 +394,7 @@ class Probe:
             "torch": torch.__version__,
             "started": time.time(),
             "argv": sys.argv[:8],
-            "model": type(self.model).__name__,
+            "model": type(self.module).__name__,
             "optimizer": type(self.optimizer).__name__ if self.optimizer else None,
             "layers": list(self.layers.names),
             "param_counts": list(self.layers.param_counts),
@@ -456,7 +459,7 @@ class _EvalScope:
         self.forwards = 0
         self.train_mode_forwards = 0
         self.grad_forwards = 0
-        self.handle = probe.model.register_forward_pre_hook(self._on_forward)
+        self.handle = probe.model.register_forward_pre_hook(eager(self._on_forward))
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         # Plain attribute reads and sums: nothing here can raise into the user's forward.

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from probes.hooks import eager
 from probes.stats import NormReducer
 
 # Module type -> (family, test of an output element being dead or saturated).
@@ -87,7 +88,8 @@ class ActivationStats:
         self.detach()
         self._tallies = [_Tally() for _ in self.modules]
         for index, (_, family, module, _) in enumerate(self.modules):
-            self._handles.append(module.register_forward_hook(self._hook(index, family)))
+            hook = eager(self._hook(index, family))
+            self._handles.append(module.register_forward_hook(hook))
 
     def detach(self) -> None:
         """Remove every hook (idempotent)."""

@@ -1,0 +1,42 @@
+"""Hooks that stay correct under ``torch.compile``, and names free of wrapper prefixes.
+
+A forward hook on a module inside a compiled forward is traced by dynamo like the rest
+of the code: its Python side effects (a tally kept for this step only) run once, at
+trace time, and a later graph replays stale state. So every hook of the probe runs
+eagerly (``torch.compiler.disable``): on the steps that carry hooks the compiled
+forward breaks around them; on the others nothing changes. The wrapper costs about
+half a microsecond per call when nothing is compiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+Hook = TypeVar("Hook", bound=Callable[..., object])
+
+# Attribute under which each wrapper keeps the module it wraps: torch.compile's
+# OptimizedModule, DistributedDataParallel / DataParallel (and FSDP's wrapper).
+_WRAPPED = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module",
+            "DataParallel": "module", "FullyShardedDataParallel": "_fsdp_wrapped_module"}
+
+
+def eager(hook: Hook) -> Hook:
+    """``hook``, always run by Python, never traced into a compiled graph."""
+    return torch.compiler.disable(hook)  # type: ignore[return-value]
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's own module inside compile and data-parallel wrappers.
+
+    Layer names are taken from it, so they read ``encoder.0`` rather than
+    ``_orig_mod.module.encoder.0``; the modules (and hooks) are the same objects."""
+    while True:
+        attribute = _WRAPPED.get(type(model).__name__)
+        inner = getattr(model, attribute, None) if attribute else None
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
