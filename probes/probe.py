@@ -329,6 +329,10 @@ class Probe:
                 raise  # stops optimizer.step(); swallowed at the end of the step block
             except Exception as exc:
                 self._fail(exc)
+        elif self._last is not None:
+            # optimizer.step() after the step's block: it still updates with that step's
+            # gradients (the record, not yet sent, must not say the update was skipped).
+            self._last.optimizer_step = True
 
     def _clipping(self, max_norm: float) -> None:
         """Called by ``probes.clip_grad_norm_`` before it clips."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -80,3 +81,37 @@ def test_gradients_non_finite_at_any_scale_raise_skipped_updates(
     assert (alert.evidence["skipped_steps"], alert.evidence["since_step"]) == (10, 0)
     # the scaler never let a non-finite update through
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+def plain_loop(collector: FrameCollector, step_inside: bool, accumulate: int = 1) -> list[Frame]:
+    """SGD steps with optimizer.step() inside or after the ``with probe.step()`` block;
+    with ``accumulate``, it runs once every that many steps."""
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with watch_unthinned(model, optimizer, collector, grad_accumulation=accumulate > 1) as probe:
+        for index in range(6):
+            updates = (index + 1) % accumulate == 0
+            with probe.step():
+                nn.functional.mse_loss(model(x), y).backward()
+                if step_inside and updates:
+                    optimizer.step()
+            if not step_inside and updates:
+                optimizer.step()
+            if updates:
+                optimizer.zero_grad(set_to_none=True)
+    wait_for_bye(collector)
+    return collector.kinds("step")
+
+
+@pytest.mark.parametrize("step_inside", [True, False])
+def test_a_step_that_updates_is_never_marked_skipped(collector: FrameCollector,
+                                                     step_inside: bool) -> None:
+    records = plain_loop(collector, step_inside)
+    assert [r["step"] for r in records] == list(range(6))
+    assert all("optimizer_step" not in r for r in records), records
+
+
+def test_accumulation_steps_without_an_update_are_marked(collector: FrameCollector) -> None:
+    records = plain_loop(collector, step_inside=True, accumulate=3)
+    assert [r.get("optimizer_step", True) for r in records] == [False, False, True] * 2
