@@ -22,7 +22,7 @@ import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 Severity = Literal["info", "warning", "error"]
 SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
@@ -101,9 +101,14 @@ class Thresholds:
     # overfitting_signal: validation above its best by this fraction while the smoothed
     # training loss fell by this fraction since that best.
     overfit_val_rise: float = 0.10
+    overfit_rising_evals: int = 2  # ... on this many evals in a row,
+    overfit_val_jump: float = 0.50  # ... or this far above its best at once
     overfit_train_drop: float = 0.10
     overfit_min_evals: int = 3
-    smoothing_records: int = 20  # train loss smoothed over this many step records
+    # The train loss is smoothed over this many steps (at least 3 records: on a fast,
+    # thinned run one record stands for many steps, and a window counted in records
+    # would reach back to the start of the run).
+    smoothing_steps: int = 20
     # flat_loss: after this many steps, the smoothed loss is not this fraction below
     # where it started.
     flat_after_steps: int = 200
@@ -272,16 +277,27 @@ class RunHistory:
     evals: deque[EvalView] = field(default_factory=lambda: deque(maxlen=256))
     first_steps: list[StepView] = field(default_factory=list)  # the run's start, kept
 
+    MIN_RECORDS: ClassVar[int] = 3  # a smoothed loss averages at least this many records
+
     def add_step(self, view: StepView, keep_first: int) -> None:
         self.steps.append(view)
         if len(self.first_steps) < keep_first:
             self.first_steps.append(view)
 
-    def smoothed_loss(self, up_to_step: int, records: int) -> float | None:
-        """Mean finite training loss of the last ``records`` steps at or before a step."""
-        values = [s.loss for s in self.steps if s.step <= up_to_step and s.loss is not None
-                  and math.isfinite(s.loss)]
-        values = values[-records:]
+    def recent_losses(self, up_to_step: int, steps: int, after_step: int = -1) -> list[float]:
+        """Finite training losses of the records in the last ``steps`` steps at or before
+        ``up_to_step`` (and after ``after_step``); at least the last ``MIN_RECORDS``."""
+        records = [(s.step, s.loss) for s in self.steps
+                   if after_step < s.step <= up_to_step and s.loss is not None
+                   and math.isfinite(s.loss)]
+        recent = [loss for step, loss in records if step > up_to_step - steps]
+        if len(recent) < self.MIN_RECORDS:
+            recent = [loss for _, loss in records[-self.MIN_RECORDS:]]
+        return recent
+
+    def smoothed_loss(self, up_to_step: int, steps: int) -> float | None:
+        """Mean of ``recent_losses``: the smoothed training loss at a step."""
+        values = self.recent_losses(up_to_step, steps)
         return statistics.fmean(values) if values else None
 
 
@@ -491,7 +507,7 @@ class OverfittingSignal(Rule):
     kind = "overfitting_signal"
     signal = ("Training loss falls while validation loss rises: a signal of overfitting, "
               "not proof of its cause (leakage, a shifted validation set or a changed "
-              "learning rate look the same).")
+              "learning rate look the same, and a small validation set is noisy).")
     experiments = (
         "Add one regulariser (weight decay or dropout) and rerun; nothing else changes.",
         "Train on more (or augmented) data with the same model and schedule.",
@@ -504,7 +520,7 @@ class OverfittingSignal(Rule):
 
     def on_eval(self, history: RunHistory, view: EvalView) -> Findings:
         self._train_at.setdefault(
-            view.step, history.smoothed_loss(view.step, self.t.smoothing_records))
+            view.step, history.smoothed_loss(view.step, self.t.smoothing_steps))
         if len(self._train_at) > 2 * (history.evals.maxlen or 256):  # keep what evals keep
             kept = {e.step for e in history.evals}
             self._train_at = {k: v for k, v in self._train_at.items() if k in kept}
@@ -514,7 +530,7 @@ class OverfittingSignal(Rule):
         best = min(evals, key=lambda e: e.loss)  # type: ignore[arg-type, return-value]
         latest = evals[-1]
         assert best.loss is not None and latest.loss is not None
-        if latest is best or latest.loss <= best.loss * (1 + self.t.overfit_val_rise):
+        if latest is best or not self._validation_rose(evals, best):
             return []
         train_then = self._train_at.get(best.step)
         train_now = self._train_at.get(latest.step)
@@ -525,6 +541,21 @@ class OverfittingSignal(Rule):
         return [self.alert(latest.step, "", {
             "val_loss": latest.loss, "best_val_loss": best.loss, "best_at_step": best.step,
             "train_loss_then": train_then, "train_loss_now": train_now})]
+
+    def _validation_rose(self, evals: list[EvalView], best: EvalView) -> bool:
+        """The latest evals rose above the best: by ``overfit_val_rise`` on the last
+        ``overfit_rising_evals`` evals in a row, or by ``overfit_val_jump`` at once. One
+        noisy eval (a small validation set) is not a rise."""
+        assert best.loss is not None
+        after = evals[evals.index(best) + 1:]
+        latest = after[-1].loss
+        assert latest is not None
+        if latest > best.loss * (1 + self.t.overfit_val_jump):
+            return True
+        last = after[-self.t.overfit_rising_evals:]
+        return len(last) == self.t.overfit_rising_evals and all(
+            e.loss is not None and e.loss > best.loss * (1 + self.t.overfit_val_rise)
+            for e in last)
 
 
 class FlatLoss(Rule):
@@ -553,8 +584,8 @@ class FlatLoss(Rule):
             return None
         began = statistics.fmean(start)
         start_end = history.first_steps[min(self.START_RECORDS, len(history.first_steps)) - 1]
-        recent = [s.loss for s in history.steps if s.step > start_end.step
-                  and s.loss is not None and math.isfinite(s.loss)][-self.t.smoothing_records:]
+        recent = history.recent_losses(view.step, self.t.smoothing_steps,
+                                       after_step=start_end.step)
         if len(recent) < 2 or began <= 0:
             return []
         now = statistics.fmean(recent)
@@ -892,7 +923,7 @@ class Diagnoser:
         kind = record.get("kind")
         if kind == "step":
             view = StepView.from_record(record)
-            self.history.add_step(view, keep_first=self.thresholds.smoothing_records)
+            self.history.add_step(view, keep_first=self.thresholds.smoothing_steps)
             for index, rule in enumerate(self.rules):
                 self._update(index, rule.on_step(self.history, view))
         elif kind == "eval":

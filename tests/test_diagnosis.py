@@ -372,7 +372,7 @@ def with_evals(steps: list[Record], evals: dict[int, float]) -> list[Record]:
 
 
 def test_overfitting_train_falling_val_rising() -> None:
-    records = with_evals(falling_steps(0, 99), {24: 1.0, 49: 0.9, 74: 0.95, 99: 1.2})
+    records = with_evals(falling_steps(0, 99), {24: 1.0, 49: 0.9, 74: 1.0, 99: 1.2})
     _, changes = run(records)
     alert = only(raised(changes, "overfitting_signal"))
     assert (alert.severity, alert.step) == ("warning", 99)
@@ -386,6 +386,20 @@ def test_overfitting_near_miss_val_rising_5_percent() -> None:
     records = with_evals(falling_steps(0, 99), {24: 1.0, 49: 0.9, 74: 0.92, 99: 0.945})
     _, changes = run(records)
     assert "overfitting_signal" not in kinds(changes)
+
+
+def test_overfitting_near_miss_one_noisy_eval() -> None:
+    """One eval 40% above the best, then back: the noise of a small validation set."""
+    records = with_evals(falling_steps(0, 124),
+                         {24: 1.0, 49: 0.9, 74: 1.26, 99: 0.95, 124: 0.92})
+    _, changes = run(records)
+    assert "overfitting_signal" not in kinds(changes)
+
+
+def test_overfitting_one_eval_far_above_the_best_is_enough() -> None:
+    records = with_evals(falling_steps(0, 74), {24: 1.0, 49: 0.9, 74: 1.4})  # +56%
+    _, changes = run(records)
+    assert only(raised(changes, "overfitting_signal")).step == 74
 
 
 def test_overfitting_near_miss_train_flat() -> None:
@@ -402,6 +416,19 @@ def test_overfitting_near_miss_fewer_than_3_evals() -> None:
     # the same history with a third eval is enough
     more = feed(diagnoser, with_evals(falling_steps(100, 110), {110: 1.25}))
     assert only(raised(more, "overfitting_signal")).evidence["val_loss"] == 1.25
+
+
+def test_overfitting_not_raised_by_the_lag_of_a_thinned_run() -> None:
+    """A fast run thinned to one record per 15 steps: the smoothing window is counted in
+    steps, so the train loss 'then' is not the start-up loss of 300 steps earlier."""
+    records: list[Record] = []
+    for n in range(0, 800, 15):
+        records.append(step(n, loss=10.0 * math.exp(-n / 5) + 0.45))  # flat from ~step 30
+    for n in range(25, 800, 25):  # a noisy validation: its best at step 100, then +40%
+        records.append(evaluation(n, 0.21 if n == 100 else 0.30))
+    records.sort(key=lambda r: (r["step"], r["kind"] == "eval"))
+    _, changes = run(records)
+    assert raised(changes, "overfitting_signal") == []
 
 
 def test_overfitting_when_the_best_eval_is_long_past() -> None:
