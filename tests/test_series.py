@@ -93,10 +93,10 @@ def test_non_finite_survives_compaction(bad: float) -> None:
     for i in range(5_000):
         series.append(float(i), bad if i == 3 else 1.0 + i % 3)
     assert len(series) <= 8
-    x = series.first_non_finite_x()
-    assert x is not None
-    assert x >= 3.0
-    assert x < series.xs[-1]
+    assert series.first_non_finite_x() == 3.0
+    # and the envelope of a folded bucket still shows it
+    assert any(not math.isfinite(low) or not math.isfinite(high)
+               for low, high in zip(series.low, series.high, strict=True))
 
 
 def test_first_non_finite_x_is_the_first() -> None:
@@ -121,3 +121,27 @@ def test_points_finite_only() -> None:
     # points() returns copies.
     xs.append(99.0)
     assert len(series) == 6
+
+
+@pytest.mark.parametrize("count", [10_000, 100_000])
+def test_a_long_series_keeps_an_even_resolution_from_its_start(count: int) -> None:
+    """The start of a long run is never squeezed out: every folded bucket holds the same
+    number of points, and the first one begins at the first point."""
+    series = BucketedSeries(capacity=2048)
+    for i in range(count):
+        series.append(float(i), float(i))
+    assert sum(series.counts) == count
+    assert series.xs[0] == series.counts[0] - 1 <= count / 500  # within 0.2% of step 0
+    folded = [c for c in series.counts if c > 1]
+    assert set(folded[:-1]) == {series.stride}
+    assert series.counts[-(2048 // 4):] == [1] * (2048 // 4)  # the newest quarter exact
+    spans = {b - a for a, b, n in zip(series.xs, series.xs[1:], series.counts[1:],
+                                       strict=False) if n == series.stride}
+    assert spans == {float(series.stride)}
+
+
+def test_first_non_finite_x_is_exact_after_compaction() -> None:
+    series = BucketedSeries(capacity=64)
+    for i in range(100_000):
+        series.append(float(i), math.nan if i == 10 else 1.0)
+    assert series.first_non_finite_x() == 10.0
