@@ -251,11 +251,20 @@ class EvalView:
 
 
 def as_number(value: Any) -> float:
-    """A record's number as a float; NaN for anything that is not one."""
+    """A record's number as a float; NaN for anything that is not one (inf for an
+    integer too large for a float)."""
     try:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def mean(values: Sequence[float]) -> float:
+    """The mean of finite floats, without the overflow of their sum near float max."""
+    count = len(values)
+    return math.fsum(v / count for v in values)
 
 
 
@@ -298,7 +307,7 @@ class RunHistory:
     def smoothed_loss(self, up_to_step: int, steps: int) -> float | None:
         """Mean of ``recent_losses``: the smoothed training loss at a step."""
         values = self.recent_losses(up_to_step, steps)
-        return statistics.fmean(values) if values else None
+        return mean(values) if values else None
 
 
 # --- the rules --------------------------------------------------------------------------
@@ -582,13 +591,13 @@ class FlatLoss(Rule):
                  if s.loss is not None and math.isfinite(s.loss)]
         if view.step < self.t.flat_after_steps or not start:
             return None
-        began = statistics.fmean(start)
+        began = mean(start)
         start_end = history.first_steps[min(self.START_RECORDS, len(history.first_steps)) - 1]
         recent = history.recent_losses(view.step, self.t.smoothing_steps,
                                        after_step=start_end.step)
         if len(recent) < 2 or began <= 0:
             return []
-        now = statistics.fmean(recent)
+        now = mean(recent)
         # Hysteresis on the value itself: once flat, the loss must fall half as far
         # again before the alert clears, so noise at the line does not flap it.
         drop = self.t.flat_min_drop * (1.5 if self._flat else 1.0)

@@ -89,7 +89,7 @@ def decode_frame(line: bytes | str) -> Frame:
         raise FrameError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME_BYTES}")
     try:
         frame = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, huge integers
         raise FrameError(f"malformed frame: {exc}") from None
     if not isinstance(frame, dict):
         raise FrameError(f"malformed frame: expected a JSON object, got {type(frame).__name__}")

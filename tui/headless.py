@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Callable
 from typing import TextIO
@@ -56,6 +57,7 @@ class HeadlessMonitor(Monitor):
         self.fail_on = fail_on
         self.failed_by: AlertRaised | None = None  # the alert that tripped --fail-on
         self.all_done = asyncio.Event()
+        self.output_closed = asyncio.Event()  # stdout's reader went away: stop
         self._summarised: dict[str, int] = {}
 
     def frame_received(self, conn: Connection, frame: Frame) -> None:
@@ -117,7 +119,17 @@ class HeadlessMonitor(Monitor):
             self.all_done.set()
 
     def _line(self, text: str) -> None:
-        print(text, file=self.out or sys.stdout, flush=True)
+        if self.output_closed.is_set():
+            return
+        try:
+            print(text, file=self.out or sys.stdout, flush=True)
+        except BrokenPipeError:
+            # The reader went away (``traintop --headless | head``): stop, as Unix tools
+            # do, and point stdout at /dev/null so the exit flush does not fail again.
+            self.output_closed.set()
+            if self.out is None:
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 async def _companion_gone(companion: Callable[[], int | None],
@@ -180,7 +192,7 @@ async def run_headless(
 
     Returns the exit status: ``ALERT_EXIT_STATUS`` if ``fail_on`` tripped, else 0."""
     feeding = asyncio.create_task(source.run(monitor))
-    waiters = {feeding}
+    waiters = {feeding, asyncio.create_task(monitor.output_closed.wait())}
     if exit_when_done or monitor.fail_on:
         waiters.add(asyncio.create_task(monitor.all_done.wait()))
     if companion is not None:

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable
 
 from probes.wire import Frame, command_signature, make_frame
+from tui.fields import check_frame
 from tui.runlog import RunLogWriter
 from tui.server import Connection
 from tui.state import MonitorEvent, MonitorState
@@ -37,17 +38,28 @@ class Monitor:
 
     def frame_received(self, conn: Connection, frame: Frame) -> None:
         try:
+            check_frame(frame)
             events = self.state.apply(conn.id, frame)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            # It decoded, but its fields are not what a traintop frame carries.
+        except ValueError as exc:  # it decoded, but its fields are not a probe's
+            self.frame_rejected(conn, f"bad {frame.get('kind')} frame: {exc}")
+            return
+        except Exception as exc:  # a value no check foresaw: reject it, keep the run
             self.frame_rejected(conn, f"bad {frame.get('kind')} frame: {type(exc).__name__}: "
                                       f"{exc}")
             return
-        if self._recorder is not None:
-            self._recorder.write({k: v for k, v in frame.items() if k != "token"})
+        self._record(frame)
         if frame["kind"] == "hello":
             self.connections[str(frame.get("run"))] = conn
         self._emit(events)
+
+    def _record(self, frame: Frame) -> None:
+        if self._recorder is None:
+            return
+        try:
+            self._recorder.write({k: v for k, v in frame.items() if k != "token"})
+        except (OSError, ValueError) as exc:  # a full disk must not stop the live view
+            self._recorder = None
+            self._emit([self.state.reject("recording", f"recording stopped: {exc}")])
 
     def frame_rejected(self, conn: Connection, message: str) -> None:
         self._emit([self.state.reject(conn.peer, message)])

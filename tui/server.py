@@ -147,14 +147,16 @@ class MonitorServer:
             self._tasks.add(task)
         peer = _peer_name(writer)
         conn = Connection(next(self._ids), peer, writer)
-        greeted = False
         reason = "connection lost"
         try:
-            greeted, reason = await self._serve(conn, reader)
+            _, reason = await self._serve(conn, reader)
         except asyncio.CancelledError:
             reason = "monitor closed"
+        except Exception as exc:  # a bug of ours: end this connection, not the monitor
+            reason = f"monitor error: {type(exc).__name__}: {exc}"
         finally:
-            self.connections.pop(conn.id, None)
+            # Greeted connections are registered; only they have a run to close.
+            greeted = self.connections.pop(conn.id, None) is not None
             conn.close()
             if greeted:
                 self.sink.connection_closed(conn, reason)

@@ -278,7 +278,8 @@ class MonitorState:
             return []
         if kind == "step":
             if not run.apply_step(frame):
-                return []
+                return [self.reject(run.name, f"step {frame['step']} is not after step "
+                                              f"{run.last_step}: dropped")]
             return self._alert_events(run, run.diagnose(frame))
         if kind == "eval":
             run.apply_eval(frame)
