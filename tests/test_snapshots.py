@@ -33,22 +33,33 @@ def until(predicate: Callable[[App], bool]) -> Callable[[Pilot], Awaitable[None]
             await pilot.pause(0.05)
         else:
             raise AssertionError("the screen did not reach the expected state")
-        # Toasts expire on a timer: a slow machine would catch some and not others.
-        pilot.app.clear_notifications()
         await pilot.pause(0.2)  # one more redraw tick of the views
 
     return wait
 
 
+def quiet(app: App) -> App:
+    """The app without toasts: they expire on a timer, so a slow machine would catch
+    some and not others (what they say is tested with the Pilot in test_app.py)."""
+    app.notify = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    return app
+
+
+def replay_over(app: App) -> bool:
+    """The frames are all in and the run is marked disconnected (its last toast shown)."""
+    run = app.current_run  # type: ignore[attr-defined]
+    return run is not None and not run.connected
+
+
 def test_healthy_run(snap_compare: SnapCompare) -> None:
     frames = short_run(60)
-    app = make_app(FramesSource(frames))
+    app = quiet(make_app(FramesSource(frames)))
     assert snap_compare(app, terminal_size=SIZE, run_before=until(
         lambda app: len(app.query_one(LossChart).plotted.get("train loss", [])) == 60))
 
 
 def test_exploding_run_with_its_alert(snap_compare: SnapCompare) -> None:
-    app = make_app(FramesSource(exploding_run()))
+    app = quiet(make_app(FramesSource(exploding_run())))
     assert snap_compare(app, terminal_size=SIZE, run_before=until(
         lambda app: bool(app.query_one(AlertsPanel).entries)))
 
@@ -60,22 +71,32 @@ def test_alert_detail(snap_compare: SnapCompare) -> None:
         await pilot.press("enter")
         await until(lambda app: type(app.screen).__name__ == "AlertDetail")(pilot)
 
-    app = make_app(FramesSource(exploding_run()))
+    app = quiet(make_app(FramesSource(exploding_run())))
     assert snap_compare(app, terminal_size=SIZE, run_before=open_detail)
 
 
 def test_non_finite_values(snap_compare: SnapCompare) -> None:
     frames = [*short_run(20), step(20, loss=float("nan"), grad_norms=[1.0, float("inf"), None])]
-    app = make_app(FramesSource(frames))
+    app = quiet(make_app(FramesSource(frames)))
     assert snap_compare(app, terminal_size=SIZE, run_before=until(
         lambda app: app.query_one(LossChart).first_non_finite is not None))
 
 
 def test_help_screen(snap_compare: SnapCompare) -> None:
     async def open_help(pilot: Pilot) -> None:
-        await until(lambda app: app.current_run is not None)(pilot)
+        await until(replay_over)(pilot)
         await pilot.press("question_mark")
         await until(lambda app: type(app.screen).__name__ == "HelpScreen")(pilot)
 
-    app = make_app(FramesSource(short_run(5)))
+    app = quiet(make_app(FramesSource(short_run(5))))
     assert snap_compare(app, terminal_size=SIZE, run_before=open_help)
+
+
+def test_learning_rate_confirmation(snap_compare: SnapCompare) -> None:
+    async def ask(pilot: Pilot) -> None:
+        await until(replay_over)(pilot)
+        await pilot.press("minus")
+        await until(lambda app: type(app.screen).__name__ == "Confirm")(pilot)
+
+    app = quiet(make_app(FramesSource(short_run(5))))
+    assert snap_compare(app, terminal_size=SIZE, run_before=ask)

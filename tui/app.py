@@ -221,7 +221,8 @@ class TraintopApp(App[int]):
 
         lrs = ", ".join(f"{x:.3g}" for x in run.learning_rates) or "?"
         self.push_screen(Confirm(f"Scale the learning rate of {run.name} by {factor:g}?\n"
-                                 f"Now: {lrs}. The change is marked on the loss chart."),
+                                 f"Now: {lrs}. The change is marked on the loss chart; a "
+                                 "scheduler in the loop may set it again."),
                          answered)
 
     def action_view_anomaly(self) -> None:

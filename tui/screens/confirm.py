@@ -18,8 +18,8 @@ class Confirm(ModalScreen[bool]):
         align: center middle;
     }
     Confirm > Vertical {
-        width: auto;
-        max-width: 80;
+        width: 64;
+        max-width: 90%;
         height: auto;
         border: thick $warning;
         background: $surface;
