@@ -215,6 +215,10 @@ class Probe:
 
         Closing twice is a no-op.
         """
+        self._close("closed")
+
+    def _close(self, reason: str) -> None:
+        """``close``, telling the monitor why the run ended ("closed", or the error)."""
         if self._closed:
             return
         self._closed = True
@@ -227,13 +231,14 @@ class Probe:
         try:
             self._flush_last()
         finally:
-            self.sender.close()
+            self.sender.close(reason=reason)
 
     def __enter__(self) -> Probe:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._close(end_reason(exc))
 
     # --- step boundary --------------------------------------------------------------
 
@@ -534,11 +539,22 @@ def probes_watching(param: torch.Tensor) -> list[Probe]:
     return [probe for probe in list(_open_probes) if probe.owns(param)]
 
 
+def end_reason(error: BaseException | None) -> str:
+    """What the bye says of how the run ended: "closed", "interrupted" or the error."""
+    if error is None:
+        return "closed"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    return f"error: {type(error).__name__}: {error}"[:300]
+
+
 @atexit.register
 def _close_open_probes() -> None:
-    """Flush probes left open at interpreter exit, so the last steps are not lost."""
+    """Flush probes left open at interpreter exit, so the last steps are not lost; an
+    uncaught exception (``sys.last_value``, set before exit handlers run) is the reason."""
+    reason = end_reason(getattr(sys, "last_value", None))
     for probe in list(_open_probes):
-        probe.close()
+        probe._close(reason)
 
 
 def watch(

@@ -139,6 +139,7 @@ class Sender:
         self._last_collect = time.monotonic()
         self._warned: set[str] = set()
         self._stop = threading.Event()
+        self._bye_reason = "closed"
         self.dropped = 0
         self.connected = connected or threading.Event()
         self._thread = threading.Thread(target=self._run, name="traintop-sender", daemon=True)
@@ -157,8 +158,10 @@ class Sender:
             self.dropped += 1
         queue.append(item)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Flush what is queued, say bye, and stop the thread (at most ``timeout`` s)."""
+    def close(self, timeout: float = 5.0, reason: str = "closed") -> None:
+        """Flush what is queued, say bye (with ``reason``), and stop the thread (at most
+        ``timeout`` s)."""
+        self._bye_reason = reason
         self._stop.set()
         self._thread.join(timeout)
 
@@ -334,7 +337,7 @@ class Sender:
     def _say_bye(self) -> None:
         if self._sock is None:
             return
-        self._send(self._encode(make_frame("bye", reason="closed", pid=os.getpid())))
+        self._send(self._encode(make_frame("bye", reason=self._bye_reason, pid=os.getpid())))
 
     def _disconnect(self) -> None:
         sock, self._sock = self._sock, None

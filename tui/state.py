@@ -42,6 +42,7 @@ class RunState:
     param_counts: list[int] = field(default_factory=list)
     connected: bool = False
     ended: bool = False  # said bye
+    end_reason: str = ""  # what the bye said: "closed", "interrupted", "error: ..."
     disconnect_reason: str = ""
     last_step: int = -1
     step_records: int = 0
@@ -84,6 +85,13 @@ class RunState:
     def active_alerts(self) -> list[Alert]:
         return [entry.alert for entry in self.alerts if entry.active]
 
+    def why_gone(self, connection_reason: str) -> str:
+        """Why the run is gone: "finished" after a clean bye, else what the bye said (an
+        error, an interrupt), else what happened to the connection."""
+        if not self.ended:
+            return connection_reason
+        return "finished" if self.end_reason == "closed" else self.end_reason
+
     def layer_status(self) -> dict[str, str]:
         """Layer name -> its worst current condition, for colouring the layer table:
         ``non_finite``, ``exploding``, ``vanishing``, ``none_grad`` or ``dead``."""
@@ -120,6 +128,7 @@ class RunState:
             self.diagnoser = Diagnoser(RunInfo.from_hello(frame), self.diagnoser.thresholds)
         self.connected = True
         self.ended = False
+        self.end_reason = ""
         self.disconnect_reason = ""
 
     def apply_step(self, frame: Frame) -> bool:
@@ -296,6 +305,7 @@ class MonitorState:
             return [AnomalyReported(run, frame)]
         if kind == "bye":
             run.ended = True
+            run.end_reason = str(frame.get("reason") or "closed")
             return []
         return self._event(run, frame)
 
@@ -336,7 +346,7 @@ class MonitorState:
             return []
         self.version += 1
         run.connected = False
-        run.disconnect_reason = "finished" if run.ended else reason
+        run.disconnect_reason = run.why_gone(reason)
         return [RunDisconnected(run, run.disconnect_reason)]
 
     def mark_offline(self, reason: str) -> list[MonitorEvent]:
@@ -346,7 +356,7 @@ class MonitorState:
         for run in self.runs.values():
             if run.connected:
                 run.connected = False
-                run.disconnect_reason = "finished" if run.ended else reason
+                run.disconnect_reason = run.why_gone(reason)
                 events.append(RunDisconnected(run, run.disconnect_reason))
         self._conn_runs.clear()
         return events

@@ -1,0 +1,66 @@
+"""How a run ended travels in its bye: closed, interrupted, or the error that ended it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from probes.wire import make_frame
+from tests.collector import FrameCollector, wait_for_bye
+from tests.frames import hello, step
+from tui.state import MonitorState
+
+SETUP = """
+import torch, probes
+from torch import nn
+model = nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+LOOP = """
+for i in range(10):
+    with probe.step():
+        loss = model(torch.randn(4, 3)).pow(2).mean()
+        optimizer.zero_grad(); loss.backward(); optimizer.step(); probe.log(loss=loss)
+    if i == 5:
+        raise RuntimeError("boom at 5")
+"""
+PROGRAMS = {
+    # the loop inside ``with probes.watch(...)``: __exit__ sees the error
+    "context manager": SETUP + "with probes.watch(model, optimizer) as probe:\n"
+    + "\n".join("    " + line for line in LOOP.splitlines()),
+    # a probe never closed: the exit handler finds the error in sys.last_value
+    "exit handler": SETUP + "probe = probes.watch(model, optimizer)\n" + LOOP,
+}
+
+
+@pytest.mark.parametrize("program", list(PROGRAMS))
+def test_an_uncaught_error_is_the_bye_reason(collector: FrameCollector, program: str) -> None:
+    env = {**os.environ, "TRAINTOP_ADDRESS": str(collector.address)}
+    done = subprocess.run([sys.executable, "-c", PROGRAMS[program]], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "boom at 5" in done.stderr
+    wait_for_bye(collector)
+    assert collector.kinds("bye")[0]["reason"] == "error: RuntimeError: boom at 5"
+
+
+@pytest.mark.parametrize(("reason", "shown"), [
+    ("closed", "finished"), ("interrupted", "interrupted"),
+    ("error: RuntimeError: boom", "error: RuntimeError: boom"),
+])
+def test_the_monitor_shows_how_the_run_ended(reason: str, shown: str) -> None:
+    state = MonitorState()
+    for frame in (hello(), step(0), make_frame("bye", run="run-a", reason=reason)):
+        state.apply(1, frame)
+    [event] = state.connection_closed(1, "connection closed by the run")
+    assert event.reason == shown
+
+
+def test_a_run_gone_without_a_bye_says_what_happened_to_its_connection() -> None:
+    state = MonitorState()
+    for frame in (hello(), step(0)):
+        state.apply(1, frame)
+    [event] = state.connection_closed(1, "connection lost: reset by peer")
+    assert event.reason == "connection lost: reset by peer"
