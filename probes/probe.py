@@ -86,6 +86,8 @@ class Probe:
                                       sample_every=sample_every)
         self._next_step_scope = _StepScope(self, None)
         self._last: Measurement | None = None
+        # Records that must reach the monitor after ``_last`` (an eval of its step).
+        self._after_last: list[dict[str, Any]] = []
         self._eval: _EvalScope | None = None
         self._disabled = False
         self._closed = False
@@ -355,6 +357,18 @@ class Probe:
         last, self._last = self._last, None
         if last is not None:
             self.sender.put(last)
+        held, self._after_last = self._after_last, []
+        for record in held:
+            self.sender.put(record)
+
+    def _put_after_step(self, record: dict[str, Any]) -> None:
+        """Send ``record`` after the step record it follows: that record is held until
+        the next step begins (late ``log`` calls join it), and the monitor must judge
+        the step before an eval of the same step (a NaN is the step's, not the eval's)."""
+        if self._last is not None:
+            self._after_last.append(record)
+        else:
+            self.sender.put(record)
 
     # --- helpers --------------------------------------------------------------------
 
@@ -483,7 +497,7 @@ class _EvalScope:
         self.handle.remove()
         try:
             scalars = {**{k: float(t) for k, t in self.tensors.items()}, **self.floats}
-            self.probe.sender.put({
+            self.probe._put_after_step({
                 "kind": "eval",
                 "step": max(self.probe._index, 0),
                 "time": self.time,

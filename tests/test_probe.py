@@ -639,3 +639,35 @@ def test_probe_will_not_connect_through_a_default_folder_others_can_write(
     finally:
         folder.chmod(0o700)
         collector.close()
+
+
+def test_an_eval_reaches_the_monitor_after_the_step_it_belongs_to(
+        collector: FrameCollector) -> None:
+    """A NaN born in training at step 3 is seen in that step before the eval of step 3
+    (which inherits it): the diagnosis must blame the loss, not validation."""
+    from probes.diagnosis import Diagnoser
+
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch_unthinned(model, optimizer, collector) as probe:
+        for index in range(5):
+            x = torch.randn(8, 4)
+            if index == 3:
+                x[0, 0] = math.nan
+            with probe.step():
+                optimizer.zero_grad()
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+                probe.log(loss=loss)
+            probe.log(late=1.0)  # after the block: still joins its step
+            with probe.evaluate():
+                probe.log(val_loss=model(torch.randn(8, 4)).pow(2).mean())
+    wait_for_bye(collector)
+    order = [(f["kind"], f["step"]) for f in collector.frames if f["kind"] in ("step", "eval")]
+    assert order == [(kind, n) for n in range(5) for kind in ("step", "eval")]
+    assert all(f["scalars"]["late"] == 1.0 for f in collector.kinds("step"))
+    diagnoser = Diagnoser()
+    for frame in collector.frames:
+        diagnoser.observe(frame)
+    assert diagnoser.active["non_finite"].subject == "loss"
