@@ -131,9 +131,11 @@ class StepHistory:
             self._others.append(record)
 
     def replay(self) -> list[Record]:
-        """What to send a newly connected monitor: steps, then evals, then the rest."""
+        """What to send a newly connected monitor, in the order it was sent (by ``seq``):
+        an eval after the steps before it, so the monitor sees the run as it went."""
         steps = [self._first_step] if self._first_step is not None else []
-        return [*steps, *self._steps, *self._evals, *self._others]
+        records = [*steps, *self._steps, *self._evals, *self._others]
+        return sorted(records, key=lambda record: record.get("seq", 0))
 
     def __len__(self) -> int:
         first = 0 if self._first_step is None else 1

@@ -225,7 +225,9 @@ class Sender:
         sock = None
         try:
             sock = self._open_socket()
-            first = [self._hello, *self._history.replay()]
+            # History is marked as such: a monitor must not act on an old pause.
+            history = [{**record, "replayed": True} for record in self._history.replay()]
+            first = [self._hello, *history]
             sock.sendall(b"".join(self._encode(r) for r in first))
         except OSError:
             if sock is not None:

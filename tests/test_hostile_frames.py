@@ -135,3 +135,37 @@ def test_losses_near_float_max_do_not_overflow_the_rules() -> None:
         monitor.frame_received(CONN, step(n, loss=1.5e308))
     assert "rejected" not in out.getvalue()
     assert monitor.state.runs["run-a"].last_step == 259
+
+
+class Writer:
+    """Stands in for an asyncio writer: keeps what the monitor sends to the probe."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("replayed", [True, False])
+def test_headless_resumes_a_live_pause_but_not_one_from_history(replayed: bool) -> None:
+    writer = Writer()
+    conn = Connection(2, "test", writer)  # type: ignore[arg-type]
+    out = io.StringIO()
+    monitor = HeadlessMonitor(out=out, summary_every=10**9)
+    paused = make_frame("event", run="run-a", name="paused", step=1, reason="the guard",
+                        state={"paused": True}, seq=1)
+    if replayed:
+        paused["replayed"] = True
+    for frame in (hello(), step(0), step(1), paused):
+        monitor.frame_received(conn, frame)
+    commands = [line for line in writer.sent if b'"command"' in line]
+    if replayed:
+        assert commands == []
+        assert "(history) PAUSED step=1" in out.getvalue()
+    else:
+        assert len(commands) == 1 and b'"resume"' in commands[0]
+        assert "PAUSED step=1 reason='the guard'; resuming (headless)" in out.getvalue()

@@ -521,7 +521,11 @@ def test_late_monitor_gets_hello_and_history(socket_path: str) -> None:
     for i in range(50):
         with probe.step():
             probe.log(loss=train_step(model, optimizer, i))
+        if i % 10 == 9:
+            with probe.evaluate():
+                probe.log(val_loss=1.0)
     assert not probe.sender.connected.is_set()
+    time.sleep(0.2)  # the sender has filed the history
 
     collector = FrameCollector(socket_path)
     try:
@@ -539,6 +543,14 @@ def test_late_monitor_gets_hello_and_history(socket_path: str) -> None:
         assert any(f["step"] == 54 for f in steps)
         assert max(f["step"] for f in steps) == 54
         assert collector.errors == []
+        # the history comes marked as such, in the order it happened
+        history = [f for f in collector.frames if f.get("replayed")]
+        assert [f["seq"] for f in history if f["kind"] == "step"] == sorted(
+            f["seq"] for f in history if f["kind"] == "step")
+        evals = [i for i, f in enumerate(history) if f["kind"] == "eval"]
+        assert len(evals) == 5
+        assert all(history[i - 1]["kind"] == "step" and history[i - 1]["step"] <= history[i]["step"]
+                   for i in evals)
     finally:
         collector.close()
 

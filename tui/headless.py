@@ -59,8 +59,12 @@ class HeadlessMonitor(Monitor):
         self.all_done = asyncio.Event()
         self.output_closed = asyncio.Event()  # stdout's reader went away: stop
         self._summarised: dict[str, int] = {}
+        self._replaying = False  # the frame being applied is history sent on connect
 
     def frame_received(self, conn: Connection, frame: Frame) -> None:
+        # A monitor that connects late gets the run's history first: its pauses, acks
+        # and anomaly reports are printed as history, and an old pause is not resumed.
+        self._replaying = bool(frame.get("replayed"))
         super().frame_received(conn, frame)
         if frame["kind"] == "step":
             run = self.state.runs.get(str(frame.get("run"))) or self.state.run_for(conn.id)
@@ -69,6 +73,10 @@ class HeadlessMonitor(Monitor):
 
     def _resume(self, event: RunPaused) -> None:
         """A headless monitor takes no keys: say why the run paused, and resume it."""
+        if self._replaying:
+            self._line(f"(history) PAUSED step={event.step} reason={event.reason!r} "
+                       f"run={event.run.name}")
+            return
         self._line(f"PAUSED step={event.step} reason={event.reason!r}; resuming (headless) "
                    f"run={event.run.name}")
         self.send_command(event.run.run_id, "resume")
@@ -101,14 +109,19 @@ class HeadlessMonitor(Monitor):
             elif isinstance(event, ProbeSwitchedOff):
                 self._line(f"PROBE OFF run={event.run.name}: {event.message}")
             elif isinstance(event, AnomalyReported):
-                self._line(anomaly_line(event.report) + f" run={event.run.name}")
+                self._line(self._history_mark() + anomaly_line(event.report)
+                           + f" run={event.run.name}")
             elif isinstance(event, AckReceived):
                 ack = event.ack
-                self._line(f"ACK {ack.get('command')} ok={ack.get('ok')} step={ack.get('step')} "
+                self._line(f"{self._history_mark()}ACK {ack.get('command')} ok={ack.get('ok')} "
+                           f"step={ack.get('step')} "
                            f"{ack.get('result', '')} run={event.run.name}")
             elif isinstance(event, AlertCleared):
                 self._line(f"CLEARED {event.alert.kind} step={event.step} "
                            f"subject={event.alert.subject or '-'} run={event.run.name}")
+
+    def _history_mark(self) -> str:
+        return "(history) " if self._replaying else ""
 
     def _check_fail_on(self, event: AlertRaised) -> None:
         if self.fail_on and self.failed_by is None and at_least(event.alert.severity,
