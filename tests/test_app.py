@@ -212,3 +212,29 @@ async def test_l_cycles_the_loss_scale() -> None:
         await settle(pilot, app, lambda: max(chart.plotted["train loss"]) == 1.0)  # raw
         await pilot.press("l")
         await settle(pilot, app, lambda: chart.scale == "auto")
+
+
+async def test_a_flood_of_bad_frames_makes_few_toasts() -> None:
+    frames = [*short_run(3), *(FrameError(f"bad line {i}") for i in range(500))]
+    app = make_app(FramesSource(frames))
+    async with app.run_test(size=(120, 40)) as pilot:
+        status = app.query_one(StatusLine)
+        await settle(pilot, app, lambda: "rejected 500" in status.text)  # all counted
+        toasts = [n for n in app._notifications if n.title == "frame rejected"]
+        assert len(toasts) == 1  # the rest held back
+
+
+async def test_an_anomaly_report_from_history_does_not_pop_up() -> None:
+    from probes.wire import make_frame
+    from tui.screens.anomaly_report import AnomalyReport
+
+    report = make_frame("anomaly", run="run-a", step=2, outcome="clean", duration=0.01,
+                        time=1000.0, seq=1)
+    for replayed, pops_up in ((True, False), (False, True)):
+        frame = {**report, "replayed": True} if replayed else report
+        app = make_app(FramesSource([*short_run(3), frame]))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app, lambda app=app: bool(
+                app.current_run and app.current_run.anomaly_reports))
+            await pilot.pause(0.1)
+            assert isinstance(app.screen, AnomalyReport) is pops_up

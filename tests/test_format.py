@@ -271,3 +271,18 @@ def test_status_counts_rejections_and_runs() -> None:
     fields = status_fields(run, state, "x")
     assert "rejected 1" in fields
     assert "2 runs" in fields
+
+
+def test_a_connected_run_gone_quiet_says_for_how_long() -> None:
+    from tests.frames import hello, step
+    from tui.format import QUIET_AFTER_S, connection_label
+
+    state = MonitorState()
+    for frame in (hello(), step(0)):
+        state.apply(1, frame)
+    run = state.runs["run-a"]
+    assert connection_label(run, now=run.last_frame_at + 1) == "connected"
+    later = run.last_frame_at + QUIET_AFTER_S + 32
+    assert connection_label(run, now=later) == f"connected, quiet {QUIET_AFTER_S + 32:.0f}s"
+    run.control["paused"] = True  # a paused run is quiet on purpose
+    assert connection_label(run, now=later) == "connected"

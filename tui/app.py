@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from textual import events, on, work
 from textual.app import App, ComposeResult
@@ -34,7 +35,7 @@ from tui.state import (
 from tui.widgets import AlertsPanel, LayerTable, LossChart, RunList, StatusLine
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
-REPORT_FRESH_S = 30.0  # an anomaly report older than this (a replayed one) does not pop up
+TOAST_GAP_S = 2.0  # at most one toast per topic (alerts, rejected frames) this often
 
 
 class TraintopApp(App[int]):
@@ -77,6 +78,8 @@ class TraintopApp(App[int]):
         self.monitor = Monitor(state, record_path=record_path,
                                on_events=self._on_monitor_events)
         self._drawn_version = -1
+        self._status_drawn_at = 0.0
+        self._toasted: dict[str, tuple[float, int]] = {}  # topic -> (last toast, held back)
 
     @property
     def state(self) -> MonitorState:
@@ -123,9 +126,15 @@ class TraintopApp(App[int]):
 
     def redraw(self, force: bool = False) -> None:
         """Redraw every view from state, if anything changed since the last frame."""
+        now = time.monotonic()
         if not force and self.state.version == self._drawn_version:
+            if now - self._status_drawn_at >= 1.0:  # a silent run ages on screen
+                self._status_drawn_at = now
+                self.query_one(StatusLine).show(self.current_run, self.state,
+                                                self.source.description)
             return
         self._drawn_version = self.state.version
+        self._status_drawn_at = now
         run = self.current_run
         self.query_one(StatusLine).show(run, self.state, self.source.description)
         self.query_one(RunList).show(self.state, self.selected_run)
@@ -142,25 +151,38 @@ class TraintopApp(App[int]):
             elif isinstance(event, RunDisconnected):
                 self.notify(f"{event.run.name}: {event.reason}", timeout=4)
             elif isinstance(event, FrameRejected):
-                self.notify(event.message, title="frame rejected", severity="warning", timeout=5)
+                self._toast("rejected", event.message, title="frame rejected",
+                            severity="warning", timeout=5)
             elif isinstance(event, AckReceived) and event.run.run_id == self.selected_run:
                 ack = event.ack
                 self.notify(str(ack.get("result", "")), title=f"{ack.get('command')}",
                             severity="information" if ack.get("ok") else "warning", timeout=4)
             elif isinstance(event, AnomalyReported) and event.run.run_id == self.selected_run:
-                fresh = time.time() - float(event.report.get("time", 0)) < REPORT_FRESH_S
-                if fresh and not isinstance(self.screen, AnomalyReport):
-                    self.push_screen(AnomalyReport(event.report))  # not an old one replayed
+                live = not event.report.get("replayed")  # not an old one, sent on connect
+                if live and not isinstance(self.screen, AnomalyReport):
+                    self.push_screen(AnomalyReport(event.report))
             elif isinstance(event, ProbeSwitchedOff):
                 self.notify(f"{event.run.name}: the probe switched itself off: "
                             f"{event.message}", severity="error", timeout=10)
             elif isinstance(event, AlertRaised) and event.run.run_id == self.selected_run:
                 alert = event.alert
-                self.notify(f"{alert.kind} at step {alert.step:,}"
+                self._toast("alert", f"{alert.kind} at step {alert.step:,}"
                             + (f" on {alert.subject}" if alert.subject else ""),
                             title=alert.severity,
                             severity="error" if alert.severity == "error" else "warning",
                             timeout=6)
+
+    def _toast(self, topic: str, message: str, **options: Any) -> None:
+        """A toast, at most one per topic every ``TOAST_GAP_S``: a run raising alerts
+        by the hundred (or a stream of bad frames) must not bury the screen. The next
+        toast of the topic counts the ones held back; the panels list them all."""
+        now = time.monotonic()
+        last, held = self._toasted.get(topic, (-TOAST_GAP_S, 0))
+        if now - last < TOAST_GAP_S:
+            self._toasted[topic] = (last, held + 1)
+            return
+        self._toasted[topic] = (now, 0)
+        self.notify(message + (f" (and {held} more)" if held else ""), **options)
 
     @on(DataTable.RowSelected, "#alerts")
     def _open_alert(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 from tui.state import MonitorState, RunState
@@ -55,10 +56,18 @@ def _scale(value: float, log: bool) -> float:
     return math.log10(value) if log else value
 
 
-def connection_label(run: RunState) -> str:
+QUIET_AFTER_S = 10.0  # a connected run silent this long may be hung (or in a long eval)
+
+
+def connection_label(run: RunState, now: float | None = None) -> str:
+    """``connected`` (``connected, quiet 42s`` when no frame came for a while and the
+    run is not paused), ``finished``, ``disconnected (why)`` or ``probe off``."""
     if run.probe_error:
         return "probe off"
     if run.connected:
+        quiet = (time.monotonic() if now is None else now) - run.last_frame_at
+        if quiet >= QUIET_AFTER_S and not run.control.get("paused") and run.last_frame_at:
+            return f"connected, quiet {quiet:.0f}s"
         return "connected"
     if run.ended:
         return "finished"

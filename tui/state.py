@@ -8,6 +8,7 @@ mode prints from the events ``apply`` returns.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ class RunState:
     connected: bool = False
     ended: bool = False  # said bye
     end_reason: str = ""  # what the bye said: "closed", "interrupted", "error: ..."
+    last_frame_at: float = 0.0  # time.monotonic() of the run's latest frame, here
     disconnect_reason: str = ""
     last_step: int = -1
     step_records: int = 0
@@ -283,6 +285,7 @@ class MonitorState:
         run = self.runs.get(str(frame.get("run", ""))) or self.run_for(conn_id)
         if run is None:
             return [self.reject(f"conn {conn_id}", f"a {kind} frame before any hello")]
+        run.last_frame_at = time.monotonic()
         if not self._fresh(run, frame):
             return []
         if kind == "step":
@@ -376,6 +379,7 @@ class MonitorState:
         self.runs[run_id] = run
         self._conn_runs[conn_id] = run_id
         run.apply_hello(frame)
+        run.last_frame_at = time.monotonic()
         return [RunConnected(run, replayed=seen_before)]
 
     @staticmethod
