@@ -191,8 +191,12 @@ class Control:
     def _do_anomaly(self, args: dict[str, Any]) -> tuple[bool, str]:
         count = max(1, min(int(args.get("count", 1)), 1000))
         self.state.anomaly_armed += count
-        if self.state.paused and args.get("step_now", True):
+        now = self.state.paused and args.get("step_now", True)
+        if now:
             self.state.steps_allowed += 1  # paused: run the anomaly step right away
+        if now:
+            steps = "one step" if count == 1 else f"the first of {count} steps"
+            return True, f"paused: running {steps} under anomaly detection now"
         if count == 1:
             return True, "the next step runs under anomaly detection"
         return True, f"the next {count} steps run under anomaly detection"
