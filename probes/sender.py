@@ -49,6 +49,7 @@ class PendingRecord(Protocol):
     step: int
     span: tuple[int, int] | None
     sampled: bool
+    update_norms: list[Any] | None  # an update measured in this step (its ratios)
 
     def ready(self) -> bool: ...
 
@@ -64,13 +65,14 @@ def _is_step(item: Record | PendingRecord) -> bool:
 def _merge_pending(group: list[PendingRecord]) -> list[PendingRecord]:
     """What stands for ``group``: its last measurement (so the step count stays true),
     preceded by its last sampled one if that is another (sampled steps alone carry
-    parameter norms, update ratios and activation health); or, when one is non-finite,
+    parameter norms and activation health; they, or the first update after them, carry
+    update ratios); or, when one is non-finite,
     the first non-finite one and the one just before it (the peak of a climb)."""
     first = group[0].span[0] if group[0].span else group[0].step
     last = group[-1]
     bad = next((i for i, m in enumerate(group) if m.has_non_finite()), None)
     if bad is None:
-        sampled = next((m for m in reversed(group) if m.sampled), last)
+        sampled = next((m for m in reversed(group) if m.sampled or m.update_norms), last)
         if sampled is last:
             last.span = (first, last.step)
             return [last]

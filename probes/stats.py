@@ -60,9 +60,9 @@ class Measurement:
         self.values: torch.Tensor | list[torch.Tensor] | None = None  # see ``to_host``
         self.event: torch.cuda.Event | None = None
         self.grad_count = 0
-        self.param_count = 0  # >0 on sampled steps: parameter norms follow the grad norms
+        self.param_count = 0  # >0 on sampled steps: parameter norms follow the updates
         self.param_order: tuple[int, ...] | None = None
-        self.update_count = 0  # >0 on sampled steps with an optimizer: update norms follow
+        self.update_count = 0  # >0 where an update was measured: its norms follow the grads
         self.activation_totals: list[int] = []  # elements seen per activation module
         self.tensor_scalar_names: tuple[str, ...] = ()
         self.lrs: list[float] = []
@@ -103,8 +103,8 @@ class Measurement:
             return values[at - count : at]
 
         grads = take(self.grad_count)
-        params = take(self.param_count)
         updates = take(self.update_count)
+        params = take(self.param_count)
         counts = take(sum(1 for total in self.activation_totals if total))
         record: dict[str, object] = {
             "kind": "step",
@@ -122,10 +122,9 @@ class Measurement:
             record["none_grad_params"] = [i for i in range(len(layers.params))
                                           if i not in present]
         if self.param_count:
-            param_norms = combine_layer_norms(params, self.param_order, layers)
-            record["param_norms"] = param_norms
-            if self.update_count:
-                record["update_ratios"] = self._update_ratios(updates)
+            record["param_norms"] = combine_layer_norms(params, self.param_order, layers)
+        if self.update_count:
+            record["update_ratios"] = self._update_ratios(updates)
         if self.activation_totals:
             record["activations"] = _fractions(counts, self.activation_totals)
         if self.not_cleared:

@@ -74,6 +74,10 @@ class StepMeasurer:
         self._note: _GradNote | None = None  # the gradient seen at the last update
         self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
         self._post_hook: RemovableHandle | None = None
+        # Update ratios are taken across the first optimizer.step() from a sampled step
+        # on: under gradient accumulation the sampled step may have none of its own.
+        self._update_pending = False
+        self._measure_update = False
         self.current: Measurement | None = None
         self.index = -1  # the step under way, measured or not (the probe sets it)
 
@@ -86,8 +90,9 @@ class StepMeasurer:
             self.current.optimizer_step = False  # until its pre-hook runs
         if sampled and self.activations.modules:
             self.activations.attach()
-        if sampled and self.updates is not None and self.optimizer is not None:
-            # Only sampled steps need to see the weights after the update.
+        self._measure_update = (sampled or self._update_pending) and self.updates is not None
+        if self._measure_update and self.optimizer is not None:
+            # Only these steps need to see the weights after the update.
             self._post_hook = self.optimizer.register_step_post_hook(self._after_optimizer_step)
         return self.current
 
@@ -121,7 +126,7 @@ class StepMeasurer:
             return
         if not step.grads_read:
             self.read_grads(step)
-        if step.sampled and self.updates is not None:
+        if self._measure_update and self.updates is not None:
             self.updates.before_step()
 
     def _guard(self, step: Measurement | None) -> None:
@@ -153,6 +158,7 @@ class StepMeasurer:
                 taken = self.updates.after_step()
                 if taken is not None:
                     step.update_norms, step.update_order = taken
+                    self._update_pending = False
             except Exception as exc:
                 self.on_error(exc)
 
@@ -177,13 +183,15 @@ class StepMeasurer:
         values: list[torch.Tensor] = list(step.grad_norms)
         step.grad_count = len(values)
         step.grad_present = compose_order(step.grad_present, step.grad_order)
+        if step.update_norms:
+            step.update_count = len(step.update_norms)
+            values += step.update_norms
+        elif self._measure_update:
+            self._update_pending = True  # no optimizer.step() here: take the next one
         if step.sampled:
             param_norms, step.param_order = self._param_norms()
             step.param_count = len(param_norms)
             values += param_norms
-            if step.update_norms:
-                step.update_count = len(step.update_norms)
-                values += step.update_norms
             counts, totals = self.activations.take()
             if counts:
                 step.activation_totals = totals

@@ -711,3 +711,24 @@ def test_probe_switched_off_by_a_failure_leaves_no_activation_hooks(
         assert all_module_hooks(model) == {}
     probe.close()
     wait_for_bye(collector)
+
+
+def test_update_ratios_under_gradient_accumulation(collector: FrameCollector) -> None:
+    """probe.step() per micro-batch, optimizer.step() every 4: a sampled step (every 10)
+    with no update of its own has its ratios taken at the next optimizer.step()."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch_unthinned(model, optimizer, collector, sample_every=10,
+                         grad_accumulation=True) as probe:
+        for index in range(24):
+            with probe.step():
+                model(torch.randn(8, 8)).pow(2).mean().backward()
+                if index % 4 == 3:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+    wait_for_bye(collector)
+    with_ratios = {f["step"]: f["update_ratios"] for f in collector.kinds("step")
+                   if "update_ratios" in f}
+    assert sorted(with_ratios) == [3, 11, 23]  # after the sampled steps 0, 10 and 20
+    assert all(0 < r < 1 for ratios in with_ratios.values() for r in ratios)

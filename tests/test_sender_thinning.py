@@ -14,6 +14,7 @@ class FakeMeasurement:
     sampled: bool = False
     bad: bool = False
     span: tuple[int, int] | None = None
+    update_norms: list | None = None
 
     def ready(self) -> bool:
         return True
