@@ -77,8 +77,11 @@ class Alert:
 
 
 def _short(value: Any) -> str:
+    """A value as one word of an alert line (lists joined by commas, spaces as _)."""
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return ",".join(_short(item) for item in value)
     return str(value).replace(" ", "_")
 
 

@@ -173,7 +173,8 @@ def anomaly_line(report: Frame) -> str:
 
 
 def summary_line(run: RunState) -> str:
-    """``run=... step=N loss=... grad_norm=... steps/s=... dropped=N alerts=N``."""
+    """``run=... step=N loss=... grad_norm=... steps/s=... dropped=N alerts=N raised=N``
+    (``alerts``: active now; ``raised``: since the run began)."""
     rate = run.steps_per_s
     val = next((s.latest for n, s in run.eval_scalars.items() if "loss" in n), None)
     parts = [
@@ -188,6 +189,7 @@ def summary_line(run: RunState) -> str:
         f"steps/s={'-' if rate is None else f'{rate:.1f}'}",
         f"dropped={run.dropped}",
         f"alerts={len(run.active_alerts)}",
+        f"raised={len(run.alerts)}",
     ]
     return " ".join(parts)
 
