@@ -60,7 +60,7 @@ class CheckReport:
 
     def __str__(self) -> str:
         lines = [f"{self.check}: {'ok' if self.ok else f'{len(self.findings)} finding(s)'}"]
-        lines += [f"  {key}: {value}" for key, value in self.summary.items()]
+        lines += [f"  {key}: {_readable(value)}" for key, value in self.summary.items()]
         for finding in self.findings:
             lines.append(f"  - {finding.line()}")
             if finding.examples:
@@ -83,6 +83,17 @@ class CheckReport:
             alert = finding.to_alert(step, self.signal)
             probe.sender.put({"kind": "alert", "step": step, "alert": _plain(alert.to_dict())})
         return self
+
+
+def _readable(value: Any) -> str:
+    """A summary value for people: floats to 4 significant digits, nested ones too."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_readable(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_readable(v) for v in value) + "]"
+    return str(value)
 
 
 def _plain(value: Any) -> Any:
