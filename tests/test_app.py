@@ -238,3 +238,22 @@ async def test_an_anomaly_report_from_history_does_not_pop_up() -> None:
                 app.current_run and app.current_run.anomaly_reports))
             await pilot.pause(0.1)
             assert isinstance(app.screen, AnomalyReport) is pops_up
+
+
+async def test_a_model_with_thousands_of_layers_fills_rows_as_they_scroll_into_view() -> None:
+    from tests.frames import hello
+
+    names = [f"backbone.stage{i // 100}.block{i % 100}.attention.output.dense.projection.{i}"
+             for i in range(2000)]
+    frames = [hello(layers=names), step(0, grad_norms=[float(i) for i in range(2000)],
+                                        layers=2000)]
+    app = make_app(FramesSource(frames))
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.query_one(LayerTable)
+        await settle(pilot, app, lambda: table.row_count == 2000
+                     and table.row_text(names[0])[1] != "-")
+        first = table.row_text(names[0])[0]
+        assert len(first) == 40 and first.startswith("backbone") and first.endswith(".0")
+        assert table.row_text(names[-1])[1] == "-"  # off screen: not drawn yet
+        table.scroll_end(animate=False)
+        await settle(pilot, app, lambda: table.row_text(names[-1])[1] == "1999")

@@ -20,6 +20,9 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("update", "update/w", 9),
     ("status", "status", 10),
 )
+NAME_WIDTH = 40  # longer layer names are shortened in the middle
+VISIBLE_MARGIN = 5  # rows above and below the screen kept up to date too
+UNLAID_ROWS = 100  # rows filled before the table has a size
 STATUS_STYLE = {"non_finite": "bold red", "exploding": "red", "vanishing": "yellow",
                 "none_grad": "magenta", "dead": "bright_black"}
 
@@ -38,28 +41,44 @@ class LayerTable(DataTable[Text | str]):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self._layers: list[str] = []
         self._shown: dict[tuple[str, str], str] = {}  # what each cell shows (plain text)
+        self._run: RunState | None = None
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
             self.add_column(label, key=key, width=width)
 
     def show(self, run: RunState | None) -> None:
-        """Redraw from the run's per-layer arrays."""
+        """Redraw from the run's per-layer arrays: the rows on screen (a model with
+        thousands of layers would cost most of a core at 8 frames a second); the others
+        as they scroll into view."""
+        self._run = run
         layers = run.layers if run is not None else []
         if layers != self._layers:
             self.clear()
             self._shown.clear()
             self._layers = list(layers)
             for name in layers:
-                self.add_row(name, "-", "", "-", "-", "", key=name)
-        if run is None:
-            return
+                self.add_row(Text(short_name(name)), "-", "", "-", "-", "", key=name)
+        if run is not None:
+            self._fill(run)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if self._run is not None and round(old_value) != round(new_value):
+            self._fill(self._run)
+
+    def _fill(self, run: RunState) -> None:
+        layers = self._layers
+        first = max(int(self.scroll_y) - VISIBLE_MARGIN, 0)
+        height = self.size.height or UNLAID_ROWS  # before the first layout: a screenful
+        last = min(first + height + 2 * VISIBLE_MARGIN, len(layers))
         status = run.layer_status()
-        for i, name in enumerate(layers):
+        for i in range(first, last):
+            name = layers[i]
             grad = _at(run.grad_norms, i)
             history = run.grad_history[i] if i < len(run.grad_history) else []
             style = STATUS_STYLE.get(status.get(name, ""), "")
-            self._set(name, "layer", Text(name, style=style))
+            self._set(name, "layer", Text(short_name(name), style=style))
             self._set(name, "grad", _value_text(grad))
             self._set(name, "history", Text(sparkline(history, SPARK_WIDTH), "cyan"))
             self._set(name, "param", Text(number(_at(run.param_norms, i))))
@@ -77,6 +96,15 @@ class LayerTable(DataTable[Text | str]):
     def row_text(self, layer: str) -> list[str]:
         """The plain text of one layer's row (for tests and captures)."""
         return [str(cell) for cell in self.get_row(layer)]
+
+
+def short_name(name: str, width: int = NAME_WIDTH) -> str:
+    """``name``, or its start and end around an ellipsis when longer than ``width``
+    (the end names the layer; the start, the block it belongs to)."""
+    if len(name) <= width:
+        return name
+    tail = (width - 1) * 2 // 3
+    return name[: width - 1 - tail] + "…" + name[-tail:]
 
 
 def _at(values: list[float | None], index: int) -> float | None:
