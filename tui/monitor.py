@@ -62,7 +62,8 @@ class Monitor:
             self._emit([self.state.reject("recording", f"recording stopped: {exc}")])
 
     def frame_rejected(self, conn: Connection, message: str) -> None:
-        self._emit([self.state.reject(conn.peer, message)])
+        run = self.state.run_for(conn.id)  # name the run, when the sender said hello
+        self._emit([self.state.reject(run.name if run else conn.peer, message)])
 
     def connection_closed(self, conn: Connection, reason: str) -> None:
         run = self.state.run_for(conn.id)
