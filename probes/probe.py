@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import socket
 import sys
@@ -13,6 +14,7 @@ import uuid
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -88,6 +90,7 @@ class Probe:
         self._last: Measurement | None = None
         # Records that must reach the monitor after ``_last`` (an eval of its step).
         self._after_last: list[dict[str, Any]] = []
+        self._lr_experiment: LrExperiment | None = None  # watched until the LR moves
         self._eval: _EvalScope | None = None
         self._disabled = False
         self._closed = False
@@ -247,6 +250,8 @@ class Probe:
     def _enter_step(self, index: int | None) -> None:
         next_index = self._index + 1 if index is None else index
         self._measurer.index = next_index
+        if self._lr_experiment is not None:
+            self._check_lr_experiment(next_index)
         if self._control.busy:  # commands to apply, or paused: may block here
             self._control.boundary(next_index, self._flush_last)
         self._flush_last()
@@ -315,15 +320,29 @@ class Probe:
     def _scale_lr(self, factor: float) -> list[float]:
         """Multiply every param group's learning rate (the monitor's LR experiment)."""
         assert self.optimizer is not None
-        new = []
+        before, new = [], []
         for group in self.optimizer.param_groups:
+            before.append(float(group["lr"]))
             if isinstance(group["lr"], torch.Tensor):
                 group["lr"].mul_(factor)
-                new.append(float(group["lr"]))
             else:
                 group["lr"] = group["lr"] * factor
-                new.append(float(group["lr"]))
+            new.append(float(group["lr"]))
+        self._lr_experiment = LrExperiment(self._index + 1, factor, before, new)
         return new
+
+    def _check_lr_experiment(self, step: int) -> None:
+        """Did the loop (a scheduler) set the learning rate back since the experiment?
+        Then say so once: the chart's marker would claim a change that did not last."""
+        experiment = self._lr_experiment
+        assert experiment is not None and self.optimizer is not None
+        now = [float(group["lr"]) for group in self.optimizer.param_groups]
+        if now == experiment.set_to:
+            return
+        self._lr_experiment = None
+        if experiment.undone_by(now):
+            alert = experiment.alert(step, now)
+            self.sender.put({"kind": "alert", "step": step, "alert": alert.to_dict()})
 
     def _send_now(self, record: dict[str, Any]) -> None:
         self.sender.put(record)
@@ -521,6 +540,35 @@ def _grace_seconds(explicit: float | None) -> float:
         return float(os.environ.get(PAUSE_GRACE_ENV, DEFAULT_PAUSE_GRACE_S))
     except ValueError:
         return DEFAULT_PAUSE_GRACE_S
+
+
+@dataclass(frozen=True)
+class LrExperiment:
+    """The monitor's learning-rate change, watched until the LR next moves."""
+
+    step: int  # the first step run with it
+    factor: float
+    before: list[float]
+    set_to: list[float]
+
+    def undone_by(self, now: list[float]) -> bool:
+        """True if the learning rates went back near their values before the change
+        (a scheduler recomputing them from its base), not on with it (StepLR's decay)."""
+        return len(now) == len(self.before) and all(
+            math.isclose(n, b, rel_tol=0.25) for n, b in zip(now, self.before, strict=True))
+
+    def alert(self, step: int, now: list[float]) -> Alert:
+        return Alert(
+            "lr_experiment_undone", "warning", step, "",
+            {"factor": self.factor, "lr_set": self.set_to[0], "lr_now": now[0],
+             "lasted_steps": step - self.step},
+            "The learning rate went back to about where it was before the change: the loop "
+            "sets it each step (a scheduler), so the experiment did not last. The marker "
+            "on the chart shows when it began, not that it held.",
+            ("Change the scheduler's base learning rate (max_lr, base_lrs) and restart.",
+             "Or step the scheduler less often while experimenting; nothing else changes.",
+             "Compare a few hundred steps before and after, on the same data order."),
+        )
 
 
 def guard_alert(error: NonFiniteGradients) -> Alert:

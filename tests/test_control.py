@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -172,3 +173,38 @@ def test_lr_experiment_scales_every_group_and_is_recorded(collector: FrameCollec
 
 def test_monitor_reports_a_run_that_is_not_connected() -> None:
     assert Monitor().send_command("nope", "pause") == "that run is not connected"
+
+
+def run_lr_experiment(collector: FrameCollector,
+                      make_scheduler: Callable[[torch.optim.Optimizer], object]) -> list[dict]:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = make_scheduler(opt)
+    probe = probes.watch(model, opt, address=collector.address)
+    for step in range(12):
+        if step == 4:
+            probe._control.receive(command("lr_scale", factor=0.5))
+        with probe.step():
+            model(torch.randn(4, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        scheduler.step()
+    probe.close()
+    assert collector.wait_for(lambda f: any(x["kind"] == "bye" for x in f))
+    return [f["alert"] for f in collector.kinds("alert")]
+
+
+def test_a_scheduler_that_resets_the_lr_undoes_the_experiment_and_says_so(
+        collector: FrameCollector) -> None:
+    alerts = run_lr_experiment(collector, lambda opt: torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: 1.0 - 0.01 * step))
+    [alert] = alerts
+    assert alert["kind"] == "lr_experiment_undone" and alert["step"] == 5
+    assert alert["evidence"]["lasted_steps"] == 1
+    assert alert["evidence"]["lr_set"] == pytest.approx(0.048)
+
+
+def test_a_scheduler_that_keeps_scaling_keeps_the_experiment(collector: FrameCollector) -> None:
+    # StepLR multiplies the current LR: the experiment's x0.5 carries on through it.
+    assert run_lr_experiment(collector, lambda opt: torch.optim.lr_scheduler.StepLR(
+        opt, step_size=3, gamma=0.5)) == []
