@@ -123,6 +123,9 @@ class Thresholds:
     # skipped_updates: optimizer.step() skipped with non-finite gradients for this many
     # steps in a row (GradScaler skips a few at the start while it finds its scale).
     skipped_steps: int = 10
+    # no_updates: optimizer.step() not run, gradients finite, for this many steps in a
+    # row (gradient accumulation steps the optimizer every few steps, not every 100).
+    no_update_steps: int = 100
     # update_ratio: |dw|/|w| per layer outside [low, high] (the usual band is ~1e-3) on
     # this many sampled steps in a row.
     update_high: float = 0.1
@@ -693,6 +696,37 @@ class SkippedUpdates(Rule):
                                            "loss": view.loss})]
 
 
+class NoUpdates(Rule):
+    """The optimizer never steps though the gradients are fine: the weights stand still."""
+
+    kind = "no_updates"
+    signal = ("optimizer.step() has not run for many steps while the gradients are finite: "
+              "the weights are not changing, whatever the loss does. It does not say "
+              "whether the call is missing or skipped on purpose.")
+    experiments = (
+        "Check that optimizer.step() runs every step (not behind a condition or after "
+        "the loop).",
+        "If you accumulate gradients over more steps on purpose, raise no_update_steps.",
+        "Check that the optimizer holds this model's parameters (not a copy's).",
+    )
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._since: int | None = None
+
+    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+        if view.optimizer_stepped or view.non_finite_grads:
+            self._since = None  # stepped; or non-finite: skipped_updates' business
+            return []
+        if self._since is None:
+            self._since = view.step
+        idle = view.step - self._since + 1
+        if idle < self.t.no_update_steps:
+            return []
+        return [self.alert(view.step, "", {"steps_without_update": idle,
+                                           "since_step": self._since})]
+
+
 class GradNotCleared(Rule):
     """Gradients accumulate across steps because zero_grad was not called."""
 
@@ -890,7 +924,7 @@ class LossSpike(Rule):
 RULES: tuple[type[Rule], ...] = (
     ExplodingGradient, NonFinite, VanishingGradient, OverfittingSignal, FlatLoss,
     NoneGradients, GradNotCleared, UpdateRatio, Activations, EvalMode, LossSpike,
-    SkippedUpdates,
+    SkippedUpdates, NoUpdates,
 )
 
 

@@ -234,6 +234,23 @@ def test_skipped_updates_fires_on_a_streak_and_clears_when_the_optimizer_steps()
     assert [a.kind for a in cleared(after)] == ["skipped_updates"]
 
 
+def test_no_updates_fires_when_the_optimizer_never_steps() -> None:
+    records = [step(n, grads=[1.0, 1.0, 1.0], optimizer_step=False) for n in range(100)]
+    _, changes = run(records)
+    alert = only(raised(changes, "no_updates"))
+    assert (alert.step, alert.evidence["steps_without_update"]) == (99, 100)
+
+
+def test_no_updates_near_miss_accumulation_steps_every_eight() -> None:
+    records = [step(n, grads=[1.0, 1.0, 1.0], optimizer_step=False if n % 8 != 7 else None)
+               for n in range(400)]
+    for record in records:
+        if record["optimizer_step"] is None:
+            del record["optimizer_step"]
+    _, changes = run(records)
+    assert raised(changes, "no_updates") == []
+
+
 def test_skipped_updates_near_misses() -> None:
     # nine in a row; then a stepped one breaks the streak before a tenth
     records = [*(skipped(n) for n in range(9)), step(9, grads=[1.0, 1.0, 1.0]),
