@@ -318,6 +318,7 @@ class MonitorState:
         run.control.update(frame.get("state") or {})
         if name == "check_report":
             run.check_reports.append(frame)
+            del run.check_reports[:-MAX_ALERTS]
             return []
         run.events.append(frame)
         if name == "paused":
