@@ -124,6 +124,7 @@ class Probe:
             max_steps_per_s=max_steps_per_s,
             on_command=self._control.receive,
             connected=connected,
+            hello_state=self._control.state.as_dict,
         )
         _open_probes.add(self)
 

@@ -107,6 +107,8 @@ class Sender:
         history_capacity: step records kept for replay to a late monitor.
         on_command: called on the sender thread with each command frame received.
         connected: the event to set while a monitor is connected (made if None).
+        hello_state: the run's control state now, sent in each hello (a monitor that
+            connects to a paused run must know it is paused now, not from history).
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class Sender:
         history_capacity: int = 1024,
         on_command: Callable[[Frame], None] | None = None,
         connected: threading.Event | None = None,
+        hello_state: Callable[[], Record] | None = None,
     ) -> None:
         self.address = address
         self.run_id = str(hello["run"])
@@ -142,6 +145,7 @@ class Sender:
         self._warned: set[str] = set()
         self._stop = threading.Event()
         self._bye_reason = "closed"
+        self._hello_state = hello_state
         self.dropped = 0
         self.connected = connected or threading.Event()
         self._thread = threading.Thread(target=self._run, name="traintop-sender", daemon=True)
@@ -229,7 +233,10 @@ class Sender:
             sock = self._open_socket()
             # History is marked as such: a monitor must not act on an old pause.
             history = [{**record, "replayed": True} for record in self._history.replay()]
-            first = [self._hello, *history]
+            hello = self._hello
+            if self._hello_state is not None:
+                hello = {**hello, "state": self._hello_state()}
+            first = [hello, *history]
             sock.sendall(b"".join(self._encode(r) for r in first))
         except OSError:
             if sock is not None:

@@ -150,22 +150,40 @@ class Writer:
         return False
 
 
-@pytest.mark.parametrize("replayed", [True, False])
-def test_headless_resumes_a_live_pause_but_not_one_from_history(replayed: bool) -> None:
+def headless_with_writer() -> tuple[HeadlessMonitor, Connection, Writer, io.StringIO]:
     writer = Writer()
-    conn = Connection(2, "test", writer)  # type: ignore[arg-type]
     out = io.StringIO()
-    monitor = HeadlessMonitor(out=out, summary_every=10**9)
-    paused = make_frame("event", run="run-a", name="paused", step=1, reason="the guard",
-                        state={"paused": True}, seq=1)
-    if replayed:
-        paused["replayed"] = True
-    for frame in (hello(), step(0), step(1), paused):
+    return (HeadlessMonitor(out=out, summary_every=10**9),
+            Connection(2, "test", writer), writer, out)  # type: ignore[arg-type]
+
+
+def resumes(writer: Writer) -> int:
+    return sum(1 for line in writer.sent if b'"command"' in line and b'"resume"' in line)
+
+
+def paused_event(replayed: bool) -> dict[str, Any]:
+    frame = make_frame("event", run="run-a", name="paused", step=1, reason="the guard",
+                       state={"paused": True}, seq=1)
+    return {**frame, "replayed": True} if replayed else frame
+
+
+def test_headless_resumes_a_pause_as_it_happens() -> None:
+    monitor, conn, writer, out = headless_with_writer()
+    for frame in (hello(), step(0), step(1), paused_event(replayed=False)):
         monitor.frame_received(conn, frame)
-    commands = [line for line in writer.sent if b'"command"' in line]
-    if replayed:
-        assert commands == []
-        assert "(history) PAUSED step=1" in out.getvalue()
-    else:
-        assert len(commands) == 1 and b'"resume"' in commands[0]
-        assert "PAUSED step=1 reason='the guard'; resuming (headless)" in out.getvalue()
+    assert resumes(writer) == 1
+    assert "PAUSED step=1 reason='the guard'; resuming (headless)" in out.getvalue()
+
+
+@pytest.mark.parametrize("paused_now", [True, False])
+def test_a_late_headless_monitor_resumes_only_a_run_paused_now(paused_now: bool) -> None:
+    """An old pause in the history is printed as history; whether the run is paused now
+    is what its hello says."""
+    monitor, conn, writer, out = headless_with_writer()
+    greeting = {**hello(), "state": {"paused": paused_now, "anomaly_armed": 0,
+                                     "guard": False}}
+    for frame in (greeting, {**step(0), "replayed": True}, {**step(1), "replayed": True},
+                  paused_event(replayed=True)):
+        monitor.frame_received(conn, frame)
+    assert "(history) PAUSED step=1" in out.getvalue()
+    assert resumes(writer) == (1 if paused_now else 0)

@@ -537,6 +537,7 @@ def test_late_monitor_gets_hello_and_history(socket_path: str) -> None:
         hellos = collector.kinds("hello")
         assert len(hellos) >= 1
         assert hellos[0]["run"] == probe.run_id
+        assert hellos[0]["state"] == {"paused": False, "anomaly_armed": 0, "guard": False}
         steps = collector.kinds("step")
         assert steps[0]["step"] == 0
         assert "span" not in steps[0]

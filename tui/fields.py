@@ -69,6 +69,7 @@ def _scalars(frame: Frame) -> None:
 
 
 def _hello(frame: Frame) -> None:
+    _mapping(frame, "state")
     layers = frame.get("layers", [])
     if not isinstance(layers, list) or not all(isinstance(n, str) for n in layers):
         raise ValueError("layers must be a list of names")

@@ -94,6 +94,10 @@ class HeadlessMonitor(Monitor):
                 self._line(f"connected run={event.run.name} id={event.run.run_id} "
                            f"pid={meta.get('pid')} host={meta.get('host')} "
                            f"layers={len(event.run.layers)}")
+                if event.run.control.get("paused"):  # paused before we came: take the wheel
+                    self._line(f"PAUSED (when this monitor connected); resuming (headless) "
+                               f"run={event.run.name}")
+                    self.send_command(event.run.run_id, "resume")
             elif isinstance(event, RunDisconnected):
                 self._line(summary_line(event.run))
                 self._line(f"disconnected run={event.run.name} reason={event.reason}")

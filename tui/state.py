@@ -126,6 +126,7 @@ class RunState:
             self.update_ratios = [None] * len(layers)
             self.grad_history = [deque(maxlen=SPARK_HISTORY) for _ in layers]
         self.param_counts = [int(c) for c in frame.get("param_counts", [])]
+        self.control.update(frame.get("state") or {})  # paused now, or not
         if not self.step_records:  # a new run (not a reconnect): diagnose from its start
             self.diagnoser = Diagnoser(RunInfo.from_hello(frame), self.diagnoser.thresholds)
         self.connected = True
