@@ -172,6 +172,7 @@ class RunInfo:
     activations: tuple[tuple[str, str], ...] = ()  # (module name, "relu" | "tanh" | ...)
     mode_sensitive: int = 0  # dropout and batch-norm modules
     grad_accumulation: bool = False
+    every: int = 1  # the probe measures one step in this many
 
     @classmethod
     def from_hello(cls, hello: Record) -> RunInfo:
@@ -182,6 +183,7 @@ class RunInfo:
             activations=activations,
             mode_sensitive=int(hello.get("mode_sensitive_modules", 0) or 0),
             grad_accumulation=bool((hello.get("config") or {}).get("grad_accumulation")),
+            every=max(1, int((hello.get("config") or {}).get("every", 1) or 1)),
         )
 
     def layer(self, index: int) -> str:
@@ -683,6 +685,8 @@ class SkippedUpdates(Rule):
         self._since: int | None = None  # the first step of the current streak
 
     def on_step(self, history: RunHistory, view: StepView) -> Findings:
+        if history.info.every > 1:
+            return []  # the unmeasured steps may be the ones that update
         if view.optimizer_stepped or not view.non_finite_grads:
             self._since = None
             return []
@@ -715,6 +719,8 @@ class NoUpdates(Rule):
         self._since: int | None = None
 
     def on_step(self, history: RunHistory, view: StepView) -> Findings:
+        if history.info.every > 1:
+            return []  # the unmeasured steps may be the ones that update
         if view.optimizer_stepped or view.non_finite_grads:
             self._since = None  # stepped; or non-finite: skipped_updates' business
             return []

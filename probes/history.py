@@ -55,6 +55,8 @@ def merge_steps(records: list[Record]) -> Record:
     kept = next((r for r in records if has_non_finite(r)), records[-1])
     merged = dict(kept)
     merged["span"] = [first, last]
+    if any(r.get("optimizer_step", True) for r in records):
+        merged.pop("optimizer_step", None)  # some step of the span did update
     return merged
 
 

@@ -50,6 +50,7 @@ class PendingRecord(Protocol):
     span: tuple[int, int] | None
     sampled: bool
     update_norms: list[Any] | None  # an update measured in this step (its ratios)
+    optimizer_step: bool | None  # did optimizer.step() run (None: no optimizer watched)
 
     def ready(self) -> bool: ...
 
@@ -75,9 +76,13 @@ def _merge_pending(group: list[PendingRecord]) -> list[PendingRecord]:
         sampled = next((m for m in reversed(group) if m.sampled or m.update_norms), last)
         if sampled is last:
             last.span = (first, last.step)
+            _mark_updates(last, group)
             return [last]
+        cut = group.index(sampled) + 1
         sampled.span = (first, sampled.step)  # and the last, so the step count is true
         last.span = (sampled.step + 1, last.step)
+        _mark_updates(sampled, group[:cut])
+        _mark_updates(last, group[cut:])
         return [sampled, last]
     out = []
     if bad > 0:
@@ -87,6 +92,13 @@ def _merge_pending(group: list[PendingRecord]) -> list[PendingRecord]:
     group[bad].span = (group[bad].step, group[-1].step)
     out.append(group[bad])
     return out
+
+
+def _mark_updates(kept: PendingRecord, members: list[PendingRecord]) -> None:
+    """A merged record updated if any step it stands for did (an accumulation loop
+    steps the optimizer every few steps; the last of a group need not be one)."""
+    if any(m.optimizer_step for m in members):
+        kept.optimizer_step = True
 
 
 def warn(message: str) -> None:

@@ -251,6 +251,16 @@ def test_no_updates_near_miss_accumulation_steps_every_eight() -> None:
     assert raised(changes, "no_updates") == []
 
 
+def test_update_rules_say_nothing_when_the_probe_measures_one_step_in_several() -> None:
+    """every=4 with accumulation over 4: the measured steps may never be the updating ones."""
+    info = RunInfo.from_hello({"layers": LAYERS, "config": {"every": 4}})
+    idle = [step(n, grads=[1.0, 1.0, 1.0], optimizer_step=False) for n in range(0, 800, 4)]
+    skipped_nan = [step(n, grads=[1.0, math.inf, 1.0], total=math.inf, optimizer_step=False)
+                   for n in range(800, 900, 4)]
+    _, changes = run(idle + skipped_nan, info=info)
+    assert raised(changes, "no_updates") == raised(changes, "skipped_updates") == []
+
+
 def test_skipped_updates_near_misses() -> None:
     # nine in a row; then a stepped one breaks the streak before a tenth
     records = [*(skipped(n) for n in range(9)), step(9, grads=[1.0, 1.0, 1.0]),

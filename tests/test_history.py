@@ -295,3 +295,12 @@ def test_history_first_step_non_finite() -> None:
     assert replay[0]["step"] == 0
     assert math.isinf(replay[0]["scalars"]["loss"])
     assert len(history) <= 5
+
+
+def test_merged_history_records_updated_if_any_step_did() -> None:
+    from probes.history import merge_steps
+
+    records = [{"kind": "step", "step": n, "optimizer_step": False} for n in range(3)]
+    assert merge_steps(records)["optimizer_step"] is False
+    records[1].pop("optimizer_step")  # step 1 updated
+    assert "optimizer_step" not in merge_steps(records)

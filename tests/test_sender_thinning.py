@@ -15,6 +15,7 @@ class FakeMeasurement:
     bad: bool = False
     span: tuple[int, int] | None = None
     update_norms: list | None = None
+    optimizer_step: bool | None = None
 
     def ready(self) -> bool:
         return True
@@ -39,6 +40,19 @@ def test_a_group_keeps_its_last_step_so_the_step_count_stays_true() -> None:
 def test_a_group_keeps_its_last_sampled_step_too() -> None:
     kept = _merge_pending(steps(10, sampled_every=4))  # 0, 4, 8 sampled
     assert [(m.step, m.span) for m in kept] == [(8, (0, 8)), (9, (9, 9))]
+
+
+def test_a_merged_record_updated_if_any_of_its_steps_did() -> None:
+    """Accumulation over 4 steps: the group's last step need not be one that updates."""
+    group = steps(10, sampled_every=4)
+    for m in group:
+        m.optimizer_step = m.step % 4 == 1
+    kept = _merge_pending(group)
+    assert [(m.step, m.optimizer_step) for m in kept] == [(8, True), (9, True)]
+    idle = steps(3)
+    for m in idle:
+        m.optimizer_step = False
+    assert [m.optimizer_step for m in _merge_pending(idle)] == [False]
 
 
 def test_a_non_finite_step_is_kept_with_the_one_before_it() -> None:
