@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -329,7 +329,9 @@ class Probe:
             else:
                 group["lr"] = group["lr"] * factor
             new.append(float(group["lr"]))
-        self._lr_experiment = LrExperiment(self._index + 1, factor, before, new)
+        # Watched only with plain-float LRs: reading a tensor LR on a device would sync.
+        plain = not any(isinstance(g["lr"], torch.Tensor) for g in self.optimizer.param_groups)
+        self._lr_experiment = LrExperiment(self._index + 1, factor, before, new) if plain else None
         return new
 
     def _check_lr_experiment(self, step: int) -> None:
@@ -337,8 +339,10 @@ class Probe:
         Then say so once: the chart's marker would claim a change that did not last."""
         experiment = self._lr_experiment
         assert experiment is not None and self.optimizer is not None
-        now = [float(group["lr"]) for group in self.optimizer.param_groups]
+        now = [group["lr"] for group in self.optimizer.param_groups]
         if now == experiment.set_to:
+            if step - experiment.step >= LrExperiment.WATCH_STEPS:
+                self._lr_experiment = None  # it held: stop looking
             return
         self._lr_experiment = None
         if experiment.undone_by(now):
@@ -385,7 +389,7 @@ class Probe:
         """Send ``record`` after the step record it follows: that record is held until
         the next step begins (late ``log`` calls join it), and the monitor must judge
         the step before an eval of the same step (a NaN is the step's, not the eval's)."""
-        if self._last is not None:
+        if self._last is not None or self._in_step:  # (an evaluate() inside the step)
             self._after_last.append(record)
         else:
             self.sender.put(record)
@@ -552,6 +556,8 @@ class LrExperiment:
     before: list[float]
     set_to: list[float]
 
+    WATCH_STEPS: ClassVar[int] = 1000  # unchanged this long: it held
+
     def undone_by(self, now: list[float]) -> bool:
         """True if the learning rates went back near their values before the change
         (a scheduler recomputing them from its base), not on with it (StepLR's decay)."""
@@ -560,12 +566,13 @@ class LrExperiment:
 
     def alert(self, step: int, now: list[float]) -> Alert:
         return Alert(
-            "lr_experiment_undone", "warning", step, "",
-            {"factor": self.factor, "lr_set": self.set_to[0], "lr_now": now[0],
-             "lasted_steps": step - self.step},
+            "lr_experiment_undone", "info", step, "",
+            {"factor": self.factor, "lr_before": self.before[0], "lr_set": self.set_to[0],
+             "lr_now": now[0], "lasted_steps": step - self.step},
             "The learning rate went back to about where it was before the change: the loop "
-            "sets it each step (a scheduler), so the experiment did not last. The marker "
-            "on the chart shows when it began, not that it held.",
+            "may set it each step (a scheduler recomputing it), so the experiment may not "
+            "have lasted; a decay that happens to land there looks the same. The marker on "
+            "the chart shows when it began, not that it held.",
             ("Change the scheduler's base learning rate (max_lr, base_lrs) and restart.",
              "Or step the scheduler less often while experimenting; nothing else changes.",
              "Compare a few hundred steps before and after, on the same data order."),
@@ -608,6 +615,8 @@ def end_reason(error: BaseException | None) -> str:
         return "closed"
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
+    if isinstance(error, SystemExit):  # sys.exit(): clean unless it carries a failure
+        return "closed" if error.code in (None, 0) else f"exit status {error.code}"
     return f"error: {type(error).__name__}: {error}"[:300]
 
 
@@ -615,7 +624,9 @@ def end_reason(error: BaseException | None) -> str:
 def _close_open_probes() -> None:
     """Flush probes left open at interpreter exit, so the last steps are not lost; an
     uncaught exception (``sys.last_value``, set before exit handlers run) is the reason."""
-    reason = end_reason(getattr(sys, "last_value", None))
+    # In an interactive session sys.last_value is any earlier traceback, not the end.
+    interactive = hasattr(sys, "ps1") or bool(sys.flags.interactive)
+    reason = "closed" if interactive else end_reason(getattr(sys, "last_value", None))
     for probe in list(_open_probes):
         probe._close(reason)
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from probes.hooks import eager
+from probes.hooks import compiling_possible, eager
 from probes.stats import NormReducer
 
 # Module type -> (family, test of an output element being dead or saturated).
@@ -77,6 +77,9 @@ class ActivationStats:
                 self.modules.append((key, family, module, feeding))
         self._handles: list[RemovableHandle] = []
         self._tallies: list[_Tally] = []
+        self._plain_hooks = [self._hook(i, family) for i, (_, family, _, _)
+                             in enumerate(self.modules)]
+        self._eager_hooks: list[Callable[[nn.Module, object, object], None]] | None = None
 
     @property
     def names(self) -> list[list[object]]:
@@ -87,9 +90,14 @@ class ActivationStats:
         """Start counting (one step)."""
         self.detach()
         self._tallies = [_Tally() for _ in self.modules]
-        for index, (_, family, module, _) in enumerate(self.modules):
-            hook = eager(self._hook(index, family))
+        for (_, _, module, _), hook in zip(self.modules, self._hooks_now(), strict=True):
             self._handles.append(module.register_forward_hook(hook))
+
+    def _hooks_now(self) -> list[Callable[[nn.Module, object, object], None]]:
+        """The hooks, made once: plain, or eager once anything can be compiled."""
+        if self._eager_hooks is None and compiling_possible():
+            self._eager_hooks = [eager(hook) for hook in self._plain_hooks]
+        return self._eager_hooks or self._plain_hooks
 
     def detach(self) -> None:
         """Remove every hook (idempotent)."""

@@ -187,7 +187,9 @@ class StepMeasurer:
             step.update_count = len(step.update_norms)
             values += step.update_norms
         elif self._measure_update:
-            self._update_pending = True  # no optimizer.step() here: take the next one
+            # No optimizer.step() in this step: take the next one, until the next sampled
+            # step (a loop that steps after the block never shows one inside it).
+            self._update_pending = (step.step + 1) % self.sample_every != 0
         if step.sampled:
             param_norms, step.param_order = self._param_norms()
             step.param_count = len(param_norms)

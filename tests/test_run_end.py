@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from probes.probe import end_reason
 from probes.wire import make_frame
 from tests.collector import FrameCollector, wait_for_bye
 from tests.frames import hello, step
@@ -44,6 +45,15 @@ def test_an_uncaught_error_is_the_bye_reason(collector: FrameCollector, program:
     assert done.returncode == 1 and "boom at 5" in done.stderr
     wait_for_bye(collector)
     assert collector.kinds("bye")[0]["reason"] == "error: RuntimeError: boom at 5"
+
+
+@pytest.mark.parametrize(("error", "reason"), [
+    (None, "closed"), (KeyboardInterrupt(), "interrupted"), (SystemExit(0), "closed"),
+    (SystemExit(None), "closed"), (SystemExit(2), "exit status 2"),
+    (ValueError("bad"), "error: ValueError: bad"),
+])
+def test_end_reason(error: BaseException | None, reason: str) -> None:
+    assert end_reason(error) == reason
 
 
 @pytest.mark.parametrize(("reason", "shown"), [
