@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -119,3 +120,19 @@ def test_headless_demo_stops_when_the_trainer_dies_before_connecting(
     assert "the trainer exited with status 4" in captured.out
     assert "ImportError: the trainer could not start" in captured.err
     assert "the demo trainer exited with status 4" in captured.err
+
+
+def test_sigterm_stops_a_headless_monitor_and_removes_its_socket(socket_path: str) -> None:
+    import signal
+    import time
+
+    env = {**os.environ, "TRAINTOP_ADDRESS": f"unix:{socket_path}"}
+    monitor = subprocess.Popen([sys.executable, "-m", "tui.cli", "--headless"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(socket_path):
+        assert time.monotonic() < deadline and monitor.poll() is None, monitor.communicate()
+        time.sleep(0.05)
+    monitor.send_signal(signal.SIGTERM)
+    assert monitor.wait(10) == 0
+    assert not os.path.exists(socket_path)

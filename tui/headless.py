@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import TextIO
@@ -211,7 +212,11 @@ async def run_headless(
 
     Returns the exit status: ``ALERT_EXIT_STATUS`` if ``fail_on`` tripped, else 0."""
     feeding = asyncio.create_task(source.run(monitor))
-    waiters = {feeding, asyncio.create_task(monitor.output_closed.wait())}
+    terminated = asyncio.Event()  # SIGTERM: stop like Ctrl-C, closing the socket
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
+    waiters = {feeding, asyncio.create_task(monitor.output_closed.wait()),
+               asyncio.create_task(terminated.wait())}
     if exit_when_done or monitor.fail_on:
         waiters.add(asyncio.create_task(monitor.all_done.wait()))
     if companion is not None:
@@ -226,4 +231,6 @@ async def run_headless(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         monitor.close()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
     return ALERT_EXIT_STATUS if monitor.failed_by is not None else 0
