@@ -74,3 +74,16 @@ def test_a_run_gone_without_a_bye_says_what_happened_to_its_connection() -> None
         state.apply(1, frame)
     [event] = state.connection_closed(1, "connection lost: reset by peer")
     assert event.reason == "connection lost: reset by peer"
+
+
+def test_the_monitor_keeps_the_newest_ended_runs_only() -> None:
+    from tui.state import MAX_ENDED_RUNS
+
+    state = MonitorState()
+    for n in range(MAX_ENDED_RUNS + 5):
+        state.apply(n, hello(run=f"run-{n}"))
+        state.connection_closed(n, "connection closed by the run")
+    state.apply(999, hello(run="live"))
+    assert len(state.runs) == MAX_ENDED_RUNS + 1
+    assert "run-0" not in state.runs and f"run-{MAX_ENDED_RUNS + 4}" in state.runs
+    assert state.runs["live"].connected

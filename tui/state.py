@@ -20,6 +20,7 @@ from tui.series import BucketedSeries
 SPARK_HISTORY = 48  # grad-norm values kept per layer for the sparkline
 RATE_WINDOW = 32  # step records used to estimate steps per second
 MAX_ALERTS = 1000  # alert entries kept per run (raised ones; each is rare)
+MAX_ENDED_RUNS = 50  # runs that have gone, kept for viewing (about 1 MB each)
 
 
 @dataclass
@@ -352,7 +353,15 @@ class MonitorState:
         self.version += 1
         run.connected = False
         run.disconnect_reason = run.why_gone(reason)
+        self._forget_old_runs()
         return [RunDisconnected(run, run.disconnect_reason)]
+
+    def _forget_old_runs(self) -> None:
+        """Keep the newest ``MAX_ENDED_RUNS`` runs that have gone (a monitor left up for
+        weeks of jobs must not grow without bound); live runs are always kept."""
+        ended = [run_id for run_id, run in self.runs.items() if not run.connected]
+        for run_id in ended[: max(len(ended) - MAX_ENDED_RUNS, 0)]:
+            del self.runs[run_id]
 
     def mark_offline(self, reason: str) -> list[MonitorEvent]:
         """Mark every connected run as gone (the end of a replay)."""
