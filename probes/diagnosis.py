@@ -665,7 +665,36 @@ def _common_prefix(names: Sequence[str]) -> str:
     return ".".join(common) or names[0]
 
 
-class SkippedUpdates(Rule):
+class _UpdateStreak(Rule):
+    """Steps in a row whose optimizer.step() never ran and whose gradients are
+    non-finite (``non_finite``) or finite; found once the streak is ``threshold`` long."""
+
+    non_finite: bool
+    evidence_name: str
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._since: int | None = None  # the first step of the current streak
+
+    def threshold(self) -> int:
+        raise NotImplementedError
+
+    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+        if history.info.every > 1:
+            return []  # the unmeasured steps may be the ones that update
+        if view.optimizer_stepped or view.non_finite_grads != self.non_finite:
+            self._since = None
+            return []
+        if self._since is None:
+            self._since = view.step
+        length = view.step - self._since + 1
+        if length < self.threshold():
+            return []
+        return [self.alert(view.step, "", {self.evidence_name: length,
+                                           "since_step": self._since, "loss": view.loss})]
+
+
+class SkippedUpdates(_UpdateStreak):
     """optimizer.step() skipped, step after step, because the gradients are non-finite."""
 
     kind = "skipped_updates"
@@ -679,28 +708,14 @@ class SkippedUpdates(Rule):
         "Compute the loss in float32 (outside autocast) and check scaler.get_scale().",
         "Check the inputs and targets of these batches for NaN/Inf or extreme values.",
     )
+    non_finite = True
+    evidence_name = "skipped_steps"
 
-    def __init__(self, thresholds: Thresholds) -> None:
-        super().__init__(thresholds)
-        self._since: int | None = None  # the first step of the current streak
-
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
-        if history.info.every > 1:
-            return []  # the unmeasured steps may be the ones that update
-        if view.optimizer_stepped or not view.non_finite_grads:
-            self._since = None
-            return []
-        if self._since is None:
-            self._since = view.step
-        skipped = view.step - self._since + 1
-        if skipped < self.t.skipped_steps:
-            return []
-        return [self.alert(view.step, "", {"skipped_steps": skipped,
-                                           "since_step": self._since,
-                                           "loss": view.loss})]
+    def threshold(self) -> int:
+        return self.t.skipped_steps
 
 
-class NoUpdates(Rule):
+class NoUpdates(_UpdateStreak):
     """The optimizer never steps though the gradients are fine: the weights stand still."""
 
     kind = "no_updates"
@@ -713,24 +728,11 @@ class NoUpdates(Rule):
         "If you accumulate gradients over more steps on purpose, raise no_update_steps.",
         "Check that the optimizer holds this model's parameters (not a copy's).",
     )
+    non_finite = False
+    evidence_name = "steps_without_update"
 
-    def __init__(self, thresholds: Thresholds) -> None:
-        super().__init__(thresholds)
-        self._since: int | None = None
-
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
-        if history.info.every > 1:
-            return []  # the unmeasured steps may be the ones that update
-        if view.optimizer_stepped or view.non_finite_grads:
-            self._since = None  # stepped; or non-finite: skipped_updates' business
-            return []
-        if self._since is None:
-            self._since = view.step
-        idle = view.step - self._since + 1
-        if idle < self.t.no_update_steps:
-            return []
-        return [self.alert(view.step, "", {"steps_without_update": idle,
-                                           "since_step": self._since})]
+    def threshold(self) -> int:
+        return self.t.no_update_steps
 
 
 class GradNotCleared(Rule):
