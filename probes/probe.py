@@ -381,9 +381,10 @@ class Probe:
         last, self._last = self._last, None
         if last is not None:
             self.sender.put(last)
-        held, self._after_last = self._after_last, []
-        for record in held:
-            self.sender.put(record)
+        if self._after_last:  # rare (an eval): no new list on every step
+            held, self._after_last = self._after_last, []
+            for record in held:
+                self.sender.put(record)
 
     def _put_after_step(self, record: dict[str, Any]) -> None:
         """Send ``record`` after the step record it follows: that record is held until
