@@ -45,21 +45,36 @@ def quiet(app: App) -> App:
     return app
 
 
+def app_on(frames: list) -> App:
+    return quiet(make_app(FramesSource(frames)))
+
+
 def replay_over(app: App) -> bool:
-    """The frames are all in and the run is marked disconnected (its last toast shown)."""
+    """The frames are all in and the run is marked disconnected."""
     run = app.current_run  # type: ignore[attr-defined]
     return run is not None and not run.connected
 
 
+def opens(key: str, screen: str) -> Callable[[Pilot], Awaitable[None]]:
+    """A ``run_before``: once the replay is over, press ``key`` and wait for ``screen``."""
+
+    async def press(pilot: Pilot) -> None:
+        await until(replay_over)(pilot)
+        await pilot.press(key)
+        await until(lambda app: type(app.screen).__name__ == screen)(pilot)
+
+    return press
+
+
 def test_healthy_run(snap_compare: SnapCompare) -> None:
     frames = short_run(60)
-    app = quiet(make_app(FramesSource(frames)))
+    app = app_on(frames)
     assert snap_compare(app, terminal_size=SIZE, run_before=until(
         lambda app: len(app.query_one(LossChart).plotted.get("train loss", [])) == 60))
 
 
 def test_exploding_run_with_its_alert(snap_compare: SnapCompare) -> None:
-    app = quiet(make_app(FramesSource(exploding_run())))
+    app = app_on(exploding_run())
     assert snap_compare(app, terminal_size=SIZE, run_before=until(
         lambda app: bool(app.query_one(AlertsPanel).entries)))
 
@@ -71,32 +86,22 @@ def test_alert_detail(snap_compare: SnapCompare) -> None:
         await pilot.press("enter")
         await until(lambda app: type(app.screen).__name__ == "AlertDetail")(pilot)
 
-    app = quiet(make_app(FramesSource(exploding_run())))
+    app = app_on(exploding_run())
     assert snap_compare(app, terminal_size=SIZE, run_before=open_detail)
 
 
 def test_non_finite_values(snap_compare: SnapCompare) -> None:
     frames = [*short_run(20), step(20, loss=float("nan"), grad_norms=[1.0, float("inf"), None])]
-    app = quiet(make_app(FramesSource(frames)))
+    app = app_on(frames)
     assert snap_compare(app, terminal_size=SIZE, run_before=until(
         lambda app: app.query_one(LossChart).first_non_finite is not None))
 
 
 def test_help_screen(snap_compare: SnapCompare) -> None:
-    async def open_help(pilot: Pilot) -> None:
-        await until(replay_over)(pilot)
-        await pilot.press("question_mark")
-        await until(lambda app: type(app.screen).__name__ == "HelpScreen")(pilot)
-
-    app = quiet(make_app(FramesSource(short_run(5))))
-    assert snap_compare(app, terminal_size=SIZE, run_before=open_help)
+    assert snap_compare(app_on(short_run(5)), terminal_size=SIZE,
+                        run_before=opens("question_mark", "HelpScreen"))
 
 
 def test_learning_rate_confirmation(snap_compare: SnapCompare) -> None:
-    async def ask(pilot: Pilot) -> None:
-        await until(replay_over)(pilot)
-        await pilot.press("minus")
-        await until(lambda app: type(app.screen).__name__ == "Confirm")(pilot)
-
-    app = quiet(make_app(FramesSource(short_run(5))))
-    assert snap_compare(app, terminal_size=SIZE, run_before=ask)
+    assert snap_compare(app_on(short_run(5)), terminal_size=SIZE,
+                        run_before=opens("minus", "Confirm"))
