@@ -105,3 +105,9 @@ def watch_unthinned(model: Any, optimizer: Any, collector: FrameCollector,
 def wait_for_bye(collector: FrameCollector) -> None:
     assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames)), \
         "the probe never said bye"
+
+
+def wait_connected(probe: Any) -> None:
+    """Wait for the probe's sender to reach the monitor: a run only pauses itself (guard,
+    anomaly step) when a monitor is connected to resume it."""
+    assert probe.sender.connected.wait(10), "the probe never connected"

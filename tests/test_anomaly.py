@@ -12,7 +12,7 @@ import probes
 from demo.scenarios import BUILDERS, Magnitude
 from demo.trainer import train
 from probes.probe import Probe
-from tests.collector import FrameCollector
+from tests.collector import FrameCollector, wait_connected
 
 
 def anomaly_reports(collector: FrameCollector) -> list[dict]:
@@ -93,6 +93,7 @@ def test_anomaly_step_is_scoped_and_skips_the_update(
     model = magnitude_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     probe = probes.watch(model, opt, address=resuming_collector.address)
+    wait_connected(probe)  # the anomaly step pauses the run only with a monitor there
     hooks_inside: list[int] = []
     modes_inside: list[bool] = []
     for i, zero_row in enumerate([False, True, False]):
@@ -161,6 +162,7 @@ def test_guard_keeps_every_weight_finite_and_unchanged(
     model = magnitude_model()
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     probe = probes.watch(model, opt, address=resuming_collector.address, guard=True)
+    wait_connected(probe)  # the guard pauses the run only with a monitor there
     for i, zero_row in enumerate([False, False, True, False]):
         weights = [p.detach().clone() for p in model.parameters()]
         x = batch(zero_row)
