@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal
 
+from probes.schema import validation_loss
+
 Severity = Literal["info", "warning", "error"]
 SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
 Record = Mapping[str, Any]
@@ -247,7 +249,7 @@ class EvalView:
     @classmethod
     def from_record(cls, record: Record) -> EvalView:
         scalars = {str(k): as_number(v) for k, v in (record.get("scalars") or {}).items()}
-        loss = next((v for k, v in scalars.items() if "loss" in k), None)
+        loss = validation_loss(scalars)
         return cls(
             step=int(record.get("step", 0)),
             loss=loss,

@@ -181,7 +181,7 @@ def summary_line(run: RunState) -> str:
     """``run=... step=N loss=... grad_norm=... steps/s=... dropped=N alerts=N raised=N``
     (``alerts``: active now; ``raised``: since the run began)."""
     rate = run.steps_per_s
-    val = next((s.latest for n, s in run.eval_scalars.items() if "loss" in n), None)
+    val = None if run.validation is None else run.validation[1].latest
     parts = [
         f"run={run.name}",
         f"step={run.last_step}",

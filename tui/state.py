@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, Thresholds, as_number
+from probes.schema import validation_loss_name
 from probes.wire import Frame
 from tui.series import BucketedSeries
 
@@ -83,6 +84,12 @@ class RunState:
     def loss(self) -> float | None:
         series = self.scalars.get("loss")
         return None if series is None else series.latest
+
+    @property
+    def validation(self) -> tuple[str, BucketedSeries] | None:
+        """The validation loss's name and series (``probes.schema`` picks the name)."""
+        name = validation_loss_name(self.eval_scalars)
+        return None if name is None else (name, self.eval_scalars[name])
 
     @property
     def active_alerts(self) -> list[Alert]:

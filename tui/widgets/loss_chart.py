@@ -72,10 +72,10 @@ class LossChart(PlotextPlot):
             if self.smoothing:
                 ys = ema(ys, SMOOTHING)
             out.append(("train loss", TRAIN_COLOR, xs, ys))
-        val_name = next((n for n in run.eval_scalars if "loss" in n), None)
-        if val_name is not None:
-            out.append((f"validation ({val_name})", VALIDATION_COLOR,
-                        *run.eval_scalars[val_name].points()))
+        validation = run.validation
+        if validation is not None:
+            val_name, series = validation
+            out.append((f"validation ({val_name})", VALIDATION_COLOR, *series.points()))
         return out
 
     def _axes(self, run: RunState | None, ys: list[float], log: bool) -> None:
