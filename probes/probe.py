@@ -409,7 +409,7 @@ class Probe:
         if last is not None:
             now = time.perf_counter()
             last.duration = now - self._step_started
-            last.probe_time = self._probe_time + (now - started)
+            last.probe_time += self._probe_time + (now - started)  # (hooks added theirs)
             self._last = last
         return swallow
 

@@ -8,6 +8,7 @@ into a ``Measurement`` whose copy to the host the sender reads later.
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,6 +154,7 @@ class StepMeasurer:
         """The weights moved (a sampled step): take the norms of the update."""
         step = self.current
         if step is not None and self.updates is not None:
+            started = time.perf_counter()
             try:
                 taken = self.updates.after_step()
                 if taken is not None:
@@ -160,6 +162,7 @@ class StepMeasurer:
                     self._update_pending = False
             except Exception as exc:
                 self.on_error(exc)
+            step.probe_time += time.perf_counter() - started  # the probe's own time too
 
     def clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
         """A clip is about to scale the gradients: read them first, unclipped."""
