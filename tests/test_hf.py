@@ -84,13 +84,26 @@ class OracleTrainer(transformers.Trainer):
         return super()._clip_grad_norm(model)
 
 
+class WaitForMonitor(transformers.TrainerCallback):
+    """Holds training until the probe reached the monitor: a run pauses itself (the
+    guard, an anomaly step) only when a monitor is there to resume it."""
+
+    def __init__(self, traintop: TraintopCallback) -> None:
+        self.traintop = traintop
+
+    def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+        assert self.traintop.probe is not None
+        assert self.traintop.probe.sender.connected.wait(10), "the probe never connected"
+
+
 def train(tmp_path: Any, collector: FrameCollector, *, callbacks: list[Any] | None = None,
           poison_at: int | None = None, **argument_overrides: Any) -> OracleTrainer:
     callback = TraintopCallback(address=collector.address, max_steps_per_s=1e9,
                                 **argument_overrides.pop("watch", {}))
     trainer = OracleTrainer(model=tiny_gpt2(), args=arguments(tmp_path, **argument_overrides),
                             train_dataset=token_data(64), eval_dataset=token_data(8, seed=1),
-                            callbacks=[*(callbacks or []), callback], poison_at=poison_at)
+                            callbacks=[*(callbacks or []), callback, WaitForMonitor(callback)],
+                            poison_at=poison_at)
     trainer.traintop = callback
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -107,7 +120,7 @@ def test_accumulated_clipped_run_is_recorded_as_it_trained(tmp_path: Any,
                                                            collector: FrameCollector) -> None:
     # A max norm under this model's gradient norms, so the clip really cuts.
     trainer = train(tmp_path, collector, gradient_accumulation_steps=4, eval_strategy="steps",
-                    eval_steps=3, max_grad_norm=0.1)
+                    eval_steps=3, max_grad_norm=0.1, run_name="gpt2-tiny")
     frames = list(collector.frames)
     steps = kinds(frames, "step")
     assert [s["step"] for s in steps] == list(range(6))  # one probe step per update
@@ -122,6 +135,8 @@ def test_accumulated_clipped_run_is_recorded_as_it_trained(tmp_path: Any,
         clipped_any |= record["clip"]["total_before"] > 0.1
         assert len(micro) == 4
         assert record["scalars"]["loss"] == pytest.approx(sum(micro), rel=1e-6)
+        # The rate this update used: the default linear decay from 5e-5 over 6 steps.
+        assert record["lr"] == [pytest.approx(5e-5 * (1 - record["step"] / 6), rel=1e-9)]
     assert clipped_any, "the clip never cut: the test would not tell clipped from unclipped"
     evals = kinds(frames, "eval")
     assert [e["step"] for e in evals] == [2, 5]
@@ -131,6 +146,7 @@ def test_accumulated_clipped_run_is_recorded_as_it_trained(tmp_path: Any,
         assert record["grad_forwards"] == 0
     assert raised_alerts(frames) == []  # healthy: nothing raised
     hello = kinds(frames, "hello")[0]
+    assert hello["name"] == "gpt2-tiny"  # TrainingArguments.run_name
     assert hello["optimizer"] == "AdamW"  # the one inside accelerate's wrapper
     assert kinds(frames, "bye")[0]["reason"] == "closed"
 
@@ -175,8 +191,8 @@ def test_anomaly_step_inside_the_trainer(tmp_path: Any,
     callback = TraintopCallback(address=resuming_collector.address, max_steps_per_s=1e9)
     arm.traintop = callback
     trainer = OracleTrainer(model=tiny_gpt2(), args=arguments(tmp_path),
-                            train_dataset=token_data(64), callbacks=[arm, callback],
-                            poison_at=3)
+                            train_dataset=token_data(64),
+                            callbacks=[arm, callback, WaitForMonitor(callback)], poison_at=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.train()
@@ -185,7 +201,7 @@ def test_anomaly_step_inside_the_trainer(tmp_path: Any,
     reports = kinds(list(resuming_collector.frames), "anomaly")
     assert len(reports) == 1
     assert reports[0]["step"] == 3 and reports[0]["outcome"] == "non_finite_backward"
-    assert reports[0]["backward_op"] and reports[0]["update_skipped"]
+    assert reports[0]["backward_op"] and reports[0]["update_skipped"] and reports[0]["paused"]
 
 
 def test_training_is_bitwise_the_same_with_and_without_the_callback(

@@ -77,6 +77,18 @@ def loaders() -> tuple[DataLoader, DataLoader]:
     return DataLoader(data, batch_size=8), DataLoader(data, batch_size=64)
 
 
+class WaitForMonitor(pl.Callback):
+    """Holds training until the probe reached the monitor: a run pauses itself (the
+    guard, an anomaly step) only when a monitor is there to resume it."""
+
+    def __init__(self, traintop: TraintopCallback) -> None:
+        self.traintop = traintop
+
+    def on_train_start(self, *args: Any) -> None:
+        assert self.traintop.probe is not None
+        assert self.traintop.probe.sender.connected.wait(10), "the probe never connected"
+
+
 def fit(module: TinyLM, collector: FrameCollector, *, callbacks: list[Any] | None = None,
         watch: dict[str, Any] | None = None, **trainer_options: Any) -> TraintopCallback:
     callback = TraintopCallback(address=collector.address, max_steps_per_s=1e9,
@@ -86,7 +98,8 @@ def fit(module: TinyLM, collector: FrameCollector, *, callbacks: list[Any] | Non
                "enable_model_summary": False, "num_sanity_val_steps": 2,
                "limit_val_batches": 1}
     options.update(trainer_options)
-    trainer = pl.Trainer(callbacks=[*(callbacks or []), callback], **options)
+    trainer = pl.Trainer(callbacks=[*(callbacks or []), callback, WaitForMonitor(callback)],
+                         **options)
     train, val = loaders()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -142,9 +155,11 @@ def test_guard_skip_inside_lightning(resuming_collector: FrameCollector) -> None
     module = TinyLM(poison_at=3)
     fit(module, resuming_collector, watch={"guard": True}, limit_val_batches=0)
     assert all(torch.isfinite(p).all() for p in module.parameters())
-    alerts = kinds(list(resuming_collector.frames), "alert")
+    frames = list(resuming_collector.frames)
+    alerts = kinds(frames, "alert")
     assert [a["alert"]["kind"] for a in alerts] == ["guard_skipped_update"]
     assert alerts[0]["step"] == 3
+    assert any(e.get("name") == "paused" for e in kinds(frames, "event"))
 
 
 class ArmAnomalyBefore(pl.Callback):
@@ -164,7 +179,8 @@ def test_anomaly_step_inside_lightning(resuming_collector: FrameCollector) -> No
     trainer = pl.Trainer(max_steps=6, accelerator="cpu", logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0,
-                         callbacks=[traintop, ArmAnomalyBefore(3, traintop)])
+                         callbacks=[traintop, WaitForMonitor(traintop),
+                                    ArmAnomalyBefore(3, traintop)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, loaders()[0])
@@ -173,7 +189,7 @@ def test_anomaly_step_inside_lightning(resuming_collector: FrameCollector) -> No
     reports = kinds(list(resuming_collector.frames), "anomaly")
     assert len(reports) == 1
     assert reports[0]["step"] == 3 and reports[0]["outcome"] == "non_finite_backward"
-    assert reports[0]["backward_op"] and reports[0]["update_skipped"]
+    assert reports[0]["backward_op"] and reports[0]["update_skipped"] and reports[0]["paused"]
 
 
 def test_an_exception_in_training_is_the_runs_end(collector: FrameCollector) -> None:
