@@ -135,8 +135,10 @@ def test_accumulated_clipped_run_is_recorded_as_it_trained(tmp_path: Any,
         clipped_any |= record["clip"]["total_before"] > 0.1
         assert len(micro) == 4
         assert record["scalars"]["loss"] == pytest.approx(sum(micro), rel=1e-6)
-        # The rate this update used: the default linear decay from 5e-5 over 6 steps.
-        assert record["lr"] == [pytest.approx(5e-5 * (1 - record["step"] / 6), rel=1e-9)]
+        # The rate this update used: the default linear decay from 5e-5 over 6 steps, in
+        # both of the Trainer's param groups (with and without weight decay).
+        expected_lr = pytest.approx(5e-5 * (1 - record["step"] / 6), rel=1e-9)
+        assert record["lr"] == [expected_lr, expected_lr]
     assert clipped_any, "the clip never cut: the test would not tell clipped from unclipped"
     evals = kinds(frames, "eval")
     assert [e["step"] for e in evals] == [2, 5]
