@@ -96,6 +96,7 @@ class AnomalyStep:
     on_error: Callable[[Exception], None] | None = None  # a failing check must not raise
     on_caught: Callable[[BaseException], None] | None = None
     catch: bool = False
+    check_nan: bool = True  # False: record forward tracebacks, never stop a backward
     started: float = field(default_factory=time.perf_counter)
     first: FirstNonFinite | None = None
     caught: BaseException | None = None
@@ -111,7 +112,7 @@ class AnomalyStep:
         self._warnings = warnings.catch_warnings(record=True)
         self._caught = self._warnings.__enter__()
         warnings.simplefilter("always")
-        self._anomaly = torch.autograd.detect_anomaly(check_nan=True)
+        self._anomaly = torch.autograd.detect_anomaly(check_nan=self.check_nan)
         self._anomaly.__enter__()
         for name, module in self.model.named_modules():
             self._names[id(module)] = name or "(root)"

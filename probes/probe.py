@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ from probes.control import Control, ControlState
 from probes.evaluation import EvalScope
 from probes.guard import guard_alert
 from probes.hooks import unwrap, unwrap_optimizer
+from probes.job import job_identity
 from probes.layers import LayerMap, count_parameters, map_layers
 from probes.lr_experiment import LrExperiment
 from probes.sampled import count_mode_sensitive
@@ -67,7 +67,8 @@ class Probe:
         pause_grace_s: float | None = None,
         queue_size: int = 8192,
         history: int = 1024,
-        max_steps_per_s: float = 60.0,
+        max_steps_per_s: float | None = None,
+        job: str | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs an nn.Module, got {type(model).__name__}")
@@ -87,6 +88,7 @@ class Probe:
         self.run_id = uuid.uuid4().hex[:12]
         self.name = run or f"{type(self.module).__name__}-{os.getpid()}"
         self.address = resolve_address(address)
+        self.identity = job_identity(job)
         self._handles: list[RemovableHandle] = []
         self._index = -1
         self._in_step = False
@@ -132,7 +134,7 @@ class Probe:
             self._hello(),
             queue_size=queue_size,
             history_capacity=history,
-            max_steps_per_s=max_steps_per_s,
+            max_steps_per_s=_steps_per_s(max_steps_per_s, self.identity.rank),
             on_command=self._control.receive,
             connected=connected,
             hello_state=self._control.state.as_dict,
@@ -389,9 +391,12 @@ class Probe:
         self._index = next_index
         self._in_step = True
         if self._control.state.anomaly_armed and self._control.take_anomaly_step():
+            # In a multi-rank job a backward stopped on one rank would leave the others
+            # waiting in DDP's all-reduce: anomaly mode then only records, never stops.
             self._anomaly = AnomalyStep(self.module, next_index, on_error=self._fail,
                                         on_caught=self._anomaly_caught,
-                                        catch=self._on_anomaly == "pause")
+                                        catch=self._on_anomaly == "pause",
+                                        check_nan=not self.identity.distributed)
             self._anomaly.start()
         if next_index % self.every == 0:
             sampled = next_index % self.sample_every == 0
@@ -620,14 +625,11 @@ class Probe:
                          "time": time.time(), "message": f"{type(exc).__name__}: {exc}"})
 
     def _hello(self) -> dict[str, Any]:
-        rank, world = _rank_and_world()
         hello: dict[str, Any] = {
             "run": self.run_id,
             "name": self.name,
             "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "rank": rank,
-            "world_size": world,
+            **self.identity.as_hello(),
             "torch": torch.__version__,
             "started": time.time(),
             "argv": sys.argv[:8],
@@ -691,10 +693,17 @@ def _grace_seconds(explicit: float | None) -> float:
         return DEFAULT_PAUSE_GRACE_S
 
 
-def _rank_and_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+#: Step records a second a rank sends at most, rank 0 and the others: the others' matter
+#: for cross-rank checks (their sampled steps are kept) more than for their curves, and
+#: one monitor takes the records of many ranks.
+RANK0_STEPS_PER_S = 60.0
+OTHER_RANKS_STEPS_PER_S = 10.0
+
+
+def _steps_per_s(explicit: float | None, rank: int) -> float:
+    if explicit is not None:
+        return explicit
+    return RANK0_STEPS_PER_S if rank == 0 else OTHER_RANKS_STEPS_PER_S
 
 
 def watch(
@@ -733,7 +742,10 @@ def watch(
             or ``"raise"`` (re-raise the error into the training loop).
         **options: ``pause_grace_s`` (how long a paused run waits for a monitor that
             went away; default 10, or ``$TRAINTOP_PAUSE_GRACE``), ``queue_size``,
-            ``history``, ``max_steps_per_s``.
+            ``history``, ``max_steps_per_s`` (step records a second sent at most; by
+            default 60 on rank 0 and 10 on the other ranks of a job), ``job`` (the
+            job's id, shared by its ranks; by default from torchrun, SLURM or the
+            rendezvous address).
 
     Returns:
         A ``Probe``; also a context manager that closes it.
