@@ -25,6 +25,10 @@ FLOAT32_MAX = 3.4028234e38  # a finite norm above this would read back as inf
 class GradHeatmap:
     """Largest gradient norm per layer and column of ``stride`` steps.
 
+    Stored by column (one ``array('f')`` of every layer's value per column), so a step
+    record costs a few list operations at C speed rather than a Python loop over the
+    layers; the newest column stays a plain list while its records come in.
+
     Args:
         layers: how many layers (rows).
         capacity: columns kept at most (even; between half and all of them are used).
@@ -33,7 +37,7 @@ class GradHeatmap:
         >>> heat = GradHeatmap(layers=2, capacity=4)
         >>> for step in range(10):
         ...     heat.add(step, [1.0, float(step)])
-        >>> heat.stride, heat.columns, list(heat.row(1))
+        >>> heat.stride, heat.columns, heat.row(1)
         (4, 3, [3.0, 7.0, 9.0])
     """
 
@@ -41,24 +45,24 @@ class GradHeatmap:
     capacity: int = 512
     stride: int = 1  # steps per column
     origin: int | None = None  # the step of column 0 (the run's first record)
-    rows: list[array] = field(default_factory=list)
+    sealed: list[array] = field(default_factory=list)  # every column but the newest
+    newest: list[float] | None = None  # the newest column, still taking records
 
     def __post_init__(self) -> None:
         if self.capacity < 2 or self.capacity % 2:
             raise ValueError("capacity must be even and at least 2")
-        if not self.rows:
-            self.rows = [array("f") for _ in range(self.layers)]
+        self._missing = array("f", [MISSING] * self.layers)  # shared, never changed
 
     @property
     def columns(self) -> int:
         """Columns in use."""
-        return len(self.rows[0]) if self.rows else 0
+        return len(self.sealed) + (self.newest is not None)
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the values (what grows with layers and, up to the capacity,
-        with the run)."""
-        return sum(row.itemsize * row.buffer_info()[1] for row in self.rows)
+        with the run); the newest column counted as float32 too."""
+        return 4 * self.layers * self.columns
 
     def column_of(self, step: int) -> int:
         """The column holding ``step`` (once the first step is known)."""
@@ -76,7 +80,7 @@ class GradHeatmap:
         A thinned record stands for steps ``first_step..step``: it fills every column
         of its span, so a fast run shows no holes.
         """
-        if len(norms) != self.layers:
+        if len(norms) != self.layers or not self.layers:
             return
         if self.origin is None:
             self.origin = step if first_step is None else min(first_step, step)
@@ -84,54 +88,71 @@ class GradHeatmap:
         while last >= self.capacity:
             self._fold()
             last = self.column_of(step)
-        first = last if first_step is None else max(self.column_of(first_step), 0)
-        first = min(first, last)
-        grow = last + 1 - self.columns
-        for row, norm in zip(self.rows, norms, strict=True):
-            if grow > 0:
-                row.extend([MISSING] * grow)
-            if norm is None:
-                continue
-            value = _stored(norm)
-            for column in range(first, last + 1):
-                if value > row[column]:
-                    row[column] = value
+        first = last if first_step is None else min(max(self.column_of(first_step), 0), last)
+        values = _stored(norms)
+        newest = len(self.sealed)  # the index of the newest column, open or not yet
+        if self.newest is not None and last > newest:  # a new column begins: seal
+            self.sealed.append(array("f", self.newest))
+            self.newest = None
+            newest += 1
+        for column in range(first, min(last, newest)):  # a span over older columns
+            self.sealed[column] = array("f", map(max, self.sealed[column], values))
+        while len(self.sealed) < last:  # columns the record skipped, or spans
+            self.sealed.append(array("f", values) if len(self.sealed) >= first
+                               else self._missing)
+        if self.newest is None:
+            self.newest = values
+        else:
+            self.newest = [a if a >= b else b for a, b in zip(self.newest, values)]
 
-    def row(self, layer: int) -> array:
+    def row(self, layer: int) -> list[float]:
         """One layer's columns (``MISSING``, ``NON_FINITE`` or a norm)."""
-        return self.rows[layer]
+        out = [column[layer] for column in self.sealed]
+        if self.newest is not None:
+            out.append(_as_float32(self.newest[layer]))
+        return out
 
     def peak(self, layer: int) -> float | None:
         """The largest norm a layer had over the whole run (inf if ever non-finite)."""
-        row = self.rows[layer]
-        best = max(row, default=MISSING)
+        best = max(self.row(layer), default=MISSING)
         return None if best == MISSING else best
 
     def resample(self, width: int) -> tuple[list[list[float]], int]:
-        """The columns regrouped to at most ``width`` (each the max of its group, so the
-        groups are of equal step width); returns (rows, columns per group)."""
-        columns = self.columns
-        if width <= 0 or columns == 0:
-            return [[] for _ in self.rows], 1
-        group = max(1, math.ceil(columns / width))
-        out = []
-        for row in self.rows:
-            if group == 1:
-                out.append(list(row))
-            else:
-                out.append([max(row[i:i + group]) for i in range(0, columns, group)])
-        return out, group
+        """Rows of the columns regrouped to at most ``width`` (each the max of its
+        group, so the groups are of equal step width); returns (rows, columns per
+        group)."""
+        columns = self._all_columns()
+        if width <= 0 or not columns:
+            return [[] for _ in range(self.layers)], 1
+        group = max(1, math.ceil(len(columns) / width))
+        if group > 1:
+            columns = [list(map(max, *columns[i:i + group])) if len(columns[i:i + group]) > 1
+                       else list(columns[i]) for i in range(0, len(columns), group)]
+        return [list(row) for row in zip(*columns)], group
+
+    def _all_columns(self) -> list[Sequence[float]]:
+        if self.newest is None:
+            return list(self.sealed)
+        return [*self.sealed, array("f", self.newest)]
 
     def _fold(self) -> None:
         """Merge neighbouring columns pairwise (max); the stride doubles."""
+        columns = self._all_columns()
+        self.newest = None
         self.stride *= 2
-        for index, row in enumerate(self.rows):
-            merged = array("f", (max(row[i:i + 2]) for i in range(0, len(row), 2)))
-            self.rows[index] = merged
+        self.sealed = [array("f", map(max, *columns[i:i + 2])) if i + 1 < len(columns)
+                       else array("f", columns[i]) for i in range(0, len(columns), 2)]
 
 
-def _stored(norm: float) -> float:
-    """A norm as kept: non-finite as ``NON_FINITE``, finite ones within float32."""
-    if not math.isfinite(norm):
-        return NON_FINITE
-    return min(max(norm, 0.0), FLOAT32_MAX)
+def _stored(norms: Sequence[float | None]) -> list[float]:
+    """Norms as kept: None as ``MISSING``, non-finite as ``NON_FINITE``, finite ones
+    within float32 (``array('f')`` would turn 1e39 into inf: a false non-finite)."""
+    values = [MISSING if v is None else v for v in norms] if None in norms else list(norms)
+    total = sum(values)  # NaN and inf show in the sum: the common case checks nothing else
+    if math.isfinite(total) and max(values) <= FLOAT32_MAX:
+        return values
+    return [NON_FINITE if not math.isfinite(v) else min(v, FLOAT32_MAX) for v in values]
+
+
+def _as_float32(value: float) -> float:
+    return array("f", [value])[0]
