@@ -45,13 +45,15 @@ def test_a_thinned_record_fills_every_column_of_its_span() -> None:
     assert list(heat.row(0)) == [1.0] + [5.0] * 9
 
 
-def test_resample_groups_columns_by_max_at_an_even_width() -> None:
+def test_resample_spreads_the_whole_run_evenly_over_the_width() -> None:
     heat = GradHeatmap(layers=1, capacity=64)
     for i in range(60):
         heat.add(i, [float(i)])
-    rows, group = heat.resample(25)
-    assert group == 3 and len(rows[0]) == 20
-    assert rows[0][:3] == [2.0, 5.0, 8.0]  # the largest of each group of three
+    (narrow,) = heat.resample(25)
+    assert len(narrow) == 25 and narrow[-1] == 59.0  # the last step is in
+    assert narrow[:3] == [1.0, 3.0, 6.0]  # the largest of 2 or 3 columns each
+    (wide,) = heat.resample(120)
+    assert len(wide) == 120 and wide[:4] == [0.0, 0.0, 1.0, 1.0]  # each column twice
 
 
 def footprint(heat: GradHeatmap) -> int:

@@ -117,18 +117,20 @@ class GradHeatmap:
         best = max(self.row(layer), default=MISSING)
         return None if best == MISSING else best
 
-    def resample(self, width: int) -> tuple[list[list[float]], int]:
-        """Rows of the columns regrouped to at most ``width`` (each the max of its
-        group, so the groups are of equal step width); returns (rows, columns per
-        group)."""
+    def resample(self, width: int) -> list[list[float]]:
+        """Rows of exactly ``width`` cells spread evenly over the whole run: each cell
+        the max of the columns it covers (as many as the screen allows, their count
+        differing by at most one between cells), a short run's columns widened."""
         columns = self._all_columns()
-        if width <= 0 or not columns:
-            return [[] for _ in range(self.layers)], 1
-        group = max(1, math.ceil(len(columns) / width))
-        if group > 1:
-            columns = [list(map(max, *columns[i:i + group])) if len(columns[i:i + group]) > 1
-                       else list(columns[i]) for i in range(0, len(columns), group)]
-        return [list(row) for row in zip(*columns)], group
+        count = len(columns)
+        if width <= 0 or not count:
+            return [[] for _ in range(self.layers)]
+        bounds = [i * count // width for i in range(width + 1)]
+        cells = []
+        for start, end in zip(bounds, bounds[1:], strict=False):
+            group = columns[start:max(end, start + 1)]
+            cells.append(list(map(max, *group)) if len(group) > 1 else list(group[0]))
+        return [list(row) for row in zip(*cells)]
 
     def _all_columns(self) -> list[Sequence[float]]:
         if self.newest is None:

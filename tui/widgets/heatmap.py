@@ -76,23 +76,21 @@ class GradHeatmapView(Vertical):
             self.query_one("#heat-axis", Static).update("")
             self.legend_text, self.axis_text, self.rows_text = "", "", []
             return
-        grid, group = heat.resample(cells)
-        repeat = max(1, cells // max(len(grid[0]), 1))  # a short run fills the width
+        grid = heat.resample(cells)
         self.scale = _scale(grid)
         marks = {mark for row in grid for mark in _marks(row)}
         rows = Text(no_wrap=True, overflow="crop")
         self.rows_text = []
         for index, (name, values) in enumerate(zip(layers, grid, strict=True)):
-            line = _row(short_name(name, name_width).ljust(name_width), values, repeat,
-                        self.scale)
+            line = _row(short_name(name, name_width).ljust(name_width), values, self.scale)
             self.rows_text.append(line.plain)
             rows.append_text(line)
             if index < len(layers) - 1:
                 rows.append("\n")
-        legend = _legend(self.scale, marks, group * heat.stride if repeat == 1 else None)
         first, _ = heat.column_steps(0)
         last = min(heat.column_steps(heat.columns - 1)[1], run.last_step if run else 0)
-        axis = _axis(first, last, name_width + 1, len(grid[0]) * repeat)
+        legend = _legend(self.scale, marks, (last - first + 1) / cells)
+        axis = _axis(first, last, name_width + 1, cells)
         self.legend_text, self.axis_text = legend.plain, axis
         self.query_one("#heat-legend", Static).update(legend)
         self.query_one("#heat-rows", Static).update(rows)
@@ -133,22 +131,22 @@ def _marks(row: list[float]) -> set[str]:
     return out
 
 
-def _row(name: str, values: list[float], repeat: int, scale: tuple[float, float]) -> Text:
+def _row(name: str, values: list[float], scale: tuple[float, float]) -> Text:
     text = Text(name + " ", no_wrap=True)
     for value in values:
         if value == math.inf:
-            text.append("!" * repeat, style=NON_FINITE_STYLE)
+            text.append("!", style=NON_FINITE_STYLE)
         elif value == MISSING:
-            text.append("·" * repeat, style="dim")
+            text.append("·", style="dim")
         elif value <= 0:
-            text.append("0" * repeat, style="dim")
+            text.append("0", style="dim")
         else:
             bar = level(value, scale)
-            text.append(BARS[bar] * repeat, style=COLORS[bar])
+            text.append(BARS[bar], style=COLORS[bar])
     return text
 
 
-def _legend(scale: tuple[float, float], marks: set[str], steps_per_cell: int | None) -> Text:
+def _legend(scale: tuple[float, float], marks: set[str], steps_per_cell: float) -> Text:
     low, high = scale
     text = Text("grad norm ", style="bold")
     for bar, color in zip(BARS, COLORS, strict=True):
@@ -162,8 +160,9 @@ def _legend(scale: tuple[float, float], marks: set[str], steps_per_cell: int | N
         text.append("  0 zero", style="dim")
     if "·" in marks:
         text.append("  · none", style="dim")
-    text.append("  max of each cell" + (f" ({steps_per_cell} steps)" if steps_per_cell
-                                        else ""), style="dim")
+    if steps_per_cell >= 1.5:  # else a cell is a step (or part of one): nothing to say
+        span = f"{steps_per_cell:.0f}" if steps_per_cell >= 10 else f"{steps_per_cell:.2g}"
+        text.append(f"  max of each cell (~{span} steps)", style="dim")
     return text
 
 
