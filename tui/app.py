@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Callable
@@ -124,11 +125,9 @@ class TraintopApp(App[int]):
 
     def on_mount(self) -> None:
         loop = asyncio.get_running_loop()
-        for signum in EXIT_SIGNALS:
-            try:
+        for signum in EXIT_SIGNALS:  # (not possible off the main thread: tests' pilots)
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signum, self._exit_on_signal, signum)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-                pass
         self.feed()
         self.set_interval(1 / FRAME_RATE_HZ, self.redraw)
         if self.companion is not None:
@@ -143,10 +142,8 @@ class TraintopApp(App[int]):
     def on_unmount(self) -> None:
         loop = asyncio.get_running_loop()
         for signum in EXIT_SIGNALS:
-            try:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(signum)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
         self.monitor.close()
 
     def on_resize(self) -> None:
@@ -169,10 +166,8 @@ class TraintopApp(App[int]):
 
     def redraw(self, force: bool = False) -> None:
         """Redraw every view from state, if anything changed since the last frame."""
-        try:
+        with contextlib.suppress(NoMatches):  # the app is closing: its views are gone
             self._redraw(force)
-        except NoMatches:  # the app is closing: its views are already gone
-            pass
 
     def _redraw(self, force: bool) -> None:
         now = time.monotonic()

@@ -11,10 +11,12 @@ length; 64 ranks x 200 layers fit in about 26 MB.
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 MISSING = -1.0  # no gradient in this column (no record yet, or .grad was None)
 NON_FINITE = math.inf  # NaN or Inf: larger than any norm, so max() keeps it
@@ -103,7 +105,8 @@ class GradHeatmap:
         if self.newest is None:
             self.newest = values
         else:
-            self.newest = [a if a >= b else b for a, b in zip(self.newest, values)]
+            self.newest = [a if a >= b else b
+                           for a, b in zip(self.newest, values, strict=True)]
 
     def row(self, layer: int) -> list[float]:
         """One layer's columns (``MISSING``, ``NON_FINITE`` or a norm)."""
@@ -127,10 +130,10 @@ class GradHeatmap:
             return [[] for _ in range(self.layers)]
         bounds = [i * count // width for i in range(width + 1)]
         cells = []
-        for start, end in zip(bounds, bounds[1:], strict=False):
+        for start, end in itertools.pairwise(bounds):
             group = columns[start:max(end, start + 1)]
             cells.append(list(map(max, *group)) if len(group) > 1 else list(group[0]))
-        return [list(row) for row in zip(*cells)]
+        return [list(row) for row in zip(*cells, strict=True)]
 
     def _all_columns(self) -> list[Sequence[float]]:
         if self.newest is None:
@@ -149,7 +152,10 @@ class GradHeatmap:
 def _stored(norms: Sequence[float | None]) -> list[float]:
     """Norms as kept: None as ``MISSING``, non-finite as ``NON_FINITE``, finite ones
     within float32 (``array('f')`` would turn 1e39 into inf: a false non-finite)."""
-    values = [MISSING if v is None else v for v in norms] if None in norms else list(norms)
+    if None in norms:
+        values = [MISSING if v is None else v for v in norms]
+    else:
+        values = list(cast("Sequence[float]", norms))
     total = sum(values)  # NaN and inf show in the sum: the common case checks nothing else
     if math.isfinite(total) and max(values) <= FLOAT32_MAX:
         return values

@@ -14,6 +14,7 @@ SIGINT (the screen app turns these into a clean exit), or an error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -92,10 +93,8 @@ def _stop(trainer: subprocess.Popen) -> int | None:
 
 
 def _signal_group(trainer: subprocess.Popen, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(trainer.pid, signum)  # its own session: the group id is its pid
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 CLEANUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -104,10 +103,8 @@ CLEANUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 def _hold_signals() -> dict[int, object]:
     held: dict[int, object] = {}
     for signum in CLEANUP_SIGNALS:
-        try:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
             held[signum] = signal.signal(signum, signal.SIG_IGN)
-        except (ValueError, OSError):  # not the main thread
-            pass
     return held
 
 

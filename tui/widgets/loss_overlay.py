@@ -75,7 +75,7 @@ class LossOverlay(PlotextPlot):
                      if any(line[4] is not None for line in lines) else ""))
         if last_step > 0:
             plt.xlim(0, last_step)
-            steps = sorted({round(t) for t in axis_ticks(0, last_step, 5)})
+            steps: list[float] = sorted({round(t) for t in axis_ticks(0, last_step, 5)})
             plt.xticks(steps, [f"{t:,}" for t in steps])
         if drawn:
             ticks = axis_ticks(min(drawn), max(drawn), 4)
