@@ -201,3 +201,16 @@ async def test_the_alert_detail_scrolls_to_its_end_at_80x24() -> None:
         await settle(pilot, app, lambda: scroll.max_scroll_y > 0)  # more than fits
         await pilot.press("end")
         await settle(pilot, app, lambda: scroll.scroll_y == scroll.max_scroll_y)
+
+
+async def test_a_live_heatmap_catches_up_with_the_run() -> None:
+    """It redraws at most once a second; what comes in meanwhile is drawn then, even
+    when the run falls silent just after."""
+    from tests.test_app import PacedSource
+
+    app = quiet(make_app(PacedSource(deep_run(150, layers=4), every=5)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("h")
+        heat = app.query_one(GradHeatmapView)
+        await settle(pilot, app, lambda: bool(heat.rows_text))
+        await settle(pilot, app, lambda: heat.axis_text.split()[-1:] == ["149"], timeout=10)

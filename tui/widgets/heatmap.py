@@ -9,11 +9,13 @@ resolution (``GradHeatmap.resample``); deep models scroll.
 from __future__ import annotations
 
 import math
+import time
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.css.scalar import Scalar
+from textual.timer import Timer
 from textual.widgets import Static
 
 from tui.format import number
@@ -27,6 +29,7 @@ COLORS = ("#440154", "#46327e", "#365c8d", "#277f8e", "#1fa187", "#4ac16d", "#a0
           "#fde725")
 NON_FINITE_STYLE = "bold white on red"
 NAME_WIDTH_MAX = 16
+REDRAW_EVERY_S = 1.0
 
 
 class GradHeatmapView(Vertical):
@@ -53,6 +56,9 @@ class GradHeatmapView(Vertical):
         self.axis_text = ""
         self.rows_text: list[str] = []
         self.scale: tuple[float, float] | None = None  # log10 range of the colours
+        self._shown: tuple[object, ...] | None = None  # the run and size last drawn
+        self._drawn_at = 0.0
+        self._catch_up: Timer | None = None  # a redraw held back by the rate limit
 
     def compose(self) -> ComposeResult:
         yield Static(id="heat-legend")
@@ -61,9 +67,20 @@ class GradHeatmapView(Vertical):
         yield Static(id="heat-axis")
 
     def show(self, run: RunState | None) -> None:
-        """Redraw from the run's heatmap buckets, fitted to the widget's width."""
+        """Redraw from the run's heatmap buckets, fitted to the widget's width; at most
+        once a second while the same run and size are shown (a column covers many steps,
+        and a model of thousands of layers costs a redraw of every row)."""
         if not self.display:
+            self._shown = None
             return
+        now = time.monotonic()
+        shape = (id(run), self.size, run.heatmap.stride if run else 0)
+        if shape == self._shown and now - self._drawn_at < REDRAW_EVERY_S:
+            if self._catch_up is None:  # draw what came meanwhile, once it is time
+                self._catch_up = self.set_timer(self._drawn_at + REDRAW_EVERY_S - now,
+                                                lambda: self._draw_late(run))
+            return
+        self._shown, self._drawn_at = shape, now
         width = self.size.width or 80
         layers = run.layers if run is not None else []
         name_width = min(max((len(name) for name in layers), default=5), NAME_WIDTH_MAX)
@@ -100,6 +117,11 @@ class GradHeatmapView(Vertical):
             scroll.styles.height = min(len(layers), room)
         self.query_one("#heat-axis", Static).update(Text(axis, style="dim"))
 
+    def _draw_late(self, run: RunState | None) -> None:
+        self._catch_up = None
+        self._shown = None  # whatever was drawn, draw again
+        self.show(run)
+
 
 def _scale(grid: list[list[float]]) -> tuple[float, float]:
     """The log10 range of the finite, positive cells (a tiny range is widened)."""
@@ -133,16 +155,23 @@ def _marks(row: list[float]) -> set[str]:
 
 def _row(name: str, values: list[float], scale: tuple[float, float]) -> Text:
     text = Text(name + " ", no_wrap=True)
+    run, run_style = "", ""  # cells of one style are appended together: fewer spans
     for value in values:
         if value == math.inf:
-            text.append("!", style=NON_FINITE_STYLE)
+            cell, style = "!", NON_FINITE_STYLE
         elif value == MISSING:
-            text.append("·", style="dim")
+            cell, style = "·", "dim"
         elif value <= 0:
-            text.append("0", style="dim")
+            cell, style = "0", "dim"
         else:
             bar = level(value, scale)
-            text.append(BARS[bar], style=COLORS[bar])
+            cell, style = BARS[bar], COLORS[bar]
+        if style != run_style and run:
+            text.append(run, style=run_style)
+            run = ""
+        run, run_style = run + cell, style
+    if run:
+        text.append(run, style=run_style)
     return text
 
 
