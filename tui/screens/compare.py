@@ -87,21 +87,26 @@ class CompareScreen(Screen[None]):
     BINDINGS = [
         Binding("escape,q,m", "close", "Back"),
         Binding("r", "next_reference", "Reference"),
+        # The main screen's keys act on one run: not from here (nor in the footer).
+        Binding("p,n,a,g,h,v,c,l,s,minus,plus,equals_sign", "main_screen_only", show=False),
     ]
     DEFAULT_CSS = """
+    CompareScreen {
+        overflow-y: hidden;
+    }
     CompareScreen #compare-runs {
         height: auto;
-        max-height: 6;
+        max-height: 7;
         padding: 0 1;
         background: $panel;
     }
     CompareScreen LossOverlay {
         height: 1fr;
-        min-height: 9;
+        min-height: 8;
     }
     CompareScreen #ratios {
         height: auto;
-        max-height: 50%;
+        max-height: 40%;
     }
     """
 
@@ -162,7 +167,7 @@ class CompareScreen(Screen[None]):
             text.append(f"  step {run.last_step:,}  loss {number(run.loss)}"
                         + (f"  val {val}" if val else "") + f"  {alerts_label(run, short=True)}")
         if len(runs) > 1:
-            text.append("\nratios to ref: latest grad norm, and peak (largest finite); "
+            text.append("\nratios to ref: latest grad norm, peak (largest finite); "
                         "! went non-finite", style="dim")
         self.header_text = text.plain
         self.query_one("#compare-runs", Static).update(text)
@@ -199,6 +204,10 @@ class CompareScreen(Screen[None]):
 
     def action_close(self) -> None:
         self.dismiss()
+
+    def action_main_screen_only(self) -> None:
+        self.notify("that key acts on the main screen's run: Escape goes back to it",
+                    timeout=3)
 
 
 def _cells(row: LayerRatio) -> list[Text | str]:
