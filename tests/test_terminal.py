@@ -20,7 +20,10 @@ import pytest
 from probes.wire import encode_frame
 from tests.frames import short_run
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
+]
 REPO = Path(__file__).resolve().parent.parent
 MODES = "#{pane_dead} #{alternate_on} #{mouse_any_flag} #{mouse_button_flag} " \
         "#{mouse_standard_flag} #{mouse_sgr_flag}"
