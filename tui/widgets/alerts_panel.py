@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
+from probes.diagnosis import SEVERITY_ORDER
 from tui.state import AlertEntry, RunState
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -12,13 +13,12 @@ SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
 
 
 class AlertsPanel(DataTable[Text | str]):
-    """The selected run's alerts, newest first."""
+    """The selected run's alerts, the most severe first, then by step (the first
+    error is the first line: Enter opens it)."""
 
     DEFAULT_CSS = """
     AlertsPanel {
         height: auto;
-        max-height: 9;
-        border-top: solid $panel;
     }
     """
 
@@ -35,8 +35,8 @@ class AlertsPanel(DataTable[Text | str]):
         self.add_column("", key="state")
 
     def show(self, run: RunState | None) -> None:
-        """Redraw from the run's alerts (newest first)."""
-        entries = list(reversed(run.alerts)) if run is not None else []
+        """Redraw from the run's alerts (by severity, then step)."""
+        entries = sorted_alerts(run.alerts) if run is not None else []
         shown = [(id(e), e.active) for e in entries]
         if shown == self._shown:
             return
@@ -62,3 +62,10 @@ class AlertsPanel(DataTable[Text | str]):
         if not self.entries or not 0 <= self.cursor_row < len(self.entries):
             return None
         return self.entries[self.cursor_row]
+
+
+def sorted_alerts(entries: list[AlertEntry]) -> list[AlertEntry]:
+    """Errors before warnings before infos; within one severity, by step (then in the
+    order raised)."""
+    return sorted(entries, key=lambda e: (-SEVERITY_ORDER.get(e.alert.severity, 0),
+                                          e.alert.step))
