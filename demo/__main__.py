@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from demo.catalog import SCENARIOS, listing
+from demo.catalog import JOB_SCENARIOS, SCENARIOS, listing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch  # loaded here, after the arguments are checked
 
+    if args.scenario in JOB_SCENARIOS:
+        return run_job_scenario(args)
+
     from demo.scenarios import BUILDERS
     from demo.trainer import train
 
@@ -46,6 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     name = args.scenario + (" (fixed)" if args.fixed else "")
     delay = setup.watch_delay if args.delay is None else max(args.delay, 0.0)
     train(setup, run=name, steps=args.steps, delay=delay, seed=args.seed)
+    return 0
+
+
+def run_job_scenario(args: argparse.Namespace) -> int:
+    """A multi-rank scenario: its ranks are this process's children."""
+    from demo.ddp import JobOptions, run_job
+
+    name = args.scenario + (" (fixed)" if args.fixed else "")
+    delay = 0.02 if args.delay is None else max(args.delay, 0.0)
+    run_job(JobOptions(name=name, steps=args.steps or 300, delay=delay,
+                       desync=not args.fixed, seed=args.seed))
     return 0
 
 

@@ -63,7 +63,14 @@ SCENARIOS: dict[str, ScenarioInfo] = {
     "lr-too-low": ScenarioInfo(
         "Adam at lr 1e-7: updates are a millionth of the weights, the loss barely moves",
         ("update_ratio",), view="layer table (update/w), alerts"),
+    "ddp-desync": ScenarioInfo(
+        "a 2-rank DDP job that calls the inner module on every other step: those steps "
+        "skip the all-reduce and the replicas drift apart while every loss looks fine",
+        ("grads_not_synced", "replicas_diverged"), view="job view (ranks), alerts"),
 }
+
+#: Scenarios that are jobs of several ranks (``demo.ddp``), not one training loop.
+JOB_SCENARIOS = frozenset({"ddp-desync"})
 
 
 NBSP = "\u00a0"
