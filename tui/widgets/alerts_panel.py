@@ -12,7 +12,10 @@ SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
 
 
 class AlertsPanel(DataTable[Text | str]):
-    """The selected run's alerts, newest first."""
+    """The selected run's alerts: the active ones first, each group in the order of the
+    lesson's checklist (data, shapes and loss contract, tiny batch, gradient path,
+    update, evaluation), then by step. An alert standing for several layers shows how
+    many more; one with consequences folded under it shows how many."""
 
     DEFAULT_CSS = """
     AlertsPanel {
@@ -35,9 +38,10 @@ class AlertsPanel(DataTable[Text | str]):
         self.add_column("", key="state")
 
     def show(self, run: RunState | None) -> None:
-        """Redraw from the run's alerts (newest first)."""
-        entries = list(reversed(run.alerts)) if run is not None else []
-        shown = [(id(e), e.active) for e in entries]
+        """Redraw from the run's alerts (active first, in checklist order)."""
+        entries = sorted(run.alerts, key=lambda e: (not e.active, e.alert.rung, e.alert.step)
+                         ) if run is not None else []
+        shown = [(id(e), e.active, e.alert.folded, e.alert.layers) for e in entries]
         if shown == self._shown:
             return
         self._shown = shown
@@ -49,11 +53,11 @@ class AlertsPanel(DataTable[Text | str]):
         for entry in entries:
             alert = entry.alert
             style = SEVERITY_STYLE.get(alert.severity, "") if entry.active else "dim"
+            others = len(alert.layers) - 1 if alert.subject in alert.layers else 0
             self.add_row(Text(SEVERITY_MARK.get(alert.severity, "?"), style=style),
                          f"{alert.step:,}", Text(alert.kind, style=style),
-                         alert.subject or "run",
-                         "" if entry.active else f"cleared at {entry.cleared_at:,}"
-                         if entry.cleared_at is not None else "cleared")
+                         (alert.subject or "run") + (f" +{others}" if others > 0 else ""),
+                         _state(entry))
         if entries:
             self.move_cursor(row=min(cursor, len(entries) - 1))
 
@@ -62,3 +66,15 @@ class AlertsPanel(DataTable[Text | str]):
         if not self.entries or not 0 <= self.cursor_row < len(self.entries):
             return None
         return self.entries[self.cursor_row]
+
+
+def _state(entry: AlertEntry) -> str:
+    """Cleared or not, and the consequences folded under it."""
+    parts = []
+    if entry.alert.folded:
+        parts.append(f"+{len(entry.alert.folded)} folded: "
+                     + ", ".join(f.split("@")[0] for f in entry.alert.folded))
+    if not entry.active:
+        parts.append("cleared" if entry.cleared_at is None
+                     else f"cleared at {entry.cleared_at:,}")
+    return "; ".join(parts)
