@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from probes import structure
 from probes.anomaly import AnomalyStep, backward_op
 from probes.control import Control, ControlState
 from probes.diagnosis import Alert
@@ -106,6 +107,8 @@ class Probe:
                  "will be recorded")
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+        self._handles += structure.watch_updates(optimizer, self.layers,
+                                                 lambda: self._measurer.current, self._fail)
         connected = threading.Event()
         self._control = Control(
             connected=connected,
@@ -126,6 +129,8 @@ class Probe:
             connected=connected,
             hello_state=self._control.state.as_dict,
         )
+        for alert in structure.watch_time_alerts(self.module, optimizer, self.layers):
+            self.sender.put({"kind": "alert", "step": 0, "alert": alert.to_dict()})
         _open_probes.add(self)
 
     # --- public API -----------------------------------------------------------------
@@ -451,7 +456,8 @@ class Probe:
             "activations": self._measurer.activations.names,
             "mode_sensitive_modules": count_mode_sensitive(self.model),
             "config": {"every": self.every, "sample_every": self.sample_every,
-                       "grad_accumulation": self._grad_accumulation},
+                       "grad_accumulation": self._grad_accumulation,
+                       "update_check": self.optimizer is not None},
         }
         token = os.environ.get(TOKEN_ENV)
         if token:
