@@ -1,0 +1,215 @@
+"""Diagnosis benchmark: documented bugs on models the rules never saw, and their twins.
+
+    python tests/bench/diagnosis_suite.py                 # every case, table at the end
+    python tests/bench/diagnosis_suite.py --case NAME     # some cases (repeatable)
+    python tests/bench/diagnosis_suite.py --train NAME [--twin] [--delay S]
+                                           # one case as a plain training script, for a
+                                           # monitor you run yourself (traintop --headless)
+
+Each case (``tests/bench/diagnosis_cases.py``) trains its buggy loop and its healthy
+twin twice: once with every step sent as its own record (what a run at up to 60 steps/s
+sends) and once at full speed with the probe's default thinning (60 records a second,
+each standing for many steps). The frames go to an in-process stand-in monitor and
+then through the monitor's own state and rules, exactly as ``traintop --headless``
+applies them: an ALERT line is one ``AlertRaised``.
+
+The table gives, per case: the expected kind and first layer, whether it was raised
+with that subject, the step it was raised at, the ALERT lines of the buggy run, and the
+false alarms (ALERT lines) of the twin; for both speeds. Targets: every case raised
+with the right kind and first layer, no false alarm, at most 3 ALERT lines per root
+cause, the same result at full speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script
+
+import torch
+
+import probes
+from tests.bench.diagnosis_cases import CASES, Case
+from tests.collector import FrameCollector
+from tui.fields import check_frame
+from tui.state import AlertRaised, MonitorState
+
+MODES = {"every": "every step a record", "full": "full speed, thinned"}
+
+
+@dataclass
+class Outcome:
+    """What the monitor raised on one run."""
+
+    lines: list[str] = field(default_factory=list)  # ALERT lines, in order
+    alerts: list[Any] = field(default_factory=list)  # the Alert objects
+    steps: int = 0
+    records: int = 0
+    seconds: float = 0.0
+
+    def first(self, kind: str) -> Any | None:
+        return next((a for a in self.alerts if a.kind == kind), None)
+
+
+def run(case: Case, *, twin: bool, mode: str, steps: int | None = None) -> Outcome:
+    """Train ``case`` (or its twin) under a probe; what the monitor raises."""
+    folder = tempfile.mkdtemp(prefix="tt-bench-")
+    collector = FrameCollector(os.path.join(folder, "m.sock"))
+    options = {"max_steps_per_s": 1e9} if mode == "every" else {}
+
+    def watch(model: Any, optimizer: Any, **kw: Any) -> Any:
+        return probes.watch(model, optimizer, address=collector.address,
+                            run=f"{case.name}{'-twin' if twin else ''}", **{**options, **kw})
+
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    try:
+        case.run(twin, watch, steps or case.steps)
+        seconds = time.perf_counter() - started
+        if not collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames),
+                                  timeout=30):
+            raise RuntimeError(f"{case.name}: the probe never said bye")
+        return monitor(collector.frames, seconds)
+    finally:
+        collector.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def monitor(frames: list[dict[str, Any]], seconds: float = 0.0) -> Outcome:
+    """Apply frames as the monitor does; the alerts it raised."""
+    state = MonitorState()
+    outcome = Outcome(seconds=seconds)
+    for frame in frames:
+        check_frame(frame)
+        for event in state.apply(1, frame):
+            if isinstance(event, AlertRaised):
+                outcome.alerts.append(event.alert)
+                outcome.lines.append(event.alert.line())
+        if frame["kind"] == "step":
+            outcome.records += 1
+            outcome.steps = int(frame["step"]) + 1
+    return outcome
+
+
+@dataclass
+class Row:
+    case: Case
+    results: dict[str, tuple[Outcome, Outcome]]  # mode -> (bug, twin)
+
+    def verdict(self, mode: str) -> tuple[bool, str, str, int, int]:
+        """(right kind and subject, subject named, step raised, ALERT lines, false alarms)."""
+        bug, twin = self.results[mode]
+        alert = bug.first(self.case.expect)
+        subject = "-" if alert is None else (alert.subject or "")
+        hit = alert is not None and subject == self.case.subject
+        step = "-" if alert is None else str(alert.step)
+        return hit, subject, step, len(bug.lines), len(twin.lines)
+
+
+def table(rows: list[Row]) -> str:
+    head = ("| case | model | expected kind | first layer | every step: raised (named) | step | "
+            "ALERT lines | twin alarms | full speed: raised (named) | step | ALERT lines | "
+            "twin alarms | steps/s |")
+    lines = [head, "|" + "---|" * 13]
+    for row in rows:
+        case = row.case
+        if case.pending:
+            lines.append(f"| {case.name} | {case.model} | {case.expect} | - | pending: "
+                         f"{case.pending} | | | | | | | | |")
+            continue
+        cells = [case.name, case.model, case.expect, case.subject or "(run)"]
+        for mode in MODES:
+            hit, subject, step, count, alarms = row.verdict(mode)
+            mark = "yes" if hit else ("no" if subject == "-" else f"wrong: {subject or '(run)'}")
+            cells += [mark, step, str(count), str(alarms)]
+        full = row.results["full"][0]
+        cells.append(f"{full.steps / full.seconds:.0f}" if full.seconds else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    judged = [r for r in rows if not r.case.pending]
+    for mode, label in MODES.items():
+        verdicts = [r.verdict(mode) for r in judged]
+        hits = sum(v[0] for v in verdicts)
+        alarms = sum(v[4] for v in verdicts)
+        over = sum(v[3] > 3 for v in verdicts)
+        lines.append(f"\n{label}: raised with the right kind and first layer {hits}/"
+                     f"{len(judged)}; false alarms on twins {alarms}; cases with more than 3 "
+                     f"ALERT lines {over}")
+    return "\n".join(lines)
+
+
+def details(rows: list[Row]) -> str:
+    out = []
+    for row in rows:
+        for mode, (bug, twin) in row.results.items():
+            out.append(f"## {row.case.name} [{mode}] {bug.steps} steps in {bug.records} "
+                       f"records, {bug.seconds:.1f} s")
+            out += [f"   {line}" for line in bug.lines]
+            out += [f"   twin: {line}" for line in twin.lines]
+    return "\n".join(out)
+
+
+def train_alone(case: Case, twin: bool, delay: float, steps: int | None) -> None:
+    """The case as a plain script against whatever monitor listens (TRAINTOP_ADDRESS)."""
+    def watch(model: Any, optimizer: Any, **kw: Any) -> Any:
+        probe = probes.watch(model, optimizer, run=f"{case.name}{'-twin' if twin else ''}",
+                             **kw)
+        if delay:
+            original = probe.step
+
+            def slow_step(*args: Any, **kwargs: Any) -> Any:
+                time.sleep(delay)
+                return original(*args, **kwargs)
+
+            probe.step = slow_step  # type: ignore[method-assign]
+        return probe
+
+    torch.manual_seed(0)
+    case.run(twin, watch, steps or case.steps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", help="run only these cases")
+    parser.add_argument("--mode", action="append", choices=list(MODES))
+    parser.add_argument("--train", help="run one case as a training script")
+    parser.add_argument("--twin", action="store_true")
+    parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--details", action="store_true", help="print every ALERT line")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    by_name = {case.name: case for case in CASES}
+    if args.train:
+        train_alone(by_name[args.train], args.twin, args.delay, args.steps)
+        return 0
+    cases = [by_name[name] for name in args.case] if args.case else CASES
+    modes = args.mode or list(MODES)
+    rows = []
+    for case in cases:
+        results: dict[str, tuple[Outcome, Outcome]] = {}
+        if not case.pending:
+            for mode in modes:
+                results[mode] = (run(case, twin=False, mode=mode, steps=args.steps),
+                                 run(case, twin=True, mode=mode, steps=args.steps))
+                bug, twin = results[mode]
+                print(f"{case.name} [{mode}]: {len(bug.lines)} lines, twin {len(twin.lines)}",
+                      file=sys.stderr, flush=True)
+        for mode in MODES:  # a mode not run reads as empty
+            results.setdefault(mode, (Outcome(), Outcome()))
+        rows.append(Row(case, results))
+    if args.details:
+        print(details(rows))
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
