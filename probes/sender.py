@@ -106,6 +106,21 @@ class PendingMerge:
         self.reference = thinning.ceiling(members)
         return kept
 
+    def note_sent(self, items: list[PendingRecord]) -> None:
+        """The steps just sent, thinned or not: the next group is judged against them
+        (a run that speeds up, or its first step sent alone, must not start from 0)."""
+        members = []
+        for item in items:
+            merged = item.merged
+            if merged is not None:
+                total, scalars = merged.get("grad_norm_total_max"), merged.get("scalars_max")
+            else:
+                _, total, scalars = item.peak_values()
+            members.append(thinning.Member.of(non_finite=False, keep=False, total=total,
+                                              scalars=scalars or {}))
+        if members:
+            self.reference = thinning.ceiling(members)
+
 
 def _first(item: PendingRecord) -> int:
     return item.span[0] if item.span else item.step
@@ -246,8 +261,11 @@ class Sender:
         now = time.monotonic()
         budget = max(1, int(self._max_steps_per_s * max(now - self._last_collect, 1e-3)))
         self._last_collect = now
+        if not self._first_step_seen:  # sent alone: the first group is judged against it
+            self._merge.note_sent([item for item in ready if _is_step(item)][:1])  # type: ignore[misc]
         kept = thin(ready, budget, is_step=_is_step, merge=self._merge,
                     keep_first=not self._first_step_seen)
+        self._merge.note_sent([item for item in kept if _is_step(item)])  # type: ignore[misc]
         connected = self._sock is not None
         for item in kept:
             record = item.to_record() if _is_step(item) else item

@@ -200,12 +200,19 @@ def merge_records(records: list[Record]) -> Record:
     return _merged(records, kept)
 
 
-def thin_records(records: list[Record], group: int,
-                 reference: tuple[float, float] = (0.0, 0.0)) -> list[Record]:
+def thin_records(records: list[Record], group: int, *, keep_first: bool = True) -> list[Record]:
     """Step records as a run ``group`` times faster than the budget would send them
-    (other records pass, in order): the same policy as the sender's, over records."""
+    (other records pass, in order): the same policy as the sender's, over records. As
+    the sender does, the first step is sent alone (``keep_first``)."""
     out: list[Record] = []
     run: list[Record] = []
+    reference = (0.0, 0.0)
+    if keep_first:
+        first = next((i for i, r in enumerate(records) if r.get("kind") == "step"), None)
+        if first is not None:
+            out += records[: first + 1]
+            reference = ceiling([member_of(records[first])])
+            records = records[first + 1 :]
     for record in [*records, None]:
         if record is not None and record.get("kind") == "step" and len(run) < group:
             run.append(record)

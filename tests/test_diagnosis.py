@@ -671,9 +671,9 @@ def with_activations(n: int, fractions: Sequence[float]) -> Record:
 
 
 def test_dead_activations_relu_at_097_on_2_samples() -> None:
-    _, changes = run([with_activations(0, [0.97, 0.3]), with_activations(10, [0.97, 0.3])])
+    _, changes = run([with_activations(0, [0.97, 0.3]), with_activations(20, [0.97, 0.3])])
     alert = only(raised(changes, "dead_activations"))
-    assert (alert.severity, alert.subject, alert.step) == ("warning", "act.relu", 10)
+    assert (alert.severity, alert.subject, alert.step) == ("warning", "act.relu", 20)
     assert alert.evidence["zero_fraction"] == 0.97
     assert alert.evidence["samples"] == 2
     assert "saturated_activations" not in kinds(changes)
@@ -691,8 +691,14 @@ def test_dead_activations_near_miss_one_sample() -> None:
     assert "dead_activations" not in kinds(changes)
 
 
+def test_dead_activations_near_miss_2_samples_within_20_steps() -> None:
+    """Time in steps: two samples 10 steps apart (sample_every=10) are not yet 20 steps."""
+    _, changes = run([with_activations(0, [0.97, 0.3]), with_activations(10, [0.97, 0.3])])
+    assert "dead_activations" not in kinds(changes)
+
+
 def test_saturated_activations_tanh_at_095() -> None:
-    _, changes = run([with_activations(0, [0.2, 0.95]), with_activations(10, [0.2, 0.95])])
+    _, changes = run([with_activations(0, [0.2, 0.95]), with_activations(20, [0.2, 0.95])])
     alert = only(raised(changes, "saturated_activations"))
     assert (alert.severity, alert.subject) == ("warning", "act.tanh")
     assert alert.evidence["saturated_fraction"] == 0.95
@@ -853,10 +859,11 @@ def test_one_kind_on_several_layers_is_one_incident_naming_the_first() -> None:
     assert (alert.evidence["layers_affected"], alert.evidence["range"]) == (2, "enc.1..head")
     assert list(diagnoser.active) == ["vanishing_gradient"]
     assert diagnoser.raised_count["vanishing_gradient"] == 1
-    # one recovers: the incident holds (the other still vanishes), no new line
+    # one recovers: the incident holds (the other still vanishes), no new line; it
+    # still lists every layer it concerned
     later = feed(diagnoser, steady_grads(5, [1.0, 0.5, 1e-6], start=25))
     assert later == []
-    assert diagnoser.active["vanishing_gradient"].layers == ("head",)
+    assert diagnoser.active["vanishing_gradient"].layers == ("enc.1", "head")
     # both recover: it clears
     cleared_now = feed(diagnoser, steady_grads(5, [1.0, 0.5, 0.5], start=30))
     assert only(cleared(cleared_now, "vanishing_gradient")).subject == "enc.1"

@@ -119,9 +119,14 @@ class RunState:
         for alert in self.active_alerts:
             kind = {"vanishing_gradient": "vanishing", "exploding_gradient": "exploding",
                     "dead_activations": "dead", "saturated_activations": "dead"}.get(alert.kind)
-            layer = feeding.get(alert.subject, alert.subject) if kind == "dead" else alert.subject
-            if kind and layer in self.layers and rank[kind] > rank.get(status.get(layer, ""), -1):
-                status[layer] = kind
+            if not kind:
+                continue
+            # an incident names every layer it concerns (a dead ReLU: the layer feeding it)
+            layers = alert.layers or (feeding.get(alert.subject, alert.subject)
+                                      if kind == "dead" else alert.subject,)
+            for layer in layers:
+                if layer in self.layers and rank[kind] > rank.get(status.get(layer, ""), -1):
+                    status[layer] = kind
         return status
 
     def apply_hello(self, frame: Frame) -> None:

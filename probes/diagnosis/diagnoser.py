@@ -217,8 +217,10 @@ class Diagnoser:
 
     def _refresh(self, key: str, alert: Alert) -> None:
         """An incident that holds may come to concern more layers (a cause's layers
-        decide which consequences fold under it); its line and evidence stay as raised."""
+        decide which consequences fold under it): it lists every layer it has concerned
+        while it held, the first failing first; its line and evidence stay as raised."""
         active = self.active[key]
-        if alert.layers and alert.layers != active.layers:
-            self.active[key] = self.incidents[key] = replace(active, layers=alert.layers)
+        grown = tuple(dict.fromkeys((*active.layers, *alert.layers)))
+        if grown != active.layers:
+            self.active[key] = self.incidents[key] = replace(active, layers=grown)
             self.revision += 1

@@ -207,8 +207,9 @@ class Activations(Rule):
                 self._since.pop(i, None)
                 continue
             self._samples[i] = self._samples.get(i, 0) + 1
-            self._since.setdefault(i, view.first)
-            if self._samples[i] >= self.t.activation_samples:
+            since = self._since.setdefault(i, view.step)  # a sampled step shows only itself
+            if (self._samples[i] >= self.t.activation_samples
+                    and view.step - since >= self.t.activation_steps):
                 hits["dead_activations" if dead else "saturated_activations"][i] = fraction
         findings = []
         for kind, found in hits.items():
@@ -221,7 +222,8 @@ class Activations(Rule):
             measure = {"relu": "zero_fraction", "input": "input_zero_fraction"}.get(
                 family, "saturated_fraction")
             layers = [name for i in order for name in _layers_of(info, i)]
-            findings.append(self.alert(view.step, names[0], {
+            step = self._since[first] + self.t.activation_steps
+            findings.append(self.alert(step, names[0], {
                 measure: found[first], "samples": self._samples[first],
                 **spread(names)}, kind=kind, layers=list(dict.fromkeys(layers))))
         return findings

@@ -63,15 +63,17 @@ class Thresholds:
     # for this many steps in a row (a warmup from lr 0 takes one step at 0).
     not_applied_steps: int = 3
     # update_ratio: |dw|/|w| per layer outside [low, high] (the usual band is ~1e-3) on
-    # this many sampled steps in a row, spanning at least update_steps steps.
+    # sampled steps in a row (at least update_samples) spanning update_steps steps.
     update_high: float = 0.1
     update_low: float = 1e-5
-    update_samples: int = 3
+    update_samples: int = 2
     update_steps: int = 40
-    # dead / saturated activations, on this many sampled steps in a row.
+    # dead / saturated activations, on sampled steps in a row (at least
+    # activation_samples) spanning activation_steps steps.
     dead_fraction: float = 0.95
     saturated_fraction: float = 0.90
     activation_samples: int = 2
+    activation_steps: int = 20
     # loss_spike: the loss this many times its rolling median, and this many median
     # absolute deviations above it, after spike_min_steps steps of history.
     spike_factor: float = 4.0

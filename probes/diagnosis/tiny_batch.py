@@ -7,11 +7,9 @@ is the same signal.)
 
 from __future__ import annotations
 
-import math
-
 from probes.diagnosis.rule import Findings, Rule
 from probes.diagnosis.thresholds import Thresholds
-from probes.diagnosis.views import RunHistory, StepView, mean
+from probes.diagnosis.views import RunHistory, StepView, weighted_mean
 
 
 class FlatLoss(Rule):
@@ -28,15 +26,15 @@ class FlatLoss(Rule):
         # Counted in steps: a thinned run's first records stand for more steps each.
         first = history.first_steps
         early = [s for s in first if s.first < self.START_STEPS] or first[:1]
-        start = [s.loss for s in early if s.loss is not None and math.isfinite(s.loss)]
-        if view.step < self.t.flat_after_steps or not start:
+        began = weighted_mean([(s.loss_estimate, min(s.steps, self.START_STEPS))
+                               for s in early if s.loss_estimate is not None])
+        if view.step < self.t.flat_after_steps or began is None:
             return None
-        began = mean(start)
         recent = history.recent_losses(view.step, self.t.smoothing_steps,
                                        after_step=early[-1].step)
-        if len(recent) < 2 or began <= 0:
+        now = weighted_mean(recent)
+        if now is None or began <= 0:
             return []
-        now = mean(recent)
         # Hysteresis on the value itself: once flat, the loss must fall half as far
         # again before the alert clears, so noise at the line does not flap it.
         drop = self.t.flat_min_drop * (1.5 if self._flat else 1.0)

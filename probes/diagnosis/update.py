@@ -84,7 +84,7 @@ class UpdateRatio(Rule):
                 continue
             self._side[i] = side
             self._samples[i] = self._samples.get(i, 0) + 1
-            since = self._since.setdefault(i, view.first)
+            since = self._since.setdefault(i, view.step)  # a sampled step shows only itself
             if (self._samples[i] >= self.t.update_samples
                     and view.step - since >= self.t.update_steps):
                 found[i] = ratio  # type: ignore[assignment]
@@ -93,7 +93,8 @@ class UpdateRatio(Rule):
         order = first_failing({i: self._since[i] for i in found})
         first = order[0]
         names = [history.info.layer(i) for i in order]
-        return [self.alert(view.step, names[0], {
+        # held from its first sample on: judged at the step that makes update_steps
+        return [self.alert(self._since[first] + self.t.update_steps, names[0], {
             "update_ratio": found[first], "side": self._side[first],
             "samples": self._samples[first],
             "band": f"{self.t.update_low:g}..{self.t.update_high:g}",
@@ -129,13 +130,16 @@ class UpdatesNotApplied(Rule):
             if grad is None or not math.isfinite(grad) or grad <= 0:
                 continue  # no gradient to apply: no news for this layer
             ratio = None if ratios is None or i >= len(ratios) else ratios[i]
-            why = ("lr=0" if lr_zero else "update_ratio=0" if ratio == 0 else
-                   "not_stepped" if versions and i in untouched else "")
-            changed = (ratio is not None and ratio > 0) or (
-                versions and not lr_zero and i not in untouched)
+            why = ("lr=0" if lr_zero else "not_stepped" if versions and i in untouched
+                   else "update_ratio=0" if ratio == 0 else "")
+            # the optimizer touched it, at some step of the span, with a learning rate
+            touched = versions and not lr_zero and i not in untouched
+            changed = (ratio is not None and ratio > 0) or (touched and ratio != 0)
             if not why and not changed:
                 continue
             news = True
+            if touched and view.steps > 1:
+                self._streaks.drop(i)  # the steps before the one it shows were updated
             # a sampled ratio or the learning rate shows the record's own step; the
             # version check holds over the whole span
             since = self._streaks.update(i, bool(why), view,
@@ -180,11 +184,11 @@ class _UpdateStreak(Rule):
             return []
         if self._since is None:
             self._since = view.first
-        length = view.step - self._since + 1
-        if length < self.threshold():
+        step = reached_at(self._since, self.threshold(), view)
+        if step is None:
             return []
-        return [self.alert(view.step, "", {self.evidence_name: length,
-                                           "since_step": self._since, "loss": view.loss})]
+        return [self.alert(step, "", {self.evidence_name: view.step - self._since + 1,
+                                      "since_step": self._since, "loss": view.loss})]
 
 
 class SkippedUpdates(_UpdateStreak):

@@ -132,6 +132,15 @@ class StepView:
         return peak if own is None else pick(peak, own)
 
     @property
+    def loss_estimate(self) -> float | None:
+        """The loss to average this record as: its own for one step, the middle of its
+        span's range for several (None when not finite)."""
+        low, high = self.loss_min, self.loss_max
+        if self.steps > 1 and low is not None and high is not None:
+            return (low + high) / 2
+        return self.loss if self.loss is not None and math.isfinite(self.loss) else None
+
+    @property
     def non_finite_grads(self) -> bool:
         """True if the step's gradient norms hold a NaN or Inf."""
         total = self.grad_norm_total
@@ -250,18 +259,29 @@ class RunHistory:
         if len(self.first_steps) < keep_first:
             self.first_steps.append(view)
 
-    def recent_losses(self, up_to_step: int, steps: int, after_step: int = -1) -> list[float]:
-        """Finite training losses of the records in the last ``steps`` steps at or before
-        ``up_to_step`` (and after ``after_step``); at least the last ``MIN_RECORDS``."""
-        records = [(s.step, s.loss) for s in self.steps
-                   if after_step < s.step <= up_to_step and s.loss is not None
-                   and math.isfinite(s.loss)]
-        recent = [loss for step, loss in records if step > up_to_step - steps]
-        if len(recent) < self.MIN_RECORDS:
-            recent = [loss for _, loss in records[-self.MIN_RECORDS:]]
-        return recent
+    def recent_losses(self, up_to_step: int, steps: int,
+                      after_step: int = -1) -> list[tuple[float, int]]:
+        """``(loss, steps it stands for)`` of the records in the last ``steps`` steps at
+        or before ``up_to_step`` (and after ``after_step``), finite ones only; the last
+        ``MIN_RECORDS`` when those are fewer and cover fewer steps (sparse records
+        without spans). A record standing for several steps gives the middle of its
+        span's range: steadier than the one batch it shows."""
+        records = [(s.step, s.loss_estimate, s.steps) for s in self.steps
+                   if after_step < s.step <= up_to_step and s.loss_estimate is not None]
+        recent = [(loss, count) for step, loss, count in records if step > up_to_step - steps]
+        if len(recent) < self.MIN_RECORDS and sum(c for _, c in recent) < steps:
+            recent = [(loss, count) for _, loss, count in records[-self.MIN_RECORDS:]]
+        return recent  # type: ignore[return-value]
 
-    def smoothed_loss(self, up_to_step: int, steps: int) -> float | None:
-        """Mean of ``recent_losses``: the smoothed training loss at a step."""
-        values = self.recent_losses(up_to_step, steps)
-        return mean(values) if values else None
+    def smoothed_loss(self, up_to_step: int, steps: int, after_step: int = -1) -> float | None:
+        """The smoothed training loss at a step: ``recent_losses`` weighted by the steps
+        each stands for (None when there is none)."""
+        return weighted_mean(self.recent_losses(up_to_step, steps, after_step))
+
+
+def weighted_mean(values: Sequence[tuple[float, int]]) -> float | None:
+    """The mean of ``(value, weight)`` pairs, None for none."""
+    total = sum(weight for _, weight in values)
+    if not total:
+        return None
+    return math.fsum(value * (weight / total) for value, weight in values)
