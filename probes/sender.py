@@ -77,14 +77,14 @@ class PendingMerge:
     judged against them)."""
 
     def __init__(self) -> None:
-        self.reference = (0.0, 0.0)
+        self.reference: thinning.Ceiling = ()
 
     def __call__(self, group: list[PendingRecord]) -> list[PendingRecord]:
         values = [m.peak_values() for m in group]
         members = [thinning.Member.of(non_finite=m.has_non_finite(),
                                       keep=bool(m.sampled or m.update_norms),
-                                      total=total, scalars=scalars)
-                   for m, (_, total, scalars) in zip(group, values, strict=True)]
+                                      total=total, scalars=scalars, grads=grads)
+                   for m, (grads, total, scalars) in zip(group, values, strict=True)]
         kept = []
         for start, end, rep in thinning.plan(members, self.reference):
             representative = group[rep]
@@ -113,11 +113,12 @@ class PendingMerge:
         for item in items:
             merged = item.merged
             if merged is not None:
+                grads = merged.get("grad_norms_max") or ()
                 total, scalars = merged.get("grad_norm_total_max"), merged.get("scalars_max")
             else:
-                _, total, scalars = item.peak_values()
+                grads, total, scalars = item.peak_values()
             members.append(thinning.Member.of(non_finite=False, keep=False, total=total,
-                                              scalars=scalars or {}))
+                                              scalars=scalars or {}, grads=grads))  # type: ignore[arg-type]
         if members:
             self.reference = thinning.ceiling(members)
 

@@ -12,9 +12,10 @@ a group of consecutive steps. Time stays counted in steps, and no peak is lost:
   (``first_non_finite_step``), and ``duration`` and ``probe_time`` summed;
 - a sub-span ends at the group's last sampled step (only sampled steps carry parameter
   norms, activation health and update ratios), and at every *escalation*: a step whose
-  total gradient norm or loss is more than ``ESCALATION`` times the largest seen before
-  it (in this group and the one before), so an explosion or a spike is sent at the
-  step it happens, not at the end of its group;
+  loss, total gradient norm or any layer's gradient norm is at least ``ESCALATION``
+  times the largest seen before it (in this group and what was sent before) is sent
+  alone, after the step before it, so an explosion or a spike is seen at the step it
+  happens and against what came before, not at the end of its group;
 - the first step with a non-finite number ends the finite part (the step before it
   shows the peak of a climb) and is the representative of the rest of the group.
 
@@ -36,28 +37,31 @@ ESCALATION = 2.0  # a step this many times above everything before it is sent as
 MAX_ESCALATIONS = 8  # ... at most this many per group (an explosion needs only its start)
 
 
+Ceiling = tuple[float, ...]  # the largest loss, total norm and each layer's norm so far
+
+
 @dataclass(frozen=True)
 class Member:
     """What the plan needs to know of one step (or already merged record) of a group."""
 
     non_finite: bool
     keep: bool  # a sampled step (or one carrying an update measurement)
-    total: float | None  # its largest total gradient norm
-    loss: float | None  # its largest loss
+    watched: Ceiling  # its (largest) loss, total gradient norm and each layer's norm
 
     @classmethod
     def of(cls, *, non_finite: bool, keep: bool, total: float | None,
-           scalars: Mapping[str, Any]) -> Member:
-        """A member from its total norm and scalars (the loss, else the first scalar)."""
+           scalars: Mapping[str, Any], grads: Sequence[float | None] = ()) -> Member:
+        """A member from its scalars (the loss, else the first), total norm and
+        per-layer norms; what is missing or not finite counts as 0."""
         loss = scalars.get("loss", next(iter(scalars.values()), None)) if scalars else None
-        return cls(non_finite, keep, finite_number(total), finite_number(loss))
+        return cls(non_finite, keep,
+                   tuple(finite_number(v) or 0.0 for v in (loss, total, *grads)))
 
 
-def plan(members: Sequence[Member], reference: tuple[float, float] = (0.0, 0.0),
-         ) -> list[tuple[int, int, int]]:
+def plan(members: Sequence[Member], reference: Ceiling = ()) -> list[tuple[int, int, int]]:
     """How to cut a group: ``(start, end, representative)`` indices, in order.
 
-    ``reference`` is the largest total norm and loss of the group before (0: none)."""
+    ``reference`` is the ``ceiling`` of what was sent before (empty: nothing)."""
     bad = next((i for i, m in enumerate(members) if m.non_finite), None)
     finite = members if bad is None else members[:bad]
     cuts = _finite_cuts(finite, reference)
@@ -71,37 +75,36 @@ def plan(members: Sequence[Member], reference: tuple[float, float] = (0.0, 0.0),
     return spans
 
 
-def _finite_cuts(members: Sequence[Member], reference: tuple[float, float]) -> list[int]:
+def _finite_cuts(members: Sequence[Member], reference: Ceiling) -> list[int]:
     if not members:
         return []
     cuts = {len(members) - 1}
     kept = next((i for i in range(len(members) - 1, -1, -1) if members[i].keep), None)
     if kept is not None:
         cuts.add(kept)
-    top_total, top_loss = reference
+    tops = reference
     escalations = 0
     for i, member in enumerate(members):
-        total, loss = member.total, member.loss
-        if escalations < MAX_ESCALATIONS and (
-                _escalates(total, top_total) or _escalates(loss, top_loss)):
-            cuts.add(i)
+        if escalations < MAX_ESCALATIONS and any(
+                top > 0 and value >= ESCALATION * top
+                for value, top in zip(member.watched, tops, strict=False)):
+            cuts.update((i - 1, i) if i else (i,))  # alone: the step before shows the low
             escalations += 1
-        top_total = max(top_total, total or 0.0)
-        top_loss = max(top_loss, loss or 0.0)
+        tops = _top(tops, member.watched)
     return sorted(cuts)
 
 
-def _escalates(value: float | None, top: float) -> bool:
-    return value is not None and top > 0 and value > ESCALATION * top
+def _top(a: Ceiling, b: Ceiling) -> Ceiling:
+    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+    return tuple(max(x, y) for x, y in zip(longer, shorter, strict=False)) + longer[len(shorter):]
 
 
-def ceiling(members: Iterable[Member]) -> tuple[float, float]:
-    """The largest total norm and loss of a group: the next group's reference."""
-    top_total = top_loss = 0.0
+def ceiling(members: Iterable[Member]) -> Ceiling:
+    """The largest loss, total and per-layer norm of a group: the next one's reference."""
+    tops: Ceiling = ()
     for member in members:
-        top_total = max(top_total, member.total or 0.0)
-        top_loss = max(top_loss, member.loss or 0.0)
-    return top_total, top_loss
+        tops = _top(tops, member.watched)
+    return tops
 
 
 class Peaks:
@@ -206,7 +209,7 @@ def thin_records(records: list[Record], group: int, *, keep_first: bool = True) 
     the sender does, the first step is sent alone (``keep_first``)."""
     out: list[Record] = []
     run: list[Record] = []
-    reference = (0.0, 0.0)
+    reference: Ceiling = ()
     if keep_first:
         first = next((i for i, r in enumerate(records) if r.get("kind") == "step"), None)
         if first is not None:
@@ -235,9 +238,11 @@ def thin_records(records: list[Record], group: int, *, keep_first: bool = True) 
 def member_of(record: Mapping[str, Any]) -> Member:
     return Member.of(
         non_finite=_has_non_finite(record),
-        keep="param_norms" in record or "update_ratios" in record,
+        keep=any(record.get(name) is not None
+                 for name in ("param_norms", "update_ratios", "activations")),
         total=_first_number(record.get("grad_norm_total_max"), record.get("grad_norm_total")),
-        scalars=record.get("scalars_max") or record.get("scalars") or {})
+        scalars=record.get("scalars_max") or record.get("scalars") or {},
+        grads=record.get("grad_norms_max") or record.get("grad_norms") or ())
 
 
 def _merged(records: list[Record], kept: Record) -> Record:
