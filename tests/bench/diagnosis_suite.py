@@ -5,6 +5,8 @@
     python tests/bench/diagnosis_suite.py --train NAME [--twin] [--delay S]
                                            # one case as a plain training script, for a
                                            # monitor you run yourself (traintop --headless)
+    python tests/bench/diagnosis_suite.py --reference NAME
+                                           # an exploding case's norms measured directly
 
 Each case (``tests/bench/diagnosis_cases.py``) trains its buggy loop and its healthy
 twin twice: once with every step sent as its own record (what a run at up to 60 steps/s
@@ -28,6 +30,7 @@ cases can measure another checkout's rules (``PYTHONPATH=/other/checkout``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -193,6 +196,94 @@ def details(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+class ReferenceProbe:
+    """Stands in for a probe, with no traintop code: each layer's gradient norm read
+    directly (``p.grad``, float64) just before ``optimizer.step()``."""
+
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        self.layers = {name or "(root)": ps for name, module in model.named_modules()
+                       if (ps := [p for p in module.parameters(recurse=False)
+                                  if p.requires_grad])}
+        self.norms: list[dict[str, float]] = []
+        self._hook = optimizer.register_step_pre_hook(self._read)
+        self._read_before_clip = False
+
+    def before_clip(self) -> None:
+        """Clipping is about to scale the gradients: read the unclipped ones."""
+        self._read()
+        self._read_before_clip = True
+
+    def _read(self, *args: Any) -> None:
+        if self._read_before_clip:
+            self._read_before_clip = False  # this step's norms were read before clipping
+            return
+        norms = {}
+        for name, params in self.layers.items():
+            grads = [p.grad.detach().double().flatten() for p in params if p.grad is not None]
+            if grads:
+                norms[name] = float(torch.cat(grads).norm())
+        self.norms.append(norms)
+
+    def step(self) -> Any:
+        return contextlib.nullcontext()
+
+    def evaluate(self) -> Any:
+        return contextlib.nullcontext()
+
+    def log(self, **scalars: Any) -> None:
+        pass
+
+    def __enter__(self) -> ReferenceProbe:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hook.remove()
+
+
+def first_crossing(norms: list[dict[str, float]], bound: float = 100.0, growth: float = 50.0,
+                   floor: float = 10.0, window: int = 10) -> tuple[int, list[str]] | None:
+    """The first step a layer's norm is over ``bound``, or over ``floor`` and ``growth``
+    times its low of the ``window`` steps before; the layers that are, in model order."""
+    for step, now in enumerate(norms):
+        over = []
+        for name, value in now.items():
+            before = [n[name] for n in norms[max(0, step - window):step] if name in n]
+            low = min(before, default=0.0)
+            if value > bound or (value > floor and low > 0 and value >= growth * low):
+                over.append(name)
+        if over:
+            return step, over
+    return None
+
+
+def reference(case: Case, steps: int | None) -> str:
+    """What the direct measurement says of an exploding case (no traintop involved)."""
+    probes_made: list[ReferenceProbe] = []
+
+    def watch(model: Any, optimizer: Any, **kw: Any) -> ReferenceProbe:
+        probes_made.append(ReferenceProbe(model, optimizer))
+        return probes_made[-1]
+
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def clip_reading_first(*args: Any, **kwargs: Any) -> Any:
+        for made in probes_made:
+            made.before_clip()
+        return clip(*args, **kwargs)
+
+    torch.manual_seed(0)
+    torch.nn.utils.clip_grad_norm_ = clip_reading_first  # type: ignore[assignment]
+    try:
+        case.run(False, watch, steps or case.steps)
+    finally:
+        torch.nn.utils.clip_grad_norm_ = clip
+    found = first_crossing(probes_made[0].norms)
+    if found is None:
+        return f"{case.name}: no layer crosses"
+    step, layers = found
+    return f"{case.name}: first crossing at step {step}, layers (model order) {layers}"
+
+
 def train_alone(case: Case, twin: bool, delay: float, steps: int | None) -> None:
     """The case as a plain script against whatever monitor listens (TRAINTOP_ADDRESS)."""
     def watch(model: Any, optimizer: Any, **kw: Any) -> Any:
@@ -222,11 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--details", action="store_true", help="print every ALERT line")
+    parser.add_argument("--reference", help="measure a case's gradient norms directly")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     by_name = {case.name: case for case in CASES}
     if args.train:
         train_alone(by_name[args.train], args.twin, args.delay, args.steps)
+        return 0
+    if args.reference:
+        print(reference(by_name[args.reference], args.steps))
         return 0
     cases = [by_name[name] for name in args.case] if args.case else CASES
     modes = args.mode or list(MODES)
