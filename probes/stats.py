@@ -151,8 +151,10 @@ class Measurement:
         grads = values[: self.grad_count]
         at = self.grad_count + self.update_count + self.param_count + sum(
             1 for total in self.activation_totals if total)
-        return (combine_layer_norms(grads, self.grad_present, self.layer_map), _total(grads),
-                self._scalars(values[at:]))
+        layers = combine_layer_norms(grads, self.grad_present, self.layer_map)
+        scalars = (self._scalars(values[at:]) if self.tensor_scalar_names or self.late_scalars
+                   else self.float_scalars)
+        return layers, _total(grads), scalars
 
     def _update_ratios(self, updates: list[float]) -> list[float | None]:
         """Per layer |dw|/|w|: the values are the sampled changes, then the sampled

@@ -54,8 +54,10 @@ class Member:
         """A member from its scalars (the loss, else the first), total norm and
         per-layer norms; what is missing or not finite counts as 0."""
         loss = scalars.get("loss", next(iter(scalars.values()), None)) if scalars else None
-        return cls(non_finite, keep,
-                   tuple(finite_number(v) or 0.0 for v in (loss, total, *grads)))
+        values = (loss, total, *grads)
+        if non_finite or None in values:
+            values = tuple(finite_number(v) or 0.0 for v in values)  # the rare, slow way
+        return cls(non_finite, keep, values)  # type: ignore[arg-type]
 
 
 def plan(members: Sequence[Member], reference: Ceiling = ()) -> list[tuple[int, int, int]]:
@@ -85,16 +87,26 @@ def _finite_cuts(members: Sequence[Member], reference: Ceiling) -> list[int]:
     tops = reference
     escalations = 0
     for i, member in enumerate(members):
-        if escalations < MAX_ESCALATIONS and any(
-                top > 0 and value >= ESCALATION * top
-                for value, top in zip(member.watched, tops, strict=False)):
+        watched = member.watched
+        if len(watched) == len(tops):
+            grown = max(map(_growth, watched, tops))
+            tops = tuple(map(max, tops, watched))
+        else:  # the first step, or another layout
+            grown = max(map(_growth, watched, tops), default=0.0)
+            tops = _top(tops, watched)
+        if grown >= ESCALATION and escalations < MAX_ESCALATIONS:
             cuts.update((i - 1, i) if i else (i,))  # alone: the step before shows the low
             escalations += 1
-        tops = _top(tops, member.watched)
     return sorted(cuts)
 
 
+def _growth(value: float, top: float) -> float:
+    return value / top if top > 0 else 0.0
+
+
 def _top(a: Ceiling, b: Ceiling) -> Ceiling:
+    if len(a) == len(b):
+        return tuple(map(max, a, b))
     longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
     return tuple(max(x, y) for x, y in zip(longer, shorter, strict=False)) + longer[len(shorter):]
 
@@ -129,10 +141,26 @@ class Peaks:
             first_bad: int | None = None) -> None:
         """One step (or a merged record: pass its own peaks as ``grads``, ``total``,
         ``scalars`` and ``scalars_min``, and its ``first_bad``)."""
-        self.grads = _max_each(self.grads, grads)
+        acc = self.grads
+        if (not non_finite and acc is not None and len(acc) == len(grads)
+                and None not in grads and None not in acc):
+            self.grads = list(map(max, acc, grads))  # the common case, in C
+        else:
+            self.grads = _max_each(acc, grads)
         self.total = _max(self.total, total)
-        _fold_scalars(self.scalars_max, scalars, max)
-        _fold_scalars(self.scalars_min, scalars if scalars_min is None else scalars_min, min)
+        if non_finite or scalars_min is not None:
+            _fold_scalars(self.scalars_max, scalars, max)
+            _fold_scalars(self.scalars_min, scalars if scalars_min is None else scalars_min,
+                          min)
+        else:  # finite floats: the common case, without the checks
+            highs, lows = self.scalars_max, self.scalars_min
+            for name, value in scalars.items():
+                if name not in highs:
+                    highs[name] = lows[name] = value
+                elif value > highs[name]:
+                    highs[name] = value
+                elif value < lows[name]:
+                    lows[name] = value
         if self.first_bad is None:
             self.first_bad = first_bad if first_bad is not None else (
                 step if non_finite else None)
@@ -144,9 +172,10 @@ class Peaks:
             self.updated = self.updated or optimizer_step is True
             self.not_cleared = not_cleared if self.not_cleared is None else (
                 self.not_cleared and not_cleared)
-            stepped = set(not_stepped or ())
-            self.not_stepped = stepped if self.not_stepped is None else (
-                self.not_stepped & stepped)
+            if self.not_stepped is None:
+                self.not_stepped = set(not_stepped or ())
+            elif self.not_stepped:
+                self.not_stepped &= set(not_stepped or ())
 
     def add_record(self, record: Mapping[str, Any]) -> None:
         """A step record, plain or merged."""
