@@ -123,6 +123,10 @@ class PendingMerge:
             self.reference = thinning.ceiling(members)
 
 
+def _steps(items: list[Record | PendingRecord]) -> list[PendingRecord]:
+    return [item for item in items if not isinstance(item, dict)]
+
+
 def _first(item: PendingRecord) -> int:
     return item.span[0] if item.span else item.step
 
@@ -263,10 +267,10 @@ class Sender:
         budget = max(1, int(self._max_steps_per_s * max(now - self._last_collect, 1e-3)))
         self._last_collect = now
         if not self._first_step_seen:  # sent alone: the first group is judged against it
-            self._merge.note_sent([item for item in ready if _is_step(item)][:1])  # type: ignore[misc]
-        kept = thin(ready, budget, is_step=_is_step, merge=self._merge,
+            self._merge.note_sent(_steps(ready)[:1])
+        kept = thin(ready, budget, is_step=_is_step, merge=self._merge,  # type: ignore[arg-type]
                     keep_first=not self._first_step_seen)
-        self._merge.note_sent([item for item in kept if _is_step(item)])  # type: ignore[misc]
+        self._merge.note_sent(_steps(kept))
         connected = self._sock is not None
         for item in kept:
             record = item.to_record() if _is_step(item) else item

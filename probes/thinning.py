@@ -144,7 +144,7 @@ class Peaks:
         acc = self.grads
         if (not non_finite and acc is not None and len(acc) == len(grads)
                 and None not in grads and None not in acc):
-            self.grads = list(map(max, acc, grads))  # the common case, in C
+            self.grads = list(map(max, acc, grads))  # type: ignore[arg-type]  # in C
         else:
             self.grads = _max_each(acc, grads)
         self.total = _max(self.total, total)

@@ -61,10 +61,11 @@ try:
 except ImportError:  # an older probes: its own thinning (keep the last of each group)
     from probes.history import merge_steps, thin
 
-    def thin_records(records: list[dict[str, Any]], group: int) -> list[dict[str, Any]]:
+    def thin_records(records: list[dict[str, Any]], group: int, *,
+                     keep_first: bool = True) -> list[dict[str, Any]]:
         steps = sum(r.get("kind") == "step" for r in records)
         return thin(records, max(1, steps // group), is_step=lambda r: r.get("kind") == "step",
-                    merge=lambda g: [merge_steps(g)], keep_first=True)
+                    merge=lambda g: [merge_steps(g)], keep_first=keep_first)
 
 MODES = {"every": "every step a record", "full": "full speed, thinned",
          "x50": "every-step records thinned x50 (a 3,000 steps/s run)"}

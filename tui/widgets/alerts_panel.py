@@ -28,7 +28,7 @@ class AlertsPanel(DataTable[Text | str]):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", **kwargs)  # type: ignore[arg-type]
         self.entries: list[AlertEntry] = []
-        self._shown: list[tuple[int, bool]] = []
+        self._shown: list[tuple[int, bool, tuple[str, ...], tuple[str, ...]]] = []
 
     def on_mount(self) -> None:
         self.add_column("", key="sev", width=1)
