@@ -247,15 +247,15 @@ def test_probe_overhead_names_every_when_each_step_costs_too_much() -> None:
     alert = next(c.alert for c in changes if c.raised)
     assert (alert.kind, alert.severity, alert.step) == ("probe_overhead", "info", 109)
     assert math.isclose(alert.evidence["probe_share"], 0.10)
-    assert alert.evidence["setting"] == "every=2"
+    assert alert.evidence["setting"] == "watch(every=2)"
 
 
 def test_probe_overhead_names_sample_every_when_sampled_steps_cost_it() -> None:
     _, changes = run([timed(n, 0.01, sampled_probe=1.5) for n in range(130)],
                      RunInfo(layers=("a", "b", "c"), sample_every=20))
     alert = next(c.alert for c in changes if c.raised)
-    assert alert.evidence["setting"].startswith("sample_every=")
-    assert int(alert.evidence["setting"].split("=")[1]) > 20
+    assert alert.evidence["setting"].startswith("watch(sample_every=")
+    assert int(alert.evidence["setting"].split("=")[1].rstrip(")")) > 20
 
 
 def test_probe_overhead_near_misses() -> None:

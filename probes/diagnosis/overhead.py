@@ -61,5 +61,5 @@ class ProbeOverhead(Rule):
         target = self.t.overhead_fraction
         info = history.info
         if plain_share > target:
-            return f"every={info.every * math.ceil(plain_share / target)}"
-        return f"sample_every={info.sample_every * math.ceil(share / target)}"
+            return f"watch(every={info.every * math.ceil(plain_share / target)})"
+        return f"watch(sample_every={info.sample_every * math.ceil(share / target)})"
