@@ -3,6 +3,7 @@ shows (no torch: the monitor lists them)."""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 
@@ -65,11 +66,20 @@ SCENARIOS: dict[str, ScenarioInfo] = {
 }
 
 
-def listing() -> str:
-    """One line per scenario, for ``--list``: name, what breaks, the alert it raises."""
-    width = max(len(name) for name in SCENARIOS)
+NBSP = "\u00a0"
+
+
+def listing(width: int = 79) -> str:
+    """The scenarios for ``--list``: name, what breaks, the alert it raises; each
+    description wrapped at word boundaries under its own column to fit ``width``."""
+    names = max(len(name) for name in SCENARIOS)
     lines = []
     for name, info in SCENARIOS.items():
-        alert = f"  -> {', '.join(info.alerts)}" if info.alerts else "  -> no alert"
-        lines.append(f"{name:<{width}}  {info.summary}{alert}")
+        alert = f"-> {', '.join(info.alerts)}" if info.alerts else "-> no alert"
+        # the arrow and the first alert stay together (a no-break space while wrapping)
+        text = f"{info.summary} {alert.replace(' ', NBSP, 1)}"
+        wrapped = [line.replace(NBSP, " ") for line in textwrap.wrap(
+            text, width=max(width - names - 2, 20), break_on_hyphens=False)]
+        lines.append(f"{name:<{names}}  {wrapped[0]}")
+        lines += [" " * (names + 2) + more for more in wrapped[1:]]
     return "\n".join(lines)

@@ -81,13 +81,26 @@ class FirstNonFinite:
 
 @dataclass
 class AnomalyStep:
-    """Anomaly mode, forward checks and a warning catcher, for exactly one step."""
+    """Anomaly mode, forward checks and a warning catcher, for exactly one step.
+
+    With ``catch``, the backward that anomaly mode stops is stopped there: its error is
+    kept (``caught``), ``on_caught`` is told, and ``backward()`` returns as if it had
+    finished. A framework that owns the loop (the HF Trainer, Lightning) then goes on
+    to a step the probe has made harmless (no gradients, no update), instead of dying
+    of the error. For that one step, ``torch.autograd.backward`` (which
+    ``Tensor.backward`` calls) is wrapped; ``finish`` puts it back.
+    """
 
     model: nn.Module
     step: int
     on_error: Callable[[Exception], None] | None = None  # a failing check must not raise
+    on_caught: Callable[[BaseException], None] | None = None
+    catch: bool = False
+    check_nan: bool = True  # False: record forward tracebacks, never stop a backward
     started: float = field(default_factory=time.perf_counter)
     first: FirstNonFinite | None = None
+    caught: BaseException | None = None
+    _backward: Callable[..., Any] | None = None  # torch's, while ours stands in for it
     _handles: list[RemovableHandle] = field(default_factory=list)
     _names: dict[int, str] = field(default_factory=dict)
     _anomaly: Any = None
@@ -99,11 +112,40 @@ class AnomalyStep:
         self._warnings = warnings.catch_warnings(record=True)
         self._caught = self._warnings.__enter__()
         warnings.simplefilter("always")
-        self._anomaly = torch.autograd.detect_anomaly(check_nan=True)
+        self._anomaly = torch.autograd.detect_anomaly(check_nan=self.check_nan)
         self._anomaly.__enter__()
         for name, module in self.model.named_modules():
             self._names[id(module)] = name or "(root)"
             self._handles.append(module.register_forward_hook(eager(self._check)))
+        if self.catch:
+            self._backward = torch.autograd.backward
+            torch.autograd.backward = self._backward_catching  # type: ignore[assignment]
+
+    def _backward_catching(self, *args: Any, **kwargs: Any) -> None:
+        """torch's backward; the error anomaly mode raises for a non-finite gradient is
+        kept, not raised (the first one: later backwards of the step are not run)."""
+        assert self._backward is not None
+        if self.caught is not None:
+            return None  # the step's update is already void: no second failure
+        try:
+            return self._backward(*args, **kwargs)
+        except RuntimeError as error:
+            if backward_op(error) is None:
+                raise  # not anomaly mode's: the user's own error
+            self.caught = error
+            try:
+                if self.on_caught is not None:
+                    self.on_caught(error)
+            except Exception as exc:  # never into the framework's backward
+                if self.on_error is not None:
+                    self.on_error(exc)
+            return None
+
+    def _restore_backward(self) -> None:
+        if self._backward is not None:
+            if torch.autograd.backward == self._backward_catching:  # ours, still
+                torch.autograd.backward = self._backward  # type: ignore[assignment]
+            self._backward = None
 
     def _check(self, module: nn.Module, args: Any, output: Any) -> None:
         try:
@@ -132,6 +174,7 @@ class AnomalyStep:
                paused: bool, raise_on_anomaly: bool) -> dict[str, Any]:
         """Turn everything off and return the anomaly report (a record)."""
         duration = time.perf_counter() - self.started
+        self._restore_backward()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -2,7 +2,11 @@
 
 The sender thread only drops command frames into ``Control.receive``; the training
 thread applies them at the next ``with probe.step()`` entry (and while paused, as they
-come), so every change to the run happens on the thread that owns it. A paused run
+come), so every change to the run happens on the thread that owns it. A command for the
+ranks of a job carries ``at_step``: the boundary (chosen by the monitor, ahead of every
+rank) at which each rank applies it, so that no rank pauses while another waits for it
+in a collective. A paused rank applies what comes at once: the ranks of a paused job
+wait at the same boundary. A paused run
 blocks there, and the sender keeps the monitor live. A dead monitor never holds a run
 hostage: if it goes away while the run is paused, the run resumes after a grace period
 and says why.
@@ -57,6 +61,7 @@ class Control:
                  token: str | None, run_id: str, guard: bool = False) -> None:
         self.state = ControlState(guard=guard)
         self._inbox: deque[Frame] = deque()
+        self._scheduled: list[Frame] = []  # commands for a later step (training thread)
         self._wake = threading.Event()
         self._connected = connected
         self._send = send
@@ -78,7 +83,7 @@ class Control:
     @property
     def busy(self) -> bool:
         """Anything to do at this boundary (cheap enough for every step)."""
-        return bool(self._inbox) or self.state.paused
+        return bool(self._inbox) or bool(self._scheduled) or self.state.paused
 
     def boundary(self, step: int, flush: Callable[[], None]) -> None:
         """Apply queued commands; while paused, block here until resumed or stepped.
@@ -137,11 +142,24 @@ class Control:
 
     def _apply_inbox(self) -> None:
         while self._inbox:
-            frame = self._inbox.popleft()
+            self._scheduled.append(self._inbox.popleft())
+        due: list[Frame] = []
+        later: list[Frame] = []
+        for frame in self._scheduled:
+            (due if self.state.paused or _at_step(frame) <= self._step else later).append(frame)
+        if not due:
+            return
+        self._scheduled = later
+        for frame in due:
             ok, result = self._apply(frame)
-            self._send({"kind": "ack", "id": frame.get("id"), "command": frame.get("command"),
-                        "ok": ok, "result": result, "step": self._step,
-                        "state": self.state.as_dict()})
+            ack = {"kind": "ack", "id": frame.get("id"), "command": frame.get("command"),
+                   "ok": ok, "result": result, "step": self._step,
+                   "state": self.state.as_dict()}
+            at = _at_step(frame)
+            if at >= 0:
+                ack["at_step"] = at
+                ack["late"] = at < self._step and not self.state.paused
+            self._send(ack)
 
     def _apply(self, frame: Frame) -> tuple[bool, str]:
         command = str(frame.get("command", ""))
@@ -220,3 +238,11 @@ class Control:
     def _event(self, name: str, **fields: Any) -> None:
         self._send({"kind": "event", "name": name, "step": self._step, "time": time.time(),
                     "state": self.state.as_dict(), **fields})
+
+
+def _at_step(frame: Frame) -> int:
+    """The step a command is for (-1: the next boundary); among its arguments, so a
+    signed command's step is signed too."""
+    args = frame.get("args")
+    value = args.get("at_step") if isinstance(args, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1

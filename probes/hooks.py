@@ -52,3 +52,43 @@ def unwrap(model: nn.Module) -> nn.Module:
         if not isinstance(inner, nn.Module):
             return model
         model = inner
+
+
+# Attributes under which optimizer wrappers keep the optimizer they wrap: accelerate's
+# AcceleratedOptimizer (and the HF Trainer's) ``optimizer``, Lightning's
+# LightningOptimizer ``_optimizer``. AcceleratedOptimizer subclasses Optimizer without
+# running its __init__: hooks must go on the optimizer inside.
+_OPTIMIZER_ATTRIBUTES = ("optimizer", "_optimizer")
+
+
+def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer | None:
+    """The ``torch.optim.Optimizer`` inside ``optimizer`` (itself, or held by a wrapper).
+
+    Raises:
+        TypeError: ``optimizer`` is neither an optimizer nor a wrapper of one (a list
+            of parameters given where the optimizer goes, say), with what was expected.
+    """
+    if optimizer is None:
+        return None
+    current = optimizer
+    for _ in range(8):  # wrappers of wrappers, but never a cycle
+        inner = next((getattr(current, name) for name in _OPTIMIZER_ATTRIBUTES
+                      if isinstance(getattr(current, name, None), torch.optim.Optimizer)),
+                      None)
+        if inner is None:
+            break
+        current = inner
+    if isinstance(current, torch.optim.Optimizer) and hasattr(
+            current, "_optimizer_step_pre_hooks"):
+        return current
+    raise TypeError(
+        "watch() takes the optimizer as its second argument: a torch.optim.Optimizer, or "
+        "a wrapper that holds one (accelerate's, Lightning's); got "
+        f"{_describe(optimizer)}")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, list | tuple):
+        kinds = {type(item).__name__ for item in value}
+        return f"a {type(value).__name__} of {', '.join(sorted(kinds)) or 'nothing'}"
+    return f"a {type(value).__module__}.{type(value).__name__}"

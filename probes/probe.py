@@ -1,37 +1,42 @@
-"""``probes.watch``: attach to a model (and optimizer) and report every step."""
+"""``probes.watch``: attach to a model (and optimizer) and report every step.
+
+A step is opened and closed by ``begin_step`` / ``end_step`` (``with probe.step()`` is
+built on them, and so are the Hugging Face and Lightning callbacks); gradients are read
+once per step, where they are final and not yet clipped: in ``optimizer.step()``'s
+pre-hook (after the closure's backward when a closure is passed), before any
+``torch.nn.utils.clip_grad_norm_``, or where the caller says (``gradients_final``).
+"""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import math
 import os
-import socket
 import sys
 import threading
 import time
 import uuid
-import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from probes import structure
+from probes import clip, lifecycle, structure
 from probes.anomaly import AnomalyStep, backward_op
 from probes.control import Control, ControlState
-from probes.diagnosis import Alert
-from probes.hooks import eager, unwrap
+from probes.evaluation import EvalScope
+from probes.guard import guard_alert
+from probes.hooks import unwrap, unwrap_optimizer
+from probes.job import job_identity
 from probes.layers import LayerMap, count_parameters, map_layers
+from probes.lr_experiment import LrExperiment
 from probes.sampled import count_mode_sensitive
 from probes.sender import Sender, warn
 from probes.stats import Measurement
-from probes.step import NonFiniteGradients, StepMeasurer
+from probes.step import GuardTrip, StepMeasurer
 from probes.wire import TOKEN_ENV, Address, resolve_address
 
 Scalar = float | int | torch.Tensor
@@ -40,16 +45,17 @@ Scalar = float | int | torch.Tensor
 class Probe:
     """A handle on a watched training run; see ``watch``.
 
-    Use ``with probe.step():`` around each training step, ``probe.log(loss=...)`` for
-    scalars, ``with probe.evaluate():`` around validation, and ``close()`` (or use the
-    probe as a context manager) at the end. A failure inside the probe never reaches
-    the training loop: it is reported once and the probe switches itself off.
+    Use ``with probe.step():`` around each training step (or ``begin_step`` and
+    ``end_step`` from a framework's callbacks), ``probe.log(loss=...)`` for scalars,
+    ``with probe.evaluate():`` around validation, and ``close()`` (or use the probe as a
+    context manager) at the end. Once made, the probe never raises into training: a
+    failure inside it is reported once and the probe switches itself off.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Any | None = None,
         *,
         run: str | None = None,
         address: str | Address | None = None,
@@ -61,7 +67,8 @@ class Probe:
         pause_grace_s: float | None = None,
         queue_size: int = 8192,
         history: int = 1024,
-        max_steps_per_s: float = 60.0,
+        max_steps_per_s: float | None = None,
+        job: str | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs an nn.Module, got {type(model).__name__}")
@@ -69,22 +76,26 @@ class Probe:
             raise ValueError("every and sample_every must be at least 1")
         if on_anomaly not in ("pause", "raise"):
             raise ValueError(f"on_anomaly must be 'pause' or 'raise', got {on_anomaly!r}")
+        # The optimizer inside accelerate's or Lightning's wrapper (TypeError otherwise).
+        real_optimizer = unwrap_optimizer(optimizer)
         self.model = model
         # Inside torch.compile / DDP wrappers: layer names without their prefixes.
         self.module = unwrap(model)
-        self.optimizer = optimizer
+        self.optimizer = real_optimizer
         self.every = every
         self.sample_every = sample_every
         self.layers: LayerMap = map_layers(self.module)
         self.run_id = uuid.uuid4().hex[:12]
         self.name = run or f"{type(self.module).__name__}-{os.getpid()}"
         self.address = resolve_address(address)
+        self.identity = job_identity(job)
         self._handles: list[RemovableHandle] = []
         self._index = -1
         self._in_step = False
         self._step_started = 0.0
+        self._probe_time = 0.0  # the probe's own seconds on the training thread, this step
         self._param_ids = {id(p) for p in self.layers.params}
-        self._measurer = StepMeasurer(self.module, self.layers, optimizer,
+        self._measurer = StepMeasurer(self.module, self.layers, real_optimizer,
                                       grad_accumulation=grad_accumulation, on_error=self._fail,
                                       sample_every=sample_every)
         self._next_step_scope = _StepScope(self, None)
@@ -92,7 +103,7 @@ class Probe:
         # Records that must reach the monitor after ``_last`` (an eval of its step).
         self._after_last: list[dict[str, Any]] = []
         self._lr_experiment: LrExperiment | None = None  # watched until the LR moves
-        self._eval: _EvalScope | None = None
+        self._eval: EvalScope | None = None
         self._disabled = False
         self._closed = False
         self._grad_accumulation = grad_accumulation
@@ -100,38 +111,40 @@ class Probe:
         self._anomaly: AnomalyStep | None = None
         self._skipped = False
         self._bad_scalars: set[str] = set()  # names warned about once
-        if guard and optimizer is None:
+        if guard and real_optimizer is None:
             warn("guard=True needs the optimizer: pass it to probes.watch")
         if not self.layers.params:
             warn(f"{self.name}: the model has no trainable parameters; only logged scalars "
                  "will be recorded")
-        if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
-        self._handles += structure.watch_updates(optimizer, self.layers,
+        if real_optimizer is not None:
+            self._handles.append(
+                real_optimizer.register_step_pre_hook(self._before_optimizer_step))
+        self._handles += structure.watch_updates(real_optimizer, self.layers,
                                                  lambda: self._measurer.current, self._fail)
         connected = threading.Event()
         self._control = Control(
             connected=connected,
             send=self._send_now,
-            scale_lr=self._scale_lr if optimizer is not None else None,
+            scale_lr=self._scale_lr if real_optimizer is not None else None,
             grace_s=_grace_seconds(pause_grace_s),
             token=os.environ.get(TOKEN_ENV) if not self.address.is_loopback else None,
             run_id=self.run_id,
-            guard=guard and optimizer is not None,
+            guard=guard and real_optimizer is not None,
         )
         self.sender = Sender(
             self.address,
             self._hello(),
             queue_size=queue_size,
             history_capacity=history,
-            max_steps_per_s=max_steps_per_s,
+            max_steps_per_s=_steps_per_s(max_steps_per_s, self.identity.rank),
             on_command=self._control.receive,
             connected=connected,
             hello_state=self._control.state.as_dict,
         )
-        for alert in structure.watch_time_alerts(self.module, optimizer, self.layers):
+        clip.install()  # frameworks clip through torch's function: read before it
+        lifecycle.register(self)
+        for alert in structure.watch_time_alerts(self.module, real_optimizer, self.layers):
             self.sender.put({"kind": "alert", "step": 0, "alert": alert.to_dict()})
-        _open_probes.add(self)
 
     # --- public API -----------------------------------------------------------------
 
@@ -144,6 +157,16 @@ class Probe:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def in_step(self) -> bool:
+        """True between ``begin_step`` and ``end_step``."""
+        return self._in_step
+
+    @property
+    def evaluating(self) -> bool:
+        """True between ``begin_evaluation`` and ``end_evaluation``."""
+        return self._eval is not None
+
     def step(self, index: int | None = None) -> _StepScope:
         """Context manager around one training step (forward, backward, update).
 
@@ -155,6 +178,70 @@ class Probe:
             return self._next_step_scope  # reused: one object less per step
         return _StepScope(self, index)
 
+    def begin_step(self, index: int | None = None) -> None:
+        """A training step begins (what ``with probe.step():`` does on entry).
+
+        For loops the caller does not own: a framework callback calls this at the start
+        of each optimizer step (its first micro-batch under gradient accumulation). A
+        paused run blocks here until the monitor resumes or steps it.
+
+        Args:
+            index: the step's index (e.g. the framework's global step); by default the
+                previous index plus one, starting at 0.
+        """
+        started = time.perf_counter()
+        if self._disabled or self._closed:  # still count steps, so events keep their step
+            self._index = self._index + 1 if index is None else index
+            return
+        if self._in_step:  # a step never ended (a framework's hook skipped): end it
+            self.end_step()
+        self._step_started = started
+        try:
+            self._enter_step(index)
+        except Exception as exc:
+            self._fail(exc)
+        self._probe_time = time.perf_counter() - self._step_started
+
+    def gradients_final(self) -> None:
+        """The gradients of this step are final: read them now, if not read yet.
+
+        Needed only where nothing else tells: the optimizer's step and torch's
+        ``clip_grad_norm_`` already do. A framework calls it before it clips by other
+        means, or before it clears the gradients of a step with no optimizer watched.
+        """
+        if not self._in_step or self._disabled:
+            return
+        started = time.perf_counter()
+        try:
+            step = self._measurer.current
+            if step is not None and not step.grads_read:
+                self._measurer.read_grads(step)
+        except Exception as exc:
+            self._fail(exc)
+        self._probe_time += time.perf_counter() - started
+
+    def end_step(self, error: BaseException | None = None) -> bool:
+        """The step ends (what ``with probe.step():`` does on exit).
+
+        Args:
+            error: the exception that ended the step, if one did.
+
+        Returns:
+            True when ``error`` is the anomaly step's own and the probe dealt with it (the
+            update was skipped, the run pauses): a ``with`` block swallows it then.
+        """
+        if not self._in_step or self._disabled:
+            self._in_step = False
+            return False
+        started = time.perf_counter()
+        swallow = False
+        try:
+            swallow = self._exit_step(error, started)
+        except Exception as exc:
+            self._fail(exc)
+        self._in_step = False
+        return swallow
+
     def log(self, **scalars: Scalar) -> None:
         """Record scalars for the current step, or for the eval inside ``evaluate()``.
 
@@ -164,9 +251,10 @@ class Probe:
         """
         if self._disabled or self._closed:
             return
+        started = time.perf_counter()
         try:
             if self._eval is not None:
-                self._eval.log(scalars)
+                self._log_into(self._eval.tensors, self._eval.floats, scalars)
             elif self._in_step and self._measurer.current is not None:
                 step = self._measurer.current
                 self._log_into(step.tensor_scalars, step.float_scalars, scalars)
@@ -179,25 +267,53 @@ class Probe:
                      "`with probe.step():`")
         except Exception as exc:
             self._fail(exc)
+        if self._in_step:
+            self._probe_time += time.perf_counter() - started
 
     @contextmanager
     def evaluate(self) -> Iterator[Probe]:
         """Context manager around validation; ``log`` inside it makes an ``eval`` record.
 
         The record is tied to the current step. The probe also notes whether the
-        model's forward ran in training mode or with gradient recording on (the two
-        controls are orthogonal: ``model.eval()`` and ``torch.inference_mode()``).
+        model's forward passes ran in training mode or with gradient recording on (the
+        two controls are orthogonal: ``model.eval()`` and ``torch.inference_mode()``).
         """
-        if self._disabled or self._closed or self._eval is not None:
-            yield self
-            return
-        scope = _EvalScope(self)
-        self._eval = scope
+        opened = self.begin_evaluation()
         try:
             yield self
         finally:
-            self._eval = None
-            scope.finish()
+            if opened:
+                self.end_evaluation()
+
+    def begin_evaluation(self) -> bool:
+        """An evaluation begins (``evaluate()`` on entry; a framework's validation start).
+
+        Returns:
+            False if one is already open (or the probe is off): nothing was begun.
+        """
+        if self._disabled or self._closed or self._eval is not None:
+            return False
+        try:
+            layers = set(self.layers.names)
+            modules = [self.module, *(m for n, m in self.module.named_modules()
+                                      if n and n in layers)]
+            self._eval = EvalScope(modules, max(self._index, 0))
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        return True
+
+    def end_evaluation(self, **scalars: Scalar) -> None:
+        """The evaluation ends: log ``scalars`` (its metrics) and send its record."""
+        scope, self._eval = self._eval, None
+        if scope is None:
+            return
+        try:
+            self._log_into(scope.tensors, scope.floats, scalars)
+            self._put_after_step(scope.record())
+        except Exception as exc:
+            scope.remove_hooks()
+            self._fail(exc)
 
     @property
     def update_skipped(self) -> bool:
@@ -221,22 +337,30 @@ class Probe:
         self.sender.put({"kind": "event", "name": name, "step": max(self._index, 0),
                          "time": time.time(), **fields})
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
         """Remove every hook, flush what is measured, say bye and stop the sender.
+
+        Args:
+            error: the exception that ended the run, if one did (the monitor shows it
+                instead of "finished").
 
         Closing twice is a no-op.
         """
-        self._close("closed")
+        self._close(lifecycle.end_reason(error))
 
     def _close(self, reason: str) -> None:
         """``close``, telling the monitor why the run ended ("closed", or the error)."""
         if self._closed:
             return
         self._closed = True
-        _open_probes.discard(self)
+        lifecycle.unregister(self)
+        clip.uninstall()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._eval is not None:
+            self._eval.remove_hooks()
+            self._eval = None
         self._measurer.abandon()  # activation hooks of a step left open
         self._end_anomaly()  # anomaly mode of a step left open
         try:
@@ -249,45 +373,53 @@ class Probe:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._close(end_reason(exc))
+        self._close(lifecycle.end_reason(exc))
+
+    def owns(self, param: torch.Tensor) -> bool:
+        """True if ``param`` is one of the watched model's trainable parameters."""
+        return id(param) in self._param_ids
 
     # --- step boundary --------------------------------------------------------------
 
     def _enter_step(self, index: int | None) -> None:
         next_index = self._index + 1 if index is None else index
         self._measurer.index = next_index
+        self._skipped = False
         if self._lr_experiment is not None:
             self._check_lr_experiment(next_index)
         if self._control.busy:  # commands to apply, or paused: may block here
             self._control.boundary(next_index, self._flush_last)
+            # A pause is neither the step's time nor the probe's.
+            self._step_started = time.perf_counter()
         self._flush_last()
         self._index = next_index
         self._in_step = True
         if self._control.state.anomaly_armed and self._control.take_anomaly_step():
-            self._anomaly = AnomalyStep(self.module, next_index, on_error=self._fail)
+            # In a multi-rank job a backward stopped on one rank would leave the others
+            # waiting in DDP's all-reduce: anomaly mode then only records, never stops.
+            self._anomaly = AnomalyStep(self.module, next_index, on_error=self._fail,
+                                        on_caught=self._anomaly_caught,
+                                        catch=self._on_anomaly == "pause",
+                                        check_nan=not self.identity.distributed)
             self._anomaly.start()
         if next_index % self.every == 0:
             sampled = next_index % self.sample_every == 0
             self._measurer.begin(next_index, time.time(), sampled)
-        self._step_started = time.perf_counter()
 
-    def _exit_step(self, error: BaseException | None) -> bool:
-        """End the step; True to swallow ``error`` (an anomaly or the guard stopped the
-        update: the loop goes on with the next step, the weights untouched)."""
-        duration = time.perf_counter() - self._step_started
-        self._in_step = False
+    def _exit_step(self, error: BaseException | None, started: float) -> bool:
+        """End the step; True to swallow ``error`` (the anomaly step's own)."""
         swallow = False
-        self._skipped = False
         if self._anomaly is not None:
             swallow = self._finish_anomaly(error)
-        if isinstance(error, NonFiniteGradients):
-            self._guard_tripped(error)
-            swallow = True
-        self._skipped = swallow
-        if error is not None and not isinstance(error, NonFiniteGradients):
+        if error is not None and not swallow:
             self._measurer.abandon()
-        else:
-            self._last = self._measurer.finish(duration)
+            return False
+        last = self._measurer.finish()
+        if last is not None:
+            now = time.perf_counter()
+            last.duration = now - self._step_started
+            last.probe_time += self._probe_time + (now - started)  # (hooks added theirs)
+            self._last = last
         return swallow
 
     def _finish_anomaly(self, error: BaseException | None) -> bool:
@@ -295,33 +427,49 @@ class Probe:
         assert anomaly is not None
         step = self._measurer.current
         scalars = dict(step.float_scalars) if step is not None else {}
+        error = error if error is not None else anomaly.caught
         caught = backward_op(error) is not None
         pause = caught and self._on_anomaly == "pause"
         report = anomaly.finish(error, scalars=scalars, paused=pause,
                                 raise_on_anomaly=self._on_anomaly == "raise")
         if caught:
-            self._clear_grads()  # partial sums of the failed backward must not leak on
+            self._skip_update()  # partial sums of the failed backward must not leak on
         if pause:
             self._control.pause("the anomaly step found a non-finite gradient", self._index)
         report["state"] = self._control.state.as_dict()
         self.sender.put(report)
         return pause
 
-    def _guard_tripped(self, error: NonFiniteGradients) -> None:
-        self._clear_grads()
-        alert = guard_alert(error)
-        self.sender.put({"kind": "alert", "step": error.step, "alert": alert.to_dict()})
+    def _anomaly_caught(self, error: BaseException) -> None:
+        """The anomaly step's backward failed (caught there, not raised into training):
+        keep this step's gradient norms as they stand, then keep the optimizer from
+        using the gradients."""
+        self.gradients_final()
+        self._skip_update()
+
+    def _guard_tripped(self, trip: GuardTrip) -> None:
+        self._skip_update()
+        alert = guard_alert(trip)
+        self.sender.put({"kind": "alert", "step": trip.step, "alert": alert.to_dict()})
         self._control.pause("the guard skipped a non-finite update", self._index)
+
+    def _skip_update(self) -> None:
+        """Keep ``optimizer.step()`` from changing any weight: with no gradients, the
+        optimizers of torch.optim skip every parameter (state, weight decay and all),
+        as GradScaler's skip does; nothing is raised into the loop."""
+        self._skipped = True
+        for param in self.layers.params:
+            param.grad = None
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                for param in group["params"]:
+                    param.grad = None
 
     def _end_anomaly(self) -> None:
         """Turn off an anomaly step that will not finish normally (close, failure)."""
         anomaly, self._anomaly = self._anomaly, None
         if anomaly is not None:
             anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
-
-    def _clear_grads(self) -> None:
-        for param in self.layers.params:
-            param.grad = None
 
     def _scale_lr(self, factor: float) -> list[float]:
         """Multiply every param group's learning rate (the monitor's LR experiment)."""
@@ -357,30 +505,73 @@ class Probe:
     def _send_now(self, record: dict[str, Any]) -> None:
         self.sender.put(record)
 
-    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    # --- the optimizer's step and clipping ---------------------------------------------
+
+    def _before_optimizer_step(self, optimizer: Any, args: tuple[Any, ...],
+                               kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+        """The optimizer's step pre-hook. With a closure, the gradients are those the
+        closure makes: it is wrapped, and they are read after its backward."""
         if self._in_step and not self._disabled:
             try:
-                self._measurer.before_optimizer_step(guard=self._control.state.guard)
-            except NonFiniteGradients:
-                raise  # stops optimizer.step(); swallowed at the end of the step block
+                closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+                if closure is not None:
+                    return _with_closure(args, kwargs, self._closure_reading(closure))
+                self._gradients_ready()
             except Exception as exc:
                 self._fail(exc)
         elif self._last is not None:
             # optimizer.step() after the step's block: it still updates with that step's
             # gradients (the record, not yet sent, must not say the update was skipped).
             self._last.optimizer_step = True
+        return None
 
-    def _clipping(self, max_norm: float) -> None:
-        """Called by ``probes.clip_grad_norm_`` before it clips."""
+    def _closure_reading(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """``closure``, then (its first call only: LBFGS calls it again in its line
+        search, at other weights) the reading of the gradients it made."""
+        first = True
+
+        def closure_then_read() -> Any:
+            nonlocal first
+            loss = closure()
+            if first:
+                first = False
+                self._gradients_ready()
+            return loss
+        return closure_then_read
+
+    def _gradients_ready(self) -> None:
+        """Gradients are final and ``optimizer.step()`` is next: measure them (and, with
+        the guard, keep non-finite ones from the weights). Never raises."""
+        if not self._in_step or self._disabled:
+            return
+        started = time.perf_counter()
+        try:
+            trip = self._measurer.before_optimizer_step(guard=self._control.state.guard)
+            if trip is not None:
+                self._guard_tripped(trip)
+        except Exception as exc:
+            self._fail(exc)
+        self._probe_time += time.perf_counter() - started
+
+    def _clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
+        """Called by ``probes.clip.clip_grad_norm_`` before it clips."""
+        if self._in_step and not self._disabled:
+            started = time.perf_counter()
+            try:
+                self._measurer.clipping(max_norm, norm_type)
+            except Exception as exc:
+                self._fail(exc)
+            self._probe_time += time.perf_counter() - started
+
+    def _clipped(self, total_norm: torch.Tensor) -> None:
+        """Called by ``probes.clip.clip_grad_norm_`` with torch's total norm."""
         if self._in_step and not self._disabled:
             try:
-                self._measurer.clipping(max_norm)
+                self._measurer.clipped(total_norm)
             except Exception as exc:
                 self._fail(exc)
 
-    def owns(self, param: torch.Tensor) -> bool:
-        """True if ``param`` is one of the watched model's trainable parameters."""
-        return id(param) in self._param_ids
+    # --- records ----------------------------------------------------------------------
 
     def _flush_last(self) -> None:
         last, self._last = self._last, None
@@ -399,8 +590,6 @@ class Probe:
             self._after_last.append(record)
         else:
             self.sender.put(record)
-
-    # --- helpers --------------------------------------------------------------------
 
     def _log_into(
         self,
@@ -431,19 +620,20 @@ class Probe:
             self._measurer.abandon()  # no activation hooks or weight copy left behind
         with contextlib.suppress(Exception):
             self._end_anomaly()
+        if self._eval is not None:
+            with contextlib.suppress(Exception):
+                self._eval.remove_hooks()
+            self._eval = None
         warn(f"probe switched off after an error: {type(exc).__name__}: {exc}")
         self.sender.put({"kind": "event", "name": "probe_error", "step": max(self._index, 0),
                          "time": time.time(), "message": f"{type(exc).__name__}: {exc}"})
 
     def _hello(self) -> dict[str, Any]:
-        rank, world = _rank_and_world()
         hello: dict[str, Any] = {
             "run": self.run_id,
             "name": self.name,
             "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "rank": rank,
-            "world_size": world,
+            **self.identity.as_hello(),
             "torch": torch.__version__,
             "started": time.time(),
             "argv": sys.argv[:8],
@@ -465,6 +655,14 @@ class Probe:
         return hello
 
 
+def _with_closure(args: tuple[Any, ...], kwargs: dict[str, Any],
+                  closure: Callable[[], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The optimizer step's (args, kwargs) with ``closure`` in place of the caller's."""
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closure}
+    return (args[0], closure, *args[2:]), kwargs
+
+
 class _StepScope:
     """The ``with probe.step():`` block; a class rather than a generator, for speed."""
 
@@ -475,15 +673,8 @@ class _StepScope:
         self._index = index
 
     def __enter__(self) -> Probe:
-        probe = self._probe
-        if not (probe._disabled or probe._closed):
-            try:
-                probe._enter_step(self._index)
-            except Exception as exc:
-                probe._fail(exc)
-        else:  # switched off: still count steps, so events keep their step
-            probe._index = probe._index + 1 if self._index is None else self._index
-        return probe
+        self._probe.begin_step(self._index)
+        return self._probe
 
     def __exit__(
         self,
@@ -491,54 +682,7 @@ class _StepScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        probe = self._probe
-        swallow = False
-        if probe._in_step and not probe._disabled:
-            try:
-                swallow = probe._exit_step(exc)
-            except Exception as error:
-                probe._fail(error)
-        probe._in_step = False
-        return swallow
-
-
-class _EvalScope:
-    """State of one ``evaluate()`` block: scalars, and how the forward passes ran."""
-
-    def __init__(self, probe: Probe) -> None:
-        self.probe = probe
-        self.time = time.time()
-        self.tensors: dict[str, torch.Tensor] = {}
-        self.floats: dict[str, float] = {}
-        self.forwards = 0
-        self.train_mode_forwards = 0
-        self.grad_forwards = 0
-        self.handle = probe.model.register_forward_pre_hook(eager(self._on_forward))
-
-    def _on_forward(self, module: nn.Module, args: Any) -> None:
-        # Plain attribute reads and sums: nothing here can raise into the user's forward.
-        self.forwards += 1
-        self.train_mode_forwards += int(module.training)
-        self.grad_forwards += int(torch.is_grad_enabled())
-
-    def log(self, scalars: dict[str, Scalar]) -> None:
-        self.probe._log_into(self.tensors, self.floats, scalars)
-
-    def finish(self) -> None:
-        self.handle.remove()
-        try:
-            scalars = {**{k: float(t) for k, t in self.tensors.items()}, **self.floats}
-            self.probe._put_after_step({
-                "kind": "eval",
-                "step": max(self.probe._index, 0),
-                "time": self.time,
-                "scalars": scalars,
-                "forwards": self.forwards,
-                "train_mode_forwards": self.train_mode_forwards,
-                "grad_forwards": self.grad_forwards,
-            })
-        except Exception as exc:
-            self.probe._fail(exc)
+        return self._probe.end_step(exc)
 
 
 PAUSE_GRACE_ENV = "TRAINTOP_PAUSE_GRACE"
@@ -554,93 +698,22 @@ def _grace_seconds(explicit: float | None) -> float:
         return DEFAULT_PAUSE_GRACE_S
 
 
-@dataclass(frozen=True)
-class LrExperiment:
-    """The monitor's learning-rate change, watched until the LR next moves."""
-
-    step: int  # the first step run with it
-    factor: float
-    before: list[float]
-    set_to: list[float]
-
-    WATCH_STEPS: ClassVar[int] = 1000  # unchanged this long: it held
-
-    def undone_by(self, now: list[float]) -> bool:
-        """True if the learning rates went back near their values before the change
-        (a scheduler recomputing them from its base), not on with it (StepLR's decay)."""
-        return len(now) == len(self.before) and all(
-            math.isclose(n, b, rel_tol=0.25) for n, b in zip(now, self.before, strict=True))
-
-    def alert(self, step: int, now: list[float]) -> Alert:
-        return Alert(
-            "lr_experiment_undone", "info", step, "",
-            {"factor": self.factor, "lr_before": self.before[0], "lr_set": self.set_to[0],
-             "lr_now": now[0], "lasted_steps": step - self.step},
-            "The learning rate went back to about where it was before the change: the loop "
-            "may set it each step (a scheduler recomputing it), so the experiment may not "
-            "have lasted; a decay that happens to land there looks the same. The marker on "
-            "the chart shows when it began, not that it held.",
-            ("Change the scheduler's base learning rate (max_lr, base_lrs) and restart.",
-             "Or step the scheduler less often while experimenting; nothing else changes.",
-             "Compare a few hundred steps before and after, on the same data order."),
-        )
+#: Step records a second a rank sends at most, rank 0 and the others: the others' matter
+#: for cross-rank checks (their sampled steps are kept) more than for their curves, and
+#: one monitor takes the records of many ranks.
+RANK0_STEPS_PER_S = 60.0
+OTHER_RANKS_STEPS_PER_S = 10.0
 
 
-def guard_alert(error: NonFiniteGradients) -> Alert:
-    """The alert the guard raises when it skips an update."""
-    layers = ", ".join(error.layers[:6])
-    return Alert(
-        "guard_skipped_update", "error", error.step, error.layers[0] if error.layers else "",
-        {"non_finite_layers": len(error.layers), "layers": layers,
-         "first_value": error.norms[0] if error.norms else float("nan")},
-        "Non-finite gradients reached optimizer.step(): the guard skipped this update, as "
-        "GradScaler does, so the weights stay finite, and paused the run. It hides the "
-        "symptom once; it does not remove the cause.",
-        ("Run the next step under anomaly detection (press a) to find the op and layer.",
-         "Lower the learning rate alone (x0.5) and resume.",
-         "Inspect this step's batch for extreme or non-finite inputs."),
-    )
-
-
-def _rank_and_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-_open_probes: weakref.WeakSet[Probe] = weakref.WeakSet()
-
-
-def probes_watching(param: torch.Tensor) -> list[Probe]:
-    """The open probes whose model trains ``param``."""
-    return [probe for probe in list(_open_probes) if probe.owns(param)]
-
-
-def end_reason(error: BaseException | None) -> str:
-    """What the bye says of how the run ended: "closed", "interrupted" or the error."""
-    if error is None:
-        return "closed"
-    if isinstance(error, KeyboardInterrupt):
-        return "interrupted"
-    if isinstance(error, SystemExit):  # sys.exit(): clean unless it carries a failure
-        return "closed" if error.code in (None, 0) else f"exit status {error.code}"
-    return f"error: {type(error).__name__}: {error}"[:300]
-
-
-@atexit.register
-def _close_open_probes() -> None:
-    """Flush probes left open at interpreter exit, so the last steps are not lost; an
-    uncaught exception (``sys.last_value``, set before exit handlers run) is the reason."""
-    # In an interactive session sys.last_value is any earlier traceback, not the end.
-    interactive = hasattr(sys, "ps1") or bool(sys.flags.interactive)
-    reason = "closed" if interactive else end_reason(getattr(sys, "last_value", None))
-    for probe in list(_open_probes):
-        probe._close(reason)
+def _steps_per_s(explicit: float | None, rank: int) -> float:
+    if explicit is not None:
+        return explicit
+    return RANK0_STEPS_PER_S if rank == 0 else OTHER_RANKS_STEPS_PER_S
 
 
 def watch(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | Any | None = None,
     *,
     run: str | None = None,
     address: str | Address | None = None,
@@ -655,8 +728,9 @@ def watch(
 
     Args:
         model: the model being trained.
-        optimizer: its optimizer; gradients are read just before ``optimizer.step()``
-            (after any clipping), else at the end of the step.
+        optimizer: its optimizer, or a wrapper that holds one (accelerate's, Lightning's);
+            gradients are read in ``optimizer.step()`` (after a closure's backward),
+            or before a ``torch.nn.utils.clip_grad_norm_``, whichever comes first.
         run: a name for the run in the monitor (default: model class and pid).
         address: the monitor's address (default: ``$TRAINTOP_ADDRESS``, else the
             per-user Unix socket).
@@ -665,18 +739,25 @@ def watch(
             activation health) on one step in this many.
         grad_accumulation: you accumulate gradients over several steps on purpose;
             the check that ``zero_grad`` runs every step is then off.
-        guard: skip ``optimizer.step()`` when a gradient is non-finite (as AMP's
-            GradScaler does), raise an alert and pause. Costs one host/device sync
-            per step. The monitor's ``g`` key turns it on and off.
+        guard: keep non-finite gradients from the weights (``optimizer.step()`` then
+            changes nothing, as with AMP's GradScaler), raise an alert and pause. Costs
+            one host/device sync per step. The monitor's ``g`` key turns it on and off.
         on_anomaly: what an anomaly step (the monitor's ``a`` key) does when it
             catches a non-finite gradient: ``"pause"`` (skip the update, pause the run)
             or ``"raise"`` (re-raise the error into the training loop).
         **options: ``pause_grace_s`` (how long a paused run waits for a monitor that
             went away; default 10, or ``$TRAINTOP_PAUSE_GRACE``), ``queue_size``,
-            ``history``, ``max_steps_per_s``.
+            ``history``, ``max_steps_per_s`` (step records a second sent at most; by
+            default 60 on rank 0 and 10 on the other ranks of a job), ``job`` (the
+            job's id, shared by its ranks; by default from torchrun, SLURM or the
+            rendezvous address).
 
     Returns:
         A ``Probe``; also a context manager that closes it.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` is neither an
+            optimizer nor a wrapper of one.
 
     Example::
 

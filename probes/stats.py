@@ -17,6 +17,10 @@ import torch
 from probes.layers import LayerMap, combine_layer_norms
 from probes.thinning import apply as apply_merged
 
+#: The name a clip's total norm (torch's, before clipping) travels under among a step's
+#: tensor scalars, to the host with the rest; it becomes the record's ``clip`` field.
+CLIP_TOTAL = "clip/total"
+
 
 class Measurement:
     """One step's numbers: filled in on the training thread as the step runs (0-d
@@ -27,12 +31,13 @@ class Measurement:
     """
 
     __slots__ = (
-        "_host", "activation_totals", "clipped", "duration", "event", "float_scalars",
+        "_host", "activation_totals", "clip_norm_type", "clip_total", "clipped", "duration",
+        "event", "float_scalars",
         "grad_count", "grad_norms", "grad_order", "grad_present", "grads_read",
         "late_scalars", "layer_map", "lrs", "merged", "none_grads", "not_cleared",
-        "not_stepped", "optimizer_step", "param_count",
-        "param_order", "sampled", "span", "step", "tensor_scalar_names", "tensor_scalars",
-        "time", "update_count", "update_norms", "update_order", "values",
+        "not_stepped", "optimizer_step", "param_count", "param_order", "probe_time",
+        "sampled", "span", "step", "tensor_scalar_names", "tensor_scalars", "time",
+        "update_count", "update_norms", "update_order", "values",
     )
 
     def __init__(self, layer_map: LayerMap, step: int, time: float, sampled: bool) -> None:
@@ -40,7 +45,8 @@ class Measurement:
         self.step = step
         self.time = time
         self.sampled = sampled  # costlier statistics are taken on this step
-        self.duration = 0.0
+        self.duration = 0.0  # the step's wall seconds, the probe's own time included
+        self.probe_time = 0.0  # seconds of the probe's own code on the training thread
         # launched during the step
         self.grads_read = False
         self.grad_norms: list[torch.Tensor] = []
@@ -48,7 +54,9 @@ class Measurement:
         self.grad_order: tuple[int, ...] | None = None
         self.none_grads = 0
         self.not_cleared = False  # the last step's gradient was never cleared
-        self.clipped: float | None = None  # max_norm of probes.clip_grad_norm_, if it ran
+        self.clipped: float | None = None  # max_norm of a clip_grad_norm_ in the step
+        self.clip_norm_type = 2.0
+        self.clip_total: float | None = None  # torch's total norm before the clip (CPU)
         # Did optimizer.step() run? None: no optimizer watched. False: AMP's GradScaler
         # skipped it (non-finite gradients), or the loop accumulates this step.
         self.optimizer_step: bool | None = None
@@ -114,6 +122,7 @@ class Measurement:
             "step": self.step,
             "time": self.time,
             "duration": self.duration,
+            "probe_time": self.probe_time,
             "scalars": self._scalars(values[at:]),
             "lr": self._lrs(values[at:]),
             "grad_norms": combine_layer_norms(grads, self.grad_present, layers),
@@ -133,7 +142,7 @@ class Measurement:
         if self.not_cleared:
             record["grads_not_cleared"] = True
         if self.clipped is not None:
-            record["clipped"] = self.clipped
+            record["clip"] = self._clip(values[at:])
         if self.optimizer_step is False:
             record["optimizer_step"] = False
         if self.not_stepped:
@@ -171,9 +180,25 @@ class Measurement:
         per_layer_weight = combine_layer_norms(weights, weight_order, self.layer_map)
         return [_ratio(u, w) for u, w in zip(per_layer_change, per_layer_weight, strict=True)]
 
+    def _clip(self, tail: list[float]) -> dict[str, float | None]:
+        """Max norm and norm type of the clip; torch's total norm before it, and the
+        total it scaled the gradients to (torch multiplies by max_norm / (total + 1e-6)
+        when that is below 1)."""
+        total = self.clip_total
+        for name, value in zip(self.tensor_scalar_names, tail, strict=True):
+            if name == CLIP_TOTAL:
+                total = value
+        max_norm = float(self.clipped or 0.0)
+        after = None
+        if total is not None:
+            after = total * min(1.0, max_norm / (total + 1e-6)) if math.isfinite(total) else total
+        return {"max_norm": max_norm, "norm_type": self.clip_norm_type,
+                "total_before": total, "total_after": after}
+
     def _scalars(self, tail: list[float]) -> dict[str, float]:
         scalars = {name: value for name, value in zip(self.tensor_scalar_names, tail,
-                                                      strict=True) if not name.startswith("lr/")}
+                                                      strict=True)
+                   if not name.startswith(("lr/", "clip/"))}
         scalars.update(self.float_scalars)
         scalars.update({name: float(t) for name, t in self.late_scalars.items()})
         return _loss_first(scalars)

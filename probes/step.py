@@ -8,8 +8,10 @@ into a ``Measurement`` whose copy to the host the sender reads later.
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -18,23 +20,19 @@ from torch.utils.hooks import RemovableHandle
 
 from probes.layers import LayerMap
 from probes.sampled import ActivationStats, UpdateNorms
-from probes.stats import Measurement, NormReducer, compose_order, to_host
+from probes.stats import CLIP_TOTAL, Measurement, NormReducer, compose_order, to_host
 
 
-class NonFiniteGradients(RuntimeError):
-    """Raised by the guard from the optimizer's pre-hook: the update must not happen.
+@dataclass(frozen=True)
+class GuardTrip:
+    """The guard found non-finite gradients before ``optimizer.step()``: which layers
+    (in layer order) and their first norms. The probe clears the gradients, so the
+    optimizer skips every parameter (as GradScaler skips a step that overflowed) and
+    nothing is raised into the training loop or the framework that owns it."""
 
-    The probe catches it at the end of the ``with probe.step()`` block, so the
-    training loop goes on with the next step, weights untouched (as GradScaler skips
-    a step whose gradients overflowed).
-    """
-
-    def __init__(self, step: int, layers: list[str], norms: list[float]) -> None:
-        super().__init__(f"non-finite gradients at step {step} in {', '.join(layers[:5])}; "
-                         "the guard skipped optimizer.step()")
-        self.step = step
-        self.layers = layers
-        self.norms = norms
+    step: int
+    layers: list[str]
+    norms: list[float]
 
 
 class _GradNote(NamedTuple):
@@ -109,37 +107,38 @@ class StepMeasurer:
             self._post_hook.remove()
             self._post_hook = None
 
-    def before_optimizer_step(self, *, guard: bool = False) -> None:
+    def before_optimizer_step(self, *, guard: bool = False) -> GuardTrip | None:
         """Gradients are final: check they were cleared since the last step and note
         them for the next; launch their norms; on sampled steps copy the weights.
 
-        With ``guard``, non-finite gradients raise ``NonFiniteGradients`` here, before
-        the optimizer touches a weight."""
+        With ``guard``, returns what it found when a gradient is non-finite (one host
+        sync per step); the caller then keeps the optimizer from using them."""
         step = self.current
         if step is not None:
             step.optimizer_step = True
+            step.lrs = self._learning_rates()  # the rates this update uses
         if self.check_clearing:
             self._check_clearing(step)
-        if guard:
-            self._guard(step)
+        trip = self._guard(step) if guard else None
         if step is None:
-            return
+            return trip
         if not step.grads_read:
             self.read_grads(step)
-        if self._measure_update and self.updates is not None:
+        if self._measure_update and self.updates is not None and trip is None:
             self.updates.before_step()
+        return trip
 
-    def _guard(self, step: Measurement | None) -> None:
-        """One host sync: are all gradients finite? If not, stop the update."""
+    def _guard(self, step: Measurement | None) -> GuardTrip | None:
+        """One host sync: are all gradients finite? If not, say where."""
         if step is None:
             step = Measurement(self.layers, self.index, 0.0, False)  # a step not measured
         if not step.grads_read:
             self.read_grads(step)
         if not step.grad_norms:
-            return
+            return None
         norms = torch.stack(step.grad_norms)
         if bool(torch.isfinite(norms).all()):
-            return
+            return None
         values = norms.tolist()
         order = compose_order(step.grad_present, step.grad_order)
         indices = order if order is not None else range(len(values))
@@ -148,12 +147,14 @@ class StepMeasurer:
             if not math.isfinite(value):
                 name = self.layers.names[self.layers.param_layer[param_index]]
                 bad_layers.setdefault(name, value)
-        raise NonFiniteGradients(step.step, list(bad_layers), list(bad_layers.values()))
+        ordered = [name for name in self.layers.names if name in bad_layers]
+        return GuardTrip(step.step, ordered, [bad_layers[name] for name in ordered])
 
     def _after_optimizer_step(self, optimizer: object, args: object, kwargs: object) -> None:
         """The weights moved (a sampled step): take the norms of the update."""
         step = self.current
         if step is not None and self.updates is not None:
+            started = time.perf_counter()
             try:
                 taken = self.updates.after_step()
                 if taken is not None:
@@ -161,17 +162,25 @@ class StepMeasurer:
                     self._update_pending = False
             except Exception as exc:
                 self.on_error(exc)
+            step.probe_time += time.perf_counter() - started  # the probe's own time too
 
-    def clipping(self, max_norm: float) -> None:
-        """``probes.clip_grad_norm_`` is about to clip: read the unclipped gradients."""
+    def clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
+        """A clip is about to scale the gradients: read them first, unclipped."""
         step = self.current
         if step is not None:
             if not step.grads_read:
                 self.read_grads(step)
             step.clipped = max_norm
+            step.clip_norm_type = norm_type
         self._in_place_ops += 1  # clipping scales every grad in place
 
-    def finish(self, duration: float) -> Measurement | None:
+    def clipped(self, total_norm: torch.Tensor) -> None:
+        """The clip is done; ``total_norm`` is torch's norm before it (not read now)."""
+        step = self.current
+        if step is not None and isinstance(total_norm, torch.Tensor):
+            step.tensor_scalars[CLIP_TOTAL] = total_norm.detach()
+
+    def finish(self) -> Measurement | None:
         """The step ended: lay out what it launched and start the copy to the host."""
         step, self.current = self.current, None
         self._remove_post_hook()
@@ -179,7 +188,6 @@ class StepMeasurer:
             return None
         if not step.grads_read:
             self.read_grads(step)
-        step.duration = duration
         values: list[torch.Tensor] = list(step.grad_norms)
         step.grad_count = len(values)
         step.grad_present = compose_order(step.grad_present, step.grad_order)
@@ -198,7 +206,8 @@ class StepMeasurer:
             if counts:
                 step.activation_totals = totals
                 values += counts
-        step.lrs = self._learning_rates()
+        if not step.lrs:  # no optimizer.step() in this step: the rates now
+            step.lrs = self._learning_rates()
         step.tensor_scalar_names = self._append_tensor_scalars(step, values)
         if values:
             step.values, step.event = to_host(values)
@@ -288,6 +297,8 @@ class StepMeasurer:
             for name, tensor in scalars.items():
                 if name.startswith("lr/"):
                     step.lrs[int(name[3:])] = tensor.item()
+                elif name == CLIP_TOTAL:
+                    step.clip_total = tensor.item()
                 else:
                     step.float_scalars[name] = tensor.item()
             return ()

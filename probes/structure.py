@@ -18,6 +18,7 @@ touch is reported in the record's ``not_stepped``, and the monitor's
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -142,20 +143,27 @@ def watch_updates(optimizer: torch.optim.Optimizer | None, layers: LayerMap,
     if optimizer is None or not layers.params:
         return []
     check = UpdateCheck(layers)
+    spent = [0.0]  # the pre-hook's seconds, added to the step's probe_time after
 
     def before(opt: object, args: object, kwargs: object) -> None:
+        started = time.perf_counter()
         try:
             if current() is not None:
                 check.before()
         except Exception as exc:  # never into the user's optimizer.step()
             on_error(exc)
+        spent[0] = time.perf_counter() - started
 
     def after(opt: object, args: object, kwargs: object) -> None:
+        started = time.perf_counter()
         try:
             step = current()
             untouched = check.after()
-            if step is not None and untouched:
-                step.not_stepped = untouched
+            if step is not None:
+                if untouched:
+                    step.not_stepped = untouched
+                # the probe's own time on the training thread, as the rest of it counts
+                step.probe_time += spent[0] + time.perf_counter() - started
         except Exception as exc:
             on_error(exc)
 

@@ -111,3 +111,19 @@ def wait_connected(probe: Any) -> None:
     """Wait for the probe's sender to reach the monitor: a run only pauses itself (guard,
     anomaly step) when a monitor is connected to resume it."""
     assert probe.sender.connected.wait(10), "the probe never connected"
+
+
+def raised_alerts(frames: list[Frame]) -> list[Any]:
+    """The alerts a monitor would raise on these frames: the diagnosis rules over the
+    step and eval records, and the alerts the probe sent itself (the guard's)."""
+    from probes.diagnosis import Alert, Diagnoser, RunInfo
+
+    hello = next(f for f in frames if f["kind"] == "hello")
+    diagnoser = Diagnoser(RunInfo.from_hello(hello))
+    alerts = []
+    for frame in frames:
+        if frame["kind"] in ("step", "eval"):
+            alerts += [change.alert for change in diagnoser.observe(frame) if change.raised]
+        elif frame["kind"] == "alert":
+            alerts.append(Alert.from_dict(frame["alert"]))
+    return alerts

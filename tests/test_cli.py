@@ -18,12 +18,17 @@ def traintop(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
                           text=True, timeout=timeout)
 
 
-def test_demo_list_names_each_scenario(capsys) -> None:
+def test_demo_list_names_each_scenario_within_80_columns(capsys) -> None:
+    from demo.catalog import SCENARIOS
+
     assert main(["demo", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    names = [line.split()[0] for line in lines]
-    assert names[:2] == ["healthy", "exploding"]
-    assert all(len(line.split(None, 1)[1]) > 20 for line in lines)  # a description each
+    names = [line.split()[0] for line in lines if not line.startswith(" ")]
+    assert names == list(SCENARIOS)
+    assert max(len(line) for line in lines) <= 80
+    words = " ".join(lines).split()  # wrapped at word boundaries: every word whole
+    for info in SCENARIOS.values():
+        assert " ".join(info.summary.split()) in " ".join(words)
 
 
 def test_unknown_scenario_is_one_clear_line(capsys) -> None:
@@ -38,7 +43,8 @@ def test_headless_demo_records_and_replays(tmp_path) -> None:
                     "--record", str(log), "--summary-every", "50")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("connected run=healthy ")
+    assert lines[0].startswith("listening on unix:") and lines[0].endswith("/monitor.sock")
+    assert lines[1].startswith("connected run=healthy ")
     assert any(line.startswith("run=healthy step=0 ") for line in lines)
     assert any(line.startswith("run=healthy step=119 ") for line in lines)
     assert lines[-1] == "disconnected run=healthy reason=finished"
@@ -62,6 +68,65 @@ def test_replay_counts_bad_lines_and_keeps_the_rest(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "rejected frame" in out and "malformed frame" in out
     assert "run=mlp step=19 " in out
+
+
+def test_summary_shows_the_validation_loss_with_its_own_step() -> None:
+    from tests.frames import evaluation, hello, step
+    from tui.headless import summary_line
+    from tui.state import MonitorState
+
+    state = MonitorState()
+    for frame in (hello(), step(0), evaluation(0, val_loss=7.474, seq=1),
+                  *(step(i) for i in range(1, 120)), evaluation(100, val_loss=0.1587, seq=2)):
+        state.apply(1, frame)
+    line = summary_line(state.runs["run-a"])
+    assert " step=119 " in line and " val_loss=0.1587@100 " in line
+
+
+@pytest.mark.parametrize("body", [b"", b"\n\n", b"# traintop\n\nA live, interactive...\n",
+                                  b'{"v":1,"kind":"step","step":0}\n'],
+                         ids=["empty", "blank", "markdown", "no-hello"])
+@pytest.mark.parametrize("headless", [True, False], ids=["headless", "screen"])
+def test_a_file_that_is_not_a_run_log_is_refused_in_one_line(tmp_path, capsys, body: bytes,
+                                                              headless: bool) -> None:
+    log = tmp_path / "notes.md"
+    log.write_bytes(body)
+    args = ["replay", str(log)] + (["--headless"] if headless else [])
+    assert main(args) == 1  # refused before any screen is drawn
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and str(log) in captured.err
+    assert "not a run log" in captured.err
+
+
+def test_a_bad_file_among_several_is_refused(tmp_path, capsys) -> None:
+    good, bad = tmp_path / "good.ndjson", tmp_path / "README.md"
+    good.write_bytes(b"".join(encode_frame(f) for f in short_run(5)))
+    bad.write_text("# traintop\n")
+    assert main(["replay", str(good), str(bad), "--headless"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "README.md is not a run log" in captured.err
+
+
+def test_replay_of_several_logs_shows_each_run(tmp_path, capsys) -> None:
+    first, second = tmp_path / "a.ndjson", tmp_path / "b.ndjson"
+    first.write_bytes(b"".join(encode_frame(f) for f in short_run(12, run="a", name="one")))
+    second.write_bytes(b"".join(encode_frame(f) for f in short_run(8, run="b", name="two")))
+    assert main(["replay", str(first), str(second), "--headless", "--summary-every",
+                 "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "connected run=one " in out and "connected run=two " in out
+    assert "run=one step=11 " in out and "run=two step=7 " in out
+    assert "rejected" not in out
+
+
+def test_an_unknown_threshold_lists_the_valid_names(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--headless", "--threshold", "nosuch=1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "no threshold 'nosuch'" in err
+    assert "valid names: exploding_norm, exploding_growth," in err and "clear_after" in err
 
 
 def test_replay_of_a_missing_file_is_one_line(tmp_path, capsys) -> None:

@@ -208,3 +208,47 @@ def test_a_scheduler_that_keeps_scaling_keeps_the_experiment(collector: FrameCol
     # StepLR multiplies the current LR: the experiment's x0.5 carries on through it.
     assert run_lr_experiment(collector, lambda opt: torch.optim.lr_scheduler.StepLR(
         opt, step_size=3, gamma=0.5)) == []
+
+
+# --- commands for the ranks of a job: applied at the step the monitor chose ------------
+
+
+def test_a_command_for_a_later_step_waits_for_it() -> None:
+    control, sent, _ = make_control()
+    control.receive(command("pause", at_step=12))
+    control.boundary(10, flush=lambda: None)
+    control.boundary(11, flush=lambda: None)
+    assert sent.acks() == [] and not control.state.paused and control.busy
+    # At step 12 the rank pauses (and would block here until resumed).
+    waiter = threading.Thread(target=control.boundary, args=(12, lambda: None), daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while not sent.acks() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ack = sent.acks()[0]
+    assert ack["step"] == 12 and ack["at_step"] == 12 and ack["late"] is False
+    assert control.state.paused
+    # Paused, every rank waits at the same boundary: a resume applies at once.
+    control.receive(command("resume", 2, at_step=40))
+    waiter.join(5)
+    assert not waiter.is_alive() and not control.state.paused
+
+
+def test_a_command_that_arrives_after_its_step_says_it_was_late() -> None:
+    control, sent, _ = make_control()
+    control.receive(command("guard", on=True, at_step=5))
+    control.boundary(9, flush=lambda: None)
+    ack = sent.acks()[0]
+    assert ack["ok"] and ack["late"] is True and ack["step"] == 9
+    assert control.state.guard
+
+
+def test_at_step_is_signed_with_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    control, sent, _ = make_control(token="secret")
+    signed = command("guard", 1, on=True, at_step=3)
+    signed["auth"] = command_signature("secret", "run-1", 1, "guard", signed["args"])
+    forged = dict(signed, args={"on": True, "at_step": 4})  # the step changed in transit
+    control.receive(forged)
+    control.receive(signed)
+    control.boundary(5, flush=lambda: None)
+    assert [a["ok"] for a in sent.acks()] == [False, True]

@@ -59,3 +59,31 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
     diagnosis = {name for name in loaded if name.startswith("probes.diagnosis.")}
     assert diagnosis, "the diagnosis package's modules"
     assert loaded - diagnosis == {"probes", "probes.wire", "probes.schema", "probes.diagnosis"}
+
+
+FRAMEWORKS = {"transformers", "accelerate", "pytorch_lightning", "lightning"}
+
+
+@pytest.mark.parametrize("statement", [
+    "import probes; probes.watch, probes.clip_grad_norm_",
+    "import probes.probe, probes.clip, probes.evaluation, probes.lifecycle",
+])
+def test_probes_never_load_a_framework(statement: str) -> None:
+    assert not loaded_after(statement) & FRAMEWORKS
+
+
+@pytest.mark.parametrize("module, missing, extra", [
+    ("probes.hf", ["transformers"], "traintop[hf]"),
+    ("probes.lightning", ["pytorch_lightning", "lightning"], "traintop[lightning]"),
+])
+def test_framework_glue_without_its_framework_says_what_to_install(
+        module: str, missing: list[str], extra: str) -> None:
+    # A None entry in sys.modules makes that import fail, as if it were not installed.
+    hide = "; ".join(f"sys.modules[{name!r}] = None" for name in missing)
+    code = f"import sys; {hide}; import {module}"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == f"ImportError: {module} needs " + (
+        "transformers" if extra.endswith("[hf]") else "Lightning") + f": pip install '{extra}'"

@@ -233,12 +233,12 @@ def test_no_update_evidence_without_the_probe_saying_it_checks() -> None:
 
 
 def timed(n: int, probe: float, *, sampled_probe: float | None = None,
-          **fields: Any) -> Record:
+          step_s: float = 0.010, **fields: Any) -> Record:
     sampled = n % 20 == 0
     own = sampled_probe if sampled and sampled_probe is not None else probe
     extra = {"param_norms": [1.0] * 3} if sampled else {}
-    return step(n, loss=math.exp(-n / 50), duration=0.010, probe_time=own * 0.010, **extra,
-                **fields)
+    return step(n, loss=math.exp(-n / 50), duration=step_s, probe_time=own * step_s,
+                **extra, **fields)
 
 
 def test_probe_overhead_names_every_when_each_step_costs_too_much() -> None:
@@ -262,5 +262,8 @@ def test_probe_overhead_near_misses() -> None:
     info = RunInfo(layers=("a", "b", "c"))
     assert lines(run([timed(n, 0.04) for n in range(300)], info)[1]) == []  # 4%
     assert lines(run([timed(n, 0.10) for n in range(90)], info)[1]) == []  # 80 steps
+    # 10% of a 1 ms step: a tenth of a millisecond is not what makes a run slow
+    tiny = [timed(n, 0.10, step_s=0.001) for n in range(300)]
+    assert lines(run(tiny, info)[1]) == []
     older_probe = [step(n, loss=math.exp(-n / 50), duration=0.01) for n in range(300)]
     assert lines(run(older_probe, info)[1]) == []  # no probe_time: never raised

@@ -291,8 +291,9 @@ def test_probe_step_frames_match_naive(collector: FrameCollector) -> None:
     assert naive_params[0]["body.0"] != naive_params[2]["body.0"]
 
 
-def test_probe_measures_before_optimizer_step_after_clipping(collector: FrameCollector) -> None:
-    # Gradients are read just before optimizer.step(): after clipping, not before.
+def test_probe_measures_before_torch_clipping(collector: FrameCollector) -> None:
+    # Gradients are read before torch's clip_grad_norm_ scales them (the lesson: log the
+    # unclipped norm), not just before optimizer.step().
     torch.manual_seed(3)
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -305,8 +306,8 @@ def test_probe_measures_before_optimizer_step_after_clipping(collector: FrameCol
             loss = nn.functional.cross_entropy(model(x), y) * 50
             optimizer.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
             naive.append(naive_norms(layers, lambda p: p.grad))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
             optimizer.step()
             optimizer.zero_grad()  # gone by the end of the step: the pre-hook had them
             probe.log(loss=loss)
@@ -314,7 +315,8 @@ def test_probe_measures_before_optimizer_step_after_clipping(collector: FrameCol
     frames = received_steps(collector, 3)
     for i in range(3):
         assert_close(frames[i]["grad_norm_total"], naive_total(naive[i]), f"step {i} total")
-        assert frames[i]["grad_norm_total"] == pytest.approx(0.5, rel=1e-4)
+        assert frames[i]["grad_norm_total"] > 1.0  # unclipped: well above the max norm
+        assert frames[i]["clip"]["total_after"] == pytest.approx(0.5, rel=1e-4)
         assert frames[i]["none_grads"] == 0
 
 

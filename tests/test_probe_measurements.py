@@ -17,6 +17,7 @@ import probes
 import probes.sampled
 import probes.stats
 import probes.step
+from probes.clip import torch_clip_grad_norm_ as clip_grad_norm_of_torch
 from probes.diagnosis import Diagnoser, RunInfo
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 
@@ -130,7 +131,10 @@ def test_probes_clip_is_bit_identical_to_torch_and_records_unclipped_norms(
     assert sorted(records) == [0, 1, 2]
     for i, (unclipped, total) in enumerate(expected):
         record = records[i]
-        assert record["clipped"] == max_norm
+        clip = record["clip"]
+        assert clip["max_norm"] == max_norm and clip["norm_type"] == 2.0
+        assert clip["total_before"] == total  # torch's own total, as it returned it
+        assert rel_err(clip["total_after"], max_norm) < REL_TOL  # clipped down to max_norm
         assert_close_list(record["grad_norms"], unclipped, REL_TOL)
         assert rel_err(record["grad_norm_total"], total) < REL_TOL
 
@@ -158,12 +162,18 @@ def test_probes_clip_matches_torch_for_other_arguments(
     for mine, theirs in zip(probed.parameters(), reference.parameters(), strict=True):
         assert mine.grad is not None and torch.equal(mine.grad, theirs.grad)
     records = close_and_collect(probe, collector)
-    assert records[0]["clipped"] == 0.01
+    assert records[0]["clip"]["max_norm"] == 0.01
+    assert records[0]["clip"]["norm_type"] == options.get("norm_type", 2.0)
+    assert records[0]["clip"]["total_before"] == total.item()
 
 
-def test_torch_clip_leaves_the_record_with_the_clipped_norms(collector: FrameCollector) -> None:
-    model = mlp(3)
+def test_torch_clip_is_seen_unclipped_and_changes_nothing(collector: FrameCollector) -> None:
+    """Frameworks clip with torch.nn.utils.clip_grad_norm_ inside their own step: the
+    probe records the norms from before it, and the clip itself, bit for bit the same."""
+    reference = mlp(3)
+    model = copy.deepcopy(reference)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     max_norm = 0.05
     probe = watch_unthinned(model, opt, collector)
     expected = []
@@ -172,18 +182,28 @@ def test_torch_clip_leaves_the_record_with_the_clipped_norms(collector: FrameCol
             opt.zero_grad()
             loss_of(model, i).backward()
             unclipped = grad_layer_norms(model)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             clipped = grad_layer_norms(model)  # as they are just before optimizer.step()
             opt.step()
+        ref_opt.zero_grad()
+        loss_of(reference, i).backward()
+        torch_total = clip_grad_norm_of_torch(reference.parameters(), max_norm)
+        ref_opt.step()
+        assert torch.equal(total, torch_total)
         assert all(c < 0.9 * u for c, u in zip(clipped, unclipped, strict=True))
-        expected.append(clipped)
+        expected.append((unclipped, total.item()))
+    for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
     records = close_and_collect(probe, collector)
+    probe_free = torch.nn.utils.clip_grad_norm_  # the probe closed: torch's own is back
+    assert probe_free is clip_grad_norm_of_torch
     assert sorted(records) == [0, 1]
-    for i, clipped in enumerate(expected):
+    for i, (unclipped, total) in enumerate(expected):
         record = records[i]
-        assert "clipped" not in record
-        assert_close_list(record["grad_norms"], clipped, REL_TOL)
-        assert rel_err(record["grad_norm_total"], max_norm) < 1e-4
+        assert_close_list(record["grad_norms"], unclipped, REL_TOL)
+        assert record["clip"]["max_norm"] == max_norm
+        assert record["clip"]["total_before"] == total
+        assert rel_err(record["clip"]["total_after"], max_norm) < 1e-4
 
 
 # --- 2. update ratios ----------------------------------------------------------------

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from probes.probe import end_reason
+from probes.lifecycle import end_reason
 from probes.wire import make_frame
 from tests.collector import FrameCollector, wait_for_bye
 from tests.frames import hello, step

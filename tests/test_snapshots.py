@@ -10,16 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import pytest
 from textual.app import App
 from textual.pilot import Pilot
 
-from tests.frames import short_run, step
+from tests.frames import (
+    anomaly_report,
+    check_report,
+    deep_run,
+    fixed_and_exploding,
+    short_run,
+    step,
+)
 from tests.test_app import exploding_run
 from tui.app import make_app
 from tui.sources import FramesSource
 from tui.widgets import AlertsPanel, LossChart
 
 SIZE = (120, 40)
+# The monitor must read at a common default terminal and at a roomy one: each main
+# view is pinned at both.
+SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 SnapCompare = Callable[..., bool]  # the plugin's fixture
 
 
@@ -55,6 +66,17 @@ def replay_over(app: App) -> bool:
     return run is not None and not run.connected
 
 
+def presses(key: str, done: Callable[[App], bool]) -> Callable[[Pilot], Awaitable[None]]:
+    """A ``run_before``: once the replay is over, press ``key`` and wait for ``done``."""
+
+    async def press(pilot: Pilot) -> None:
+        await until(replay_over)(pilot)
+        await pilot.press(key)
+        await until(done)(pilot)
+
+    return press
+
+
 def opens(key: str, screen: str) -> Callable[[Pilot], Awaitable[None]]:
     """A ``run_before``: once the replay is over, press ``key`` and wait for ``screen``."""
 
@@ -73,13 +95,68 @@ def test_healthy_run(snap_compare: SnapCompare) -> None:
         lambda app: len(app.query_one(LossChart).plotted.get("train loss", [])) == 60))
 
 
+@SIZES
+def test_main_screen(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+    """A deep stack whose first layers raise vanishing_gradient: six alerts, eleven
+    layers, the probe's share of the step."""
+    app = app_on(deep_run(80, probe_share=0.012))
+    assert snap_compare(app, terminal_size=size, run_before=until(
+        lambda app: replay_over(app) and len(app.query_one(AlertsPanel).entries) == 6))
+
+
+@SIZES
+def test_heatmap(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+    app = app_on(deep_run(80))
+    assert snap_compare(app, terminal_size=size, run_before=presses(
+        "h", lambda app: bool(app.query_one("#heatmap").rows_text)))
+
+
+@SIZES
+def test_comparison(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+    app = app_on(fixed_and_exploding(40))
+
+    async def compare(pilot: Pilot) -> None:
+        await until(replay_over)(pilot)
+        await pilot.press("m")
+        await until(lambda app: type(app.screen).__name__ == "ComparePicker")(pilot)
+        await pilot.press("m")
+        await until(lambda app: type(app.screen).__name__ == "CompareScreen"
+                    and app.screen.query_one("#ratios").row_count == 3)(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=compare)
+
+
+@SIZES
+def test_run_list(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+    frames = [*short_run(30, run="run-a", name="baseline"),
+              *short_run(20, run="run-b", name="lr-0.1"),
+              *short_run(10, run="run-c", name="resnet50-wd1e-4-long-name")]
+    app = app_on(frames)
+    assert snap_compare(app, terminal_size=size, run_before=until(
+        lambda app: len(app.state.runs) == 3 and replay_over(app)))
+
+
+@SIZES
+def test_anomaly_report(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+    app = app_on([*short_run(48), anomaly_report(48)])  # a live report opens by itself
+    assert snap_compare(app, terminal_size=size, run_before=until(
+        lambda app: type(app.screen).__name__ == "AnomalyReport"))
+
+
+@SIZES
+def test_checks(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+    app = app_on([*short_run(5), check_report(0)])
+    assert snap_compare(app, terminal_size=size, run_before=opens("c", "ChecksScreen"))
+
+
 def test_exploding_run_with_its_alert(snap_compare: SnapCompare) -> None:
     app = app_on(exploding_run())
     assert snap_compare(app, terminal_size=SIZE, run_before=until(
         lambda app: bool(app.query_one(AlertsPanel).entries)))
 
 
-def test_alert_detail(snap_compare: SnapCompare) -> None:
+@SIZES
+def test_alert_detail(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     async def open_detail(pilot: Pilot) -> None:
         await until(lambda app: bool(app.query_one(AlertsPanel).entries))(pilot)
         pilot.app.query_one(AlertsPanel).focus()
@@ -87,7 +164,7 @@ def test_alert_detail(snap_compare: SnapCompare) -> None:
         await until(lambda app: type(app.screen).__name__ == "AlertDetail")(pilot)
 
     app = app_on(exploding_run())
-    assert snap_compare(app, terminal_size=SIZE, run_before=open_detail)
+    assert snap_compare(app, terminal_size=size, run_before=open_detail)
 
 
 def test_non_finite_values(snap_compare: SnapCompare) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,13 +13,16 @@ from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, OptionList
 
+from tui.layout import plan_rows
 from tui.monitor import Monitor
 from tui.screens.alert_detail import AlertDetail
 from tui.screens.anomaly_report import AnomalyReport
 from tui.screens.checks import ChecksScreen
+from tui.screens.compare import ComparePicker, CompareScreen
 from tui.screens.confirm import Confirm
 from tui.screens.help import HelpScreen
 from tui.sources import FrameSource
@@ -32,10 +38,13 @@ from tui.state import (
     RunDisconnected,
     RunState,
 )
-from tui.widgets import AlertsPanel, LayerTable, LossChart, RunList, StatusLine
+from tui.widgets import AlertsPanel, GradHeatmapView, LayerTable, LossChart, RunList, StatusLine
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
 TOAST_GAP_S = 2.0  # at most one toast per topic (alerts, rejected frames) this often
+# Signals that end the monitor the way q does, so the terminal is given back as it was
+# (no alternate screen, no mouse tracking) and a demo's trainer and folder are cleaned.
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 class TraintopApp(App[int]):
@@ -45,6 +54,10 @@ class TraintopApp(App[int]):
         source: where frames come from (a ``ServerSource``, a ``ReplaySource``, or
             a ``FramesSource`` in tests).
         record_path: append every received frame to this run log.
+        mode: ``live`` (a socket), ``demo`` (q stops the trainer) or ``replay``; the
+            help says what q and the commands do in each.
+        compare_on_start: open the comparison of every run at once (``traintop replay
+            a.ndjson b.ndjson``).
     """
 
     CSS_PATH = "app.tcss"
@@ -61,6 +74,8 @@ class TraintopApp(App[int]):
         Binding("c", "view_checks", "Checks", show=False),
         Binding("l", "toggle_log_scale", "Log", show=False),
         Binding("s", "toggle_smoothing", "Smooth", show=False),
+        Binding("h", "toggle_heatmap", "Heatmap"),
+        Binding("m", "compare", "Compare", show=False),
         Binding("r", "next_run", "Next run", show=False),
         Binding("question_mark", "help", "Help"),
     ]
@@ -70,9 +85,14 @@ class TraintopApp(App[int]):
 
     def __init__(self, source: FrameSource, *, record_path: str | None = None,
                  state: MonitorState | None = None,
-                 companion: Callable[[], int | None] | None = None) -> None:
+                 companion: Callable[[], int | None] | None = None, mode: str = "live",
+                 compare_on_start: bool = False) -> None:
         super().__init__()
         self.source = source
+        self.mode = mode
+        self.compare_on_start = compare_on_start
+        self.heatmap_shown = False
+        self._heights: dict[str, int] = {}  # rows given to each view, as last set
         self.companion = companion  # the demo trainer's exit status, None while it runs
         self._companion_reported = False
         self.monitor = Monitor(state, record_path=record_path,
@@ -98,16 +118,36 @@ class TraintopApp(App[int]):
             yield RunList(id="runs")
             with Vertical(id="views"):
                 yield LossChart(id="loss")
-                yield LayerTable(id="layers")
                 yield AlertsPanel(id="alerts")
+                yield LayerTable(id="layers")
+                yield GradHeatmapView(id="heatmap")
         yield Footer()
 
     def on_mount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in EXIT_SIGNALS:  # (not possible off the main thread: tests' pilots)
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, self._exit_on_signal, signum)
         self.feed()
         self.set_interval(1 / FRAME_RATE_HZ, self.redraw)
         if self.companion is not None:
             self.set_interval(0.5, self._check_companion)
         self.redraw()
+        if self.compare_on_start:
+            self.push_screen(CompareScreen(self.state))
+
+    def _exit_on_signal(self, signum: int) -> None:
+        self.exit(return_code=128 + signum)
+
+    def on_unmount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in EXIT_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signum)
+        self.monitor.close()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.redraw, True)  # once the views have their new sizes
 
     def _check_companion(self) -> None:
         status = self.companion() if self.companion else None
@@ -126,7 +166,14 @@ class TraintopApp(App[int]):
 
     def redraw(self, force: bool = False) -> None:
         """Redraw every view from state, if anything changed since the last frame."""
+        with contextlib.suppress(NoMatches):  # the app is closing: its views are gone
+            self._redraw(force)
+
+    def _redraw(self, force: bool) -> None:
         now = time.monotonic()
+        # Every tick, not only on new data: what a view needs can change without it
+        # (a table's columns widen as its cells fill, and a scroll bar appears).
+        self._lay_out(self.current_run)
         if not force and self.state.version == self._drawn_version:
             if now - self._status_drawn_at >= 1.0:  # a silent run ages on screen
                 self._status_drawn_at = now
@@ -138,9 +185,31 @@ class TraintopApp(App[int]):
         run = self.current_run
         self.query_one(StatusLine).show(run, self.state, self.source.description)
         self.query_one(RunList).show(self.state, self.selected_run)
-        self.query_one(LossChart).show(run)
+        if self.query_one(LossChart).display:
+            self.query_one(LossChart).show(run)
         self.query_one(LayerTable).show(run)
+        self.query_one(GradHeatmapView).show(run)
         self.query_one(AlertsPanel).show(run)
+
+    def _lay_out(self, run: RunState | None) -> None:
+        """Share the rows between the views (``tui.layout``), for this run and size."""
+        views = self.query_one("#views")
+        chart, table = self.query_one(LossChart), self.query_one(LayerTable)
+        # a table wider than its room has a horizontal scroll bar: one more row
+        scroll_bar = int(table.virtual_size.width > table.size.width > 0)
+        rows = plan_rows(views.size.height or self.size.height - 2,
+                         alerts=len(run.alerts) if run else 0,
+                         layers=(len(run.layers) if run else 0) + scroll_bar,
+                         heatmap=self.heatmap_shown)
+        heat = self.query_one(GradHeatmapView)
+        chart.display = rows.chart > 0
+        table.display, heat.display = not self.heatmap_shown, self.heatmap_shown
+        for widget, height in ((chart, rows.chart), (self.query_one(AlertsPanel), rows.alerts),
+                               (heat if self.heatmap_shown else table, rows.layers)):
+            if height and self._heights.get(widget.id or "") != height:
+                self._heights[widget.id or ""] = height
+                widget.styles.height = height
+                self.call_after_refresh(self.redraw, True)  # fitted to the new size
 
     def _on_monitor_events(self, events: list[MonitorEvent]) -> None:
         for event in events:
@@ -259,7 +328,24 @@ class TraintopApp(App[int]):
         self.push_screen(ChecksScreen(run.check_reports if run else []))
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(self.mode))
+
+    def action_toggle_heatmap(self) -> None:
+        self.heatmap_shown = not self.heatmap_shown
+        self.redraw(force=True)
+
+    def action_compare(self) -> None:
+        if len(self.state.runs) < 2:
+            self.notify("comparing needs two runs or more: replay several run logs "
+                        "(traintop replay a.ndjson b.ndjson) or connect another run",
+                        severity="warning")
+            return
+
+        def picked(run_ids: list[str] | None) -> None:
+            if run_ids:
+                self.push_screen(CompareScreen(self.state, run_ids))
+
+        self.push_screen(ComparePicker(self.state, self.selected_run), picked)
 
     def action_toggle_log_scale(self) -> None:
         chart = self.query_one(LossChart)
@@ -279,12 +365,10 @@ class TraintopApp(App[int]):
         index = ids.index(self.selected_run) if self.selected_run in ids else -1
         self.selected_run = ids[(index + 1) % len(ids)]
 
-    def on_unmount(self) -> None:
-        self.monitor.close()
-
-
 def make_app(source: FrameSource, *, record_path: str | None = None,
              state: MonitorState | None = None,
-             companion: Callable[[], int | None] | None = None) -> TraintopApp:
+             companion: Callable[[], int | None] | None = None, mode: str = "live",
+             compare_on_start: bool = False) -> TraintopApp:
     """Build the monitor app around a frame source (injected, so tests need no socket)."""
-    return TraintopApp(source, record_path=record_path, state=state, companion=companion)
+    return TraintopApp(source, record_path=record_path, state=state, companion=companion,
+                       mode=mode, compare_on_start=compare_on_start)

@@ -2,7 +2,7 @@
 
     traintop                      listen and show every run that connects
     traintop --headless           the same, as lines of text
-    traintop replay FILE          show a recorded run log
+    traintop replay FILE [FILE]   show recorded run logs (several: side by side)
     traintop demo [SCENARIO]      run a bundled failure mode with the monitor attached
 """
 
@@ -13,6 +13,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 
 from probes.diagnosis import Thresholds
 from probes.wire import TOKEN_ENV, resolve_address
@@ -37,8 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     shared = argparse.ArgumentParser(add_help=False)
     _add_output_options(shared, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    replay = commands.add_parser("replay", parents=[shared], help="show a recorded run log")
-    replay.add_argument("file", help="a run log written by --record")
+    replay = commands.add_parser("replay", parents=[shared],
+                                 help="show recorded run logs (several: side by side)")
+    replay.add_argument("files", nargs="+", metavar="FILE",
+                        help="a run log written by --record; with several, the screen "
+                        "opens on their comparison, the first as the reference")
     demo = commands.add_parser("demo", parents=[shared],
                                help="run a bundled failure mode, monitored")
     demo.add_argument("scenario", nargs="?", default="healthy")
@@ -106,20 +110,23 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from tui.runlog import check_run_log
     from tui.sources import ReplaySource
 
-    if not os.path.isfile(args.file):
-        raise OSError(f"no run log at {args.file}")
-    with open(args.file, "rb"):
-        pass  # fail now, with one line, if it cannot be read
-    return serve(ReplaySource(args.file), headless=args.headless, record=None,
+    for path in args.files:
+        if not os.path.isfile(path):
+            raise OSError(f"no run log at {path}")
+        check_run_log(path)  # fail now, with one line, if it is not a run log
+    return serve(ReplaySource(*args.files), headless=args.headless, record=None,
                  summary_every=args.summary_every, exit_when_done=True, fail_on=args.fail_on,
-                 thresholds=args.thresholds)
+                 thresholds=args.thresholds, mode="replay",
+                 compare_on_start=len(args.files) > 1)
 
 
 def parse_thresholds(pairs: list[str]) -> Thresholds:
     """``["exploding_norm=50", ...]`` as ``Thresholds`` (bad names or values raise)."""
     overrides: dict[str, float] = {}
+    valid = [f.name for f in fields(Thresholds)]
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep:
@@ -128,13 +135,17 @@ def parse_thresholds(pairs: list[str]) -> Thresholds:
             overrides[name.strip()] = float(value)
         except ValueError:
             raise ValueError(f"--threshold {pair!r}: {value!r} is not a number") from None
+        if name.strip() not in valid:
+            raise ValueError(f"--threshold {pair!r}: no threshold {name.strip()!r}; valid "
+                             f"names: {', '.join(valid)}")
     return Thresholds().with_overrides(**overrides)
 
 
 def serve(source: object, *, headless: bool, record: str | None, summary_every: int,
           exit_when_done: bool, fail_on: str | None = None,
           thresholds: Thresholds | None = None,
-          companion: Callable[[], int | None] | None = None) -> int:
+          companion: Callable[[], int | None] | None = None, mode: str = "live",
+          compare_on_start: bool = False) -> int:
     """Run the monitor on ``source``: the Textual app, or headless printing.
 
     ``companion`` gives the exit status of a process the monitor was started for (the
@@ -152,7 +163,7 @@ def serve(source: object, *, headless: bool, record: str | None, summary_every: 
     from tui.app import make_app
 
     app = make_app(source, record_path=record, state=state,  # type: ignore[arg-type]
-                   companion=companion)
+                   companion=companion, mode=mode, compare_on_start=compare_on_start)
     result = app.run()
     return app.return_code or (result or 0)
 

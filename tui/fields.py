@@ -86,6 +86,9 @@ def _hello(frame: Frame) -> None:
 def _step(frame: Frame) -> None:
     _integer(frame, "step", required=True)
     _number(frame, "time")
+    _number(frame, "duration")
+    _number(frame, "probe_time")
+    _span(frame)
     _integer(frame, "dropped")
     _integer(frame, "none_grads")
     _scalars(frame)
@@ -115,6 +118,15 @@ def _indices(frame: Frame, name: str) -> None:
     if not isinstance(indices, list) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in indices):
         raise ValueError(f"{name} must be a list of indices")
+
+
+def _span(frame: Frame) -> None:
+    span = frame.get("span")
+    if span is None:
+        return
+    if not (isinstance(span, list) and len(span) == 2 and all(
+            isinstance(s, int) and not isinstance(s, bool) for s in span)):
+        raise ValueError(f"span must be [first step, last step], got {span!r:.40}")
 
 
 def _eval(frame: Frame) -> None:

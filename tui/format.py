@@ -74,26 +74,64 @@ def connection_label(run: RunState, now: float | None = None) -> str:
     return f"disconnected ({run.disconnect_reason})" if run.disconnect_reason else "disconnected"
 
 
-def status_fields(run: RunState | None, monitor: MonitorState, listening: str) -> list[str]:
-    """The status line's fields, most important first."""
+def status_fields(run: RunState | None, monitor: MonitorState, listening: str, *,
+                  short: bool = False) -> list[str]:
+    """The status line's fields, most important first; ``short`` abbreviates them for
+    a narrow terminal (``75.7/s``, ``alerts 2/3``, ``drop 0``), every one still there."""
     if run is None:
-        return ["traintop", f"waiting for a run: {listening}"]
+        return ["traintop", f"{'waiting' if short else 'waiting for a run'}: {listening}"]
     rate = run.steps_per_s
-    fields = [
-        run.name,
-        f"step {run.last_step:,}",
-        f"{rate:,.1f} steps/s" if rate is not None else "- steps/s",
-        f"loss {number(run.loss)}",
-        connection_label(run),
-        *([control_label(run)] if run.connected else []),
-        alerts_label(run),
-        f"dropped {run.dropped:,}",
-    ]
+    if rate is None:
+        speed = "-/s" if short else "- steps/s"
+    elif short:
+        speed = f"{rate:,.0f}/s" if rate >= 100 else f"{rate:.1f}/s"
+    else:
+        speed = f"{rate:,.1f} steps/s"
+    fields = [run.name, f"step {run.last_step:,}", speed, f"loss {number(run.loss)}"]
+    if short and run.connected and not run.probe_error:
+        quiet = connection_label(run)
+        fields.append(control_label(run) if quiet == "connected"
+                      else quiet.replace("connected, ", ""))
+    elif short and not run.connected and not run.ended and not run.probe_error:
+        fields.append("disconnected")
+    else:
+        fields += [connection_label(run), *([control_label(run)] if run.connected else [])]
+    fields += [alerts_label(run, short=short),
+               f"drop {run.dropped:,}" if short else f"dropped {run.dropped:,}"]
+    share = run.probe_share
+    if share is not None:
+        fields.append(f"probe {100 * share:.1f}%")
     if monitor.rejected_frames:
-        fields.append(f"rejected {monitor.rejected_frames:,}")
+        fields.append(f"{'rej' if short else 'rejected'} {monitor.rejected_frames:,}")
     if len(monitor.runs) > 1:
         fields.append(f"{len(monitor.runs)} runs")
     return fields
+
+
+STATUS_SEPARATORS = (" │ ", "│")
+
+
+def fit_status(run: RunState | None, monitor: MonitorState, listening: str,
+               width: int) -> tuple[list[str], str]:
+    """The status fields and separator that fit ``width`` columns: full, then
+    abbreviated, then abbreviated with tight separators (the widget crops what still
+    does not fit, from the right, where the least important fields are)."""
+    choices = [(False, STATUS_SEPARATORS[0]), (True, STATUS_SEPARATORS[0]),
+               (True, STATUS_SEPARATORS[1])]
+    for short, separator in choices:
+        fields = status_fields(run, monitor, listening, short=short)
+        if width <= 0 or len(separator.join(fields)) <= width:
+            return fields, separator
+    # Last, the run's name gives way (the run list shows it whole), to NAME_MIN.
+    over = len(separator.join(fields)) - width
+    name = fields[0]
+    if len(name) > NAME_MIN:
+        keep = max(len(name) - over - 1, NAME_MIN)
+        fields[0] = name[:keep] + "…"
+    return fields, separator
+
+
+NAME_MIN = 8  # characters of a run's name the status line keeps at least
 
 
 def control_label(run: RunState) -> str:
@@ -107,11 +145,23 @@ def control_label(run: RunState) -> str:
     return label
 
 
-def alerts_label(run: RunState) -> str:
-    """``alerts 0``, or ``alerts 3 (1 error)`` counting the active ones."""
-    active = run.active_alerts
-    errors = sum(1 for a in active if a.severity == "error")
-    return f"alerts {len(active)}" + (f" ({errors} error{'s' * (errors != 1)})" if errors else "")
+def alerts_label(run: RunState, *, short: bool = False) -> str:
+    """``alerts 0`` when none was raised, else ``alerts 2 active / 3 raised`` (short:
+    ``alerts 2/3``): the panel lists every raised one, cleared ones dimmed."""
+    raised = len(run.alerts)
+    if not raised:
+        return "alerts 0"
+    active = sum(1 for entry in run.alerts if entry.active)
+    return f"alerts {active}/{raised}" if short else f"alerts {active} active / {raised} raised"
+
+
+def validation_label(run: RunState) -> str | None:
+    """``0.1587@100``: the latest validation loss and the step it was taken at."""
+    validation = run.validation
+    if validation is None or validation[1].latest is None:
+        return None
+    series = validation[1]
+    return f"{number(series.latest)}@{int(series.latest_x or 0)}"
 
 
 def downsample(xs: list[float], ys: list[float], limit: int) -> tuple[list[float], list[float]]:

@@ -18,7 +18,7 @@ from typing import TextIO
 
 from probes.diagnosis import RUNGS, at_least
 from probes.wire import Frame
-from tui.format import number
+from tui.format import number, validation_label
 from tui.monitor import Monitor
 from tui.server import Connection
 from tui.sources import FrameSource
@@ -38,6 +38,7 @@ from tui.state import (
 )
 
 ALERT_EXIT_STATUS = 3  # --fail-on: an alert of that severity or worse fired
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the monitor as Ctrl-C does
 
 
 class HeadlessMonitor(Monitor):
@@ -195,17 +196,18 @@ def causes_line(run: RunState) -> str:
 
 
 def summary_line(run: RunState) -> str:
-    """``run=... step=N loss=... grad_norm=... steps/s=... dropped=N alerts=N raised=N``
-    (``alerts``: active now; ``raised``: since the run began)."""
+    """``run=... step=N loss=... val_loss=V@STEP grad_norm=... steps/s=... dropped=N
+    alerts=N raised=N`` (the validation loss with the step it was taken at; ``alerts``:
+    active now; ``raised``: since the run began)."""
     rate = run.steps_per_s
-    val = None if run.validation is None else run.validation[1].latest
+    val = validation_label(run)
     parts = [
         f"run={run.name}",
         f"step={run.last_step}",
         f"loss={number(run.loss)}",
     ]
     if val is not None:
-        parts.append(f"val_loss={number(val)}")
+        parts.append(f"val_loss={val}")
     parts += [
         f"grad_norm={number(run.grad_total.latest)}",
         f"steps/s={'-' if rate is None else f'{rate:.1f}'}",
@@ -229,9 +231,17 @@ async def run_headless(
 
     Returns the exit status: ``ALERT_EXIT_STATUS`` if ``fail_on`` tripped, else 0."""
     feeding = asyncio.create_task(source.run(monitor))
-    terminated = asyncio.Event()  # SIGTERM: stop like Ctrl-C, closing the socket
-    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
+    terminated = asyncio.Event()  # SIGTERM, SIGHUP: stop like Ctrl-C, closing the socket
+    for signum in STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().add_signal_handler(signum, terminated.set)
+    listening = getattr(source, "listening", None)
+    if isinstance(listening, asyncio.Event):  # a socket: say where, once it is bound
+        waiting = asyncio.create_task(listening.wait())
+        await asyncio.wait({waiting, feeding}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if listening.is_set():
+            monitor._line(source.description)
     waiters = {feeding, asyncio.create_task(monitor.output_closed.wait()),
                asyncio.create_task(terminated.wait())}
     if exit_when_done or monitor.fail_on:
@@ -248,6 +258,7 @@ async def run_headless(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         monitor.close()
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        for signum in STOP_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(signum)
     return ALERT_EXIT_STATUS if monitor.failed_by is not None else 0

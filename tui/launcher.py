@@ -4,13 +4,20 @@ The trainer and the monitor meet on a private Unix socket in a fresh 0700 folder
 the demo never collides with a monitor already running. The trainer's own output goes
 to a log file beside it (it would tear the screen otherwise). Quitting the monitor
 stops the demo trainer: it is the demo's child, not a run of yours.
+
+The trainer runs in a process group of its own, so a terminal's signals (Ctrl-C in
+headless mode, the hang-up of a closed window) reach the monitor alone, and the monitor
+stops the whole group and removes the folder however it ends: q, SIGTERM, SIGHUP or
+SIGINT (the screen app turns these into a clean exit), or an error.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,12 +46,18 @@ def run_demo(args: argparse.Namespace) -> int:
         status = serve(ServerSource(address), headless=args.headless, record=args.record,
                        summary_every=args.summary_every, exit_when_done=args.headless,
                        fail_on=args.fail_on, thresholds=args.thresholds,
-                       companion=trainer.poll)
+                       companion=trainer.poll, mode="demo")
     finally:
-        trainer_status = _stop(trainer)
-        if trainer_status not in (0, None):
-            print(_tail(log_path), file=sys.stderr)
-        shutil.rmtree(folder, ignore_errors=True)
+        # A second signal must not cut the clean-up short (the trainer left running,
+        # the folder left behind): held off while it runs, a second or so.
+        held = _hold_signals()
+        try:
+            trainer_status = _stop(trainer)
+            if trainer_status not in (0, None):
+                print(_tail(log_path), file=sys.stderr)
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            _restore_signals(held)
     if status == 0 and trainer_status not in (0, None):
         print(f"traintop: the demo trainer exited with status {trainer_status}", file=sys.stderr)
         return 1
@@ -62,20 +75,42 @@ def _start_trainer(args: argparse.Namespace, address: Address, log_path: str) ->
     env = {**os.environ, ADDRESS_ENV: str(address), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def _stop(trainer: subprocess.Popen) -> int | None:
-    """The trainer's exit status; terminated (None) if it was still running."""
+    """The trainer's exit status; terminated (None) if it was still running. The whole
+    process group is signalled: anything the trainer started goes with it."""
     if trainer.poll() is not None:
         return trainer.returncode
-    trainer.terminate()
+    _signal_group(trainer, signal.SIGTERM)
     try:
         trainer.wait(3)
     except subprocess.TimeoutExpired:
-        trainer.kill()
+        _signal_group(trainer, signal.SIGKILL)
         trainer.wait()
     return None
+
+
+def _signal_group(trainer: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(trainer.pid, signum)  # its own session: the group id is its pid
+
+
+CLEANUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def _hold_signals() -> dict[int, object]:
+    held: dict[int, object] = {}
+    for signum in CLEANUP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            held[signum] = signal.signal(signum, signal.SIG_IGN)
+    return held
+
+
+def _restore_signals(held: dict[int, object]) -> None:
+    for signum, handler in held.items():
+        signal.signal(signum, handler)  # type: ignore[arg-type]
 
 
 def _tail(path: str, lines: int = 20) -> str:

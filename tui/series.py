@@ -51,6 +51,11 @@ class BucketedSeries:
     def latest(self) -> float | None:
         return self.last[-1] if self.last else None
 
+    @property
+    def latest_x(self) -> float | None:
+        """The x of the latest point (e.g. the step of the latest evaluation)."""
+        return self.xs[-1] if self.xs else None
+
     def points(self, *, finite_only: bool = True) -> tuple[list[float], list[float]]:
         """(xs, last ys), skipping non-finite ys unless asked not to."""
         if not finite_only:

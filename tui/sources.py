@@ -65,8 +65,25 @@ class FramesSource:
         monitor.source_ended("end of the run log")
 
 
-class ReplaySource(FramesSource):
-    """Feed a recorded run log (``traintop replay FILE``)."""
+class ReplaySource:
+    """Feed recorded run logs (``traintop replay FILE [FILE ...]``), one after the
+    other, each on a connection of its own (as the runs came to the monitor that
+    recorded them), then mark their runs gone."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(read_run_log(path), description=f"replay of {path}")
+    def __init__(self, *paths: str) -> None:
+        self.paths = paths
+        self.description = "replay of " + ", ".join(paths)
+
+    async def run(self, monitor: Monitor) -> None:
+        count = 0
+        for conn_id, path in enumerate(self.paths):
+            conn = Connection(conn_id, path, None)
+            for item in read_run_log(path):
+                if isinstance(item, FrameError):
+                    monitor.frame_rejected(conn, str(item))
+                else:
+                    monitor.frame_received(conn, item)
+                count += 1
+                if count % 512 == 0:
+                    await asyncio.sleep(0)  # let the screen breathe during a long replay
+        monitor.source_ended("end of the run log")

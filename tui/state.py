@@ -16,12 +16,14 @@ from typing import Any
 from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, Thresholds, as_number
 from probes.schema import validation_loss_name
 from probes.wire import Frame
+from tui.heatmap import GradHeatmap
 from tui.series import BucketedSeries
 
 SPARK_HISTORY = 48  # grad-norm values kept per layer for the sparkline
 RATE_WINDOW = 32  # step records used to estimate steps per second
 MAX_ALERTS = 1000  # alert entries kept per run (raised ones; each is rare)
 MAX_ENDED_RUNS = 50  # runs that have gone, kept for viewing (about 1 MB each)
+PROBE_COST_WINDOW = 64  # step records over which the probe's share of a step is taken
 
 
 @dataclass
@@ -70,6 +72,10 @@ class RunState:
     last_seq: dict[str, int] = field(default_factory=dict)
     _synced: int = 0  # the diagnoser's revision the alert entries reflect
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
+    heatmap: GradHeatmap = field(default_factory=lambda: GradHeatmap(0))
+    # (probe_time, duration) of recent step records that carry the probe's own time
+    _probe_cost: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=PROBE_COST_WINDOW))
 
     @property
     def steps_per_s(self) -> float | None:
@@ -80,6 +86,17 @@ class RunState:
         if t1 <= t0:
             return None
         return (s1 - s0) / (t1 - t0)
+
+    @property
+    def probe_share(self) -> float | None:
+        """The probe's own time as a share of the step's, over the recent records
+        (sums, so a thinned record weighs as the steps it stands for); None when the
+        records do not carry ``probe_time``."""
+        if not self._probe_cost:
+            return None
+        spent = sum(cost for cost, _ in self._probe_cost)
+        total = sum(duration for _, duration in self._probe_cost)
+        return spent / total if total > 0 else None
 
     @property
     def loss(self) -> float | None:
@@ -139,6 +156,7 @@ class RunState:
             self.param_norms = [None] * len(layers)
             self.update_ratios = [None] * len(layers)
             self.grad_history = [deque(maxlen=SPARK_HISTORY) for _ in layers]
+            self.heatmap = GradHeatmap(len(layers))
         self.param_counts = [int(c) for c in frame.get("param_counts", [])]
         self.control.update(frame.get("state") or {})  # paused now, or not
         if not self.step_records:  # a new run (not a reconnect): diagnose from its start
@@ -157,6 +175,7 @@ class RunState:
         self.step_records += 1
         self.dropped = int(frame.get("dropped", self.dropped))
         self._recent.append((float(frame.get("time", 0.0)), step))
+        self._note_probe_cost(frame)
         for name, value in (frame.get("scalars") or {}).items():
             self._series(self.scalars, name).append(step, as_number(value))
         total = frame.get("grad_norm_total")
@@ -166,6 +185,14 @@ class RunState:
         self.learning_rates = [as_number(x) for x in frame.get("lr") or []]
         self.none_grads = int(frame.get("none_grads", 0))
         return True
+
+    def _note_probe_cost(self, frame: Frame) -> None:
+        probe_time, duration = frame.get("probe_time"), frame.get("duration")
+        if probe_time is None or duration is None:
+            return
+        probe_time, duration = as_number(probe_time), as_number(duration)
+        if math.isfinite(probe_time) and math.isfinite(duration) and duration > 0:
+            self._probe_cost.append((max(probe_time, 0.0), duration))
 
     def apply_eval(self, frame: Frame) -> None:
         step = int(frame.get("step", self.last_step))
@@ -179,6 +206,9 @@ class RunState:
             for history, value in zip(self.grad_history, self.grad_norms, strict=True):
                 if value is not None:
                     history.append(value)
+            span = frame.get("span")
+            first = int(span[0]) if isinstance(span, list) and span else None
+            self.heatmap.add(int(frame["step"]), self.grad_norms, first_step=first)
         param_norms = frame.get("param_norms")
         if param_norms is not None and len(param_norms) == len(self.layers):
             self.param_norms = [None if p is None else as_number(p) for p in param_norms]

@@ -20,7 +20,8 @@ WARM_UP_STEPS = 10  # the first steps pay one-time costs (imports, allocation): 
 
 class ProbeOverhead(Rule):
     """The probe's share of the step time, over the last ``overhead_steps`` steps, above
-    ``overhead_fraction``; names the setting that would lower it."""
+    ``overhead_fraction`` (and at least ``overhead_min_ms`` a step); names the setting
+    that would lower it."""
 
     kind = "probe_overhead"
     severity: Severity = "info"
@@ -45,7 +46,8 @@ class ProbeOverhead(Rule):
         probe_sum = math.fsum(w[2] for w in window)
         step_sum = math.fsum(w[3] for w in window)
         share = probe_sum / step_sum
-        if covered < self.t.overhead_steps or share <= self.t.overhead_fraction:
+        if (covered < self.t.overhead_steps or share <= self.t.overhead_fraction
+                or 1000 * probe_sum / covered < self.t.overhead_min_ms):
             return []
         return [self.alert(view.step, "", {
             "probe_share": share, "steps": covered,

@@ -85,9 +85,11 @@ class Thresholds:
     spike_window: int = 50  # steps
     spike_min_steps: int = 20
     # probe_overhead: the probe's own time above this fraction of the step time, over
-    # this many steps.
+    # this many steps, and at least overhead_min_ms a step (the demo's small models
+    # spend 10% of a 1 ms step in the probe: 0.1 ms is not what makes a run slow).
     overhead_fraction: float = 0.05
     overhead_steps: int = 100
+    overhead_min_ms: float = 0.5
     # Consequences (a spike, a flat loss, low update ratios ...) wait this many steps for
     # a cause to fold under before they are raised on their own.
     consequence_grace_steps: int = 5

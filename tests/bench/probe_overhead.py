@@ -87,41 +87,20 @@ def workloads(quick: bool) -> list[Workload]:
     ]
 
 
-class TimedProbe(Probe):
-    """A Probe that adds up the time its own code takes on the training thread."""
+def count_own_time(probe: Probe) -> list[float]:
+    """The probe's own time of each step it sends, as it measures it (``probe_time``:
+    its code at the step boundaries and in the optimizer's and clip's hooks)."""
+    spent: list[float] = []
+    put = probe.sender.put
 
-    spent = 0.0
+    def counting_put(item: Any) -> None:
+        own = getattr(item, "probe_time", None)
+        if own is not None:
+            spent.append(own)
+        put(item)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        after = self._measurer._after_optimizer_step  # the sampled steps' post-hook
-
-        def timed_after(*hook_args: Any) -> None:
-            start = time.perf_counter()
-            after(*hook_args)
-            self.spent += time.perf_counter() - start
-
-        self._measurer._after_optimizer_step = timed_after  # type: ignore[method-assign]
-
-    def _enter_step(self, index: int | None) -> None:
-        start = time.perf_counter()
-        super()._enter_step(index)
-        self.spent += time.perf_counter() - start
-
-    def _exit_step(self, failed: bool) -> None:
-        start = time.perf_counter()
-        super()._exit_step(failed)
-        self.spent += time.perf_counter() - start
-
-    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        start = time.perf_counter()
-        super()._before_optimizer_step(optimizer, args, kwargs)
-        self.spent += time.perf_counter() - start
-
-    def log(self, **scalars: Any) -> None:
-        start = time.perf_counter()
-        super().log(**scalars)
-        self.spent += time.perf_counter() - start
+    probe.sender.put = counting_put  # type: ignore[method-assign]
+    return spent
 
 
 @dataclass
@@ -131,7 +110,8 @@ class Variant:
     optimizer: torch.optim.Optimizer
     step: Callable[[], None]
     times: list[float] = field(default_factory=list)
-    probe: TimedProbe | None = None
+    probe: Probe | None = None
+    own: list[float] = field(default_factory=list)  # the probe's time, per step sent
 
 
 def make_variants(work: Workload, address: str, names: list[str]) -> list[Variant]:
@@ -155,7 +135,8 @@ def make_variants(work: Workload, address: str, names: list[str]) -> list[Varian
     def probed(label: str, *, guard: bool = False, anomaly: bool = False) -> Variant:
         model = copy.deepcopy(base)
         opt = work.optimizer(model.parameters())
-        probe = TimedProbe(model, opt, run=label, address=address, guard=guard)
+        probe = probes.watch(model, opt, run=label, address=address, guard=guard)
+        own = count_own_time(probe)
 
         def step() -> None:
             if anomaly:
@@ -166,7 +147,7 @@ def make_variants(work: Workload, address: str, names: list[str]) -> list[Varian
                 loss.backward()
                 opt.step()
                 probe.log(loss=loss)
-        return Variant(label, model, opt, step, probe=probe)
+        return Variant(label, model, opt, step, probe=probe, own=own)
 
     def tensorboard() -> Variant | None:
         try:
@@ -252,7 +233,7 @@ def measure(variants: list[Variant], work: Workload) -> dict[str, float]:
         assert variant.probe is not None
         if not variant.probe.sender.connected.wait(10):
             print("warning: the monitor did not connect; numbers are without a monitor")
-        variant.probe.spent = 0.0
+        variant.own.clear()
     for _ in range(work.rounds):
         for variant in variants:
             for _ in range(work.block):
@@ -262,10 +243,10 @@ def measure(variants: list[Variant], work: Workload) -> dict[str, float]:
     own = {}
     for variant in probed:
         assert variant.probe is not None
-        own[variant.name] = variant.probe.spent / len(variant.times)
+        variant.probe.close()  # flushes the last step's record
+        own[variant.name] = statistics.fmean(variant.own)
         if variant.probe.sender.dropped:
             print(f"warning: {variant.name} dropped {variant.probe.sender.dropped} records")
-        variant.probe.close()
     return own
 
 
@@ -305,6 +286,141 @@ def run_workload(work: Workload, address: str) -> list[str]:
             *table(costly, own, budget)]
 
 
+# --- the frameworks: a bare Trainer against the same Trainer with the callback --------
+
+
+class StepClock:
+    """Times each optimizer step from one step's start to the next (everything the
+    framework does in between counts); framework-neutral, fed by either callback."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._last: float | None = None
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.times.append(now - self._last)
+        self._last = now
+
+    def restart(self) -> None:
+        self._last = None
+
+
+def hf_round(address: str | None, steps: int, clock: StepClock) -> list[float]:
+    """One ``Trainer.train()`` of ``steps`` steps: a 2-layer GPT-2 (d128, seq 64, b8) at
+    the Trainer's defaults; with the callback when ``address`` is given. Returns the
+    probe's own time per step."""
+    import transformers
+
+    from probes.hf import TraintopCallback
+
+    class Clock(transformers.TrainerCallback):
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            clock.tick()
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=512,
+                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 512, (64,))
+    data = [{"input_ids": ids, "labels": ids}] * (8 * steps)
+    args = transformers.TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="tt-bench-hf-"), max_steps=steps,
+        per_device_train_batch_size=8, report_to="none", save_strategy="no", use_cpu=True,
+        disable_tqdm=True, logging_strategy="no")
+    callbacks: list[Any] = [Clock()]
+    own_lists: list[list[float]] = []
+    if address is not None:
+        traintop = TraintopCallback(run="bench-hf", address=address)
+
+        class CountOwn(transformers.TrainerCallback):
+            def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
+                if traintop.probe is not None:
+                    own_lists.append(count_own_time(traintop.probe))
+
+        callbacks += [traintop, CountOwn()]  # (after traintop: its probe exists by then)
+    clock.restart()
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
+                                   callbacks=callbacks)
+    trainer.train()
+    return [t for counted in own_lists for t in counted]
+
+
+def lightning_round(address: str | None, steps: int, clock: StepClock) -> list[float]:
+    """One ``fit`` of ``steps`` steps of a small LightningModule (an MLP, 8 x 256, b64,
+    Adam); with the callback when ``address`` is given."""
+    import pytorch_lightning as pl
+
+    from probes.lightning import TraintopCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(*[m for _ in range(8)
+                                       for m in (nn.Linear(256, 256), nn.ReLU())])
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.Adam(self.parameters(), lr=1e-4)
+
+    class Clock(pl.Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            clock.tick()
+
+    x = torch.randn(64, 256)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x.repeat(steps, 1), x.repeat(steps, 1)), batch_size=64)
+    callbacks: list[Any] = [Clock()]
+    own_lists: list[list[float]] = []
+    if address is not None:
+        traintop = TraintopCallback(run="bench-lightning", address=address)
+
+        class CountOwn(pl.Callback):
+            def on_train_start(self, *args: Any) -> None:
+                if traintop.probe is not None:
+                    own_lists.append(count_own_time(traintop.probe))
+
+        callbacks += [traintop, CountOwn()]
+    clock.restart()
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=callbacks)
+    trainer.fit(Module(), loader)
+    return [t for counted in own_lists for t in counted]
+
+
+def framework_rows(address: str, rounds: int, steps: int) -> list[str]:
+    """A row per framework: the bare Trainer and the Trainer with traintop's callback,
+    alternated round by round, median time per optimizer step."""
+    import logging
+    import warnings
+
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    rows = ["\n(d, e) the frameworks: Trainer alone against Trainer + TraintopCallback "
+            f"({rounds} rounds x {steps} steps each)",
+            f"  {'framework':<34}{'bare step':>12}{'with callback':>15}{'ratio':>8}"
+            f"{'added':>11}{'probe own':>12}"]
+    for name, run_round in (("(d) HF Trainer, GPT-2 2 x d128", hf_round),
+                            ("(e) Lightning, MLP 8 x 256", lightning_round)):
+        bare, watched, own = StepClock(), StepClock(), []
+        for _ in range(rounds):
+            run_round(None, steps, bare)
+            own += run_round(address, steps, watched)
+        bare_median = statistics.median(bare.times)
+        watched_median = statistics.median(watched.times)
+        rows.append(f"  {name:<34}{bare_median * 1e3:9.2f} ms{watched_median * 1e3:12.2f} ms"
+                    f"{watched_median / bare_median:8.3f}"
+                    f"{(watched_median - bare_median) * 1e6:8.0f} us"
+                    f"{statistics.fmean(own) * 1e6:9.0f} us")
+    return rows
+
+
 def start_monitor(address: str) -> subprocess.Popen:
     env = {**os.environ, "TRAINTOP_ADDRESS": address}
     return subprocess.Popen([sys.executable, "-m", "tui.cli", "--headless",
@@ -316,6 +432,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--only", help="run only workloads whose name contains this")
+    parser.add_argument("--no-frameworks", action="store_true",
+                        help="skip the HF Trainer and Lightning rows")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     folder = tempfile.mkdtemp(prefix="tt-bench-")
@@ -328,6 +446,9 @@ def main() -> int:
             if args.only and args.only not in work.name:
                 continue
             print("\n".join(run_workload(work, address)), flush=True)
+        if not args.no_frameworks and not args.only:
+            rounds = 2 if args.quick else 4
+            print("\n".join(framework_rows(address, rounds, 60)), flush=True)
     finally:
         monitor.terminate()
         monitor.wait(5)

@@ -22,10 +22,27 @@ KEYS = (
     ("-  +", "learning-rate experiment: scale every group's LR by 0.5 or 2 (asks first)"),
     ("enter", "on an alert: its evidence, what it signals and the next experiments"),
     ("l  s", "loss chart: scale (auto, log, linear), smoothing of the train loss"),
+    ("h", "per-layer view: the table, or a heatmap of log10 grad norm over the whole run"),
+    ("m", "compare runs: losses overlaid, per-layer grad-norm ratios to a reference"),
     ("r", "next run (several runs connected)"),
-    ("tab", "move between the layer table and the alerts"),
-    ("q", "quit: the run goes on untouched"),
+    ("tab", "move between the alerts and the layer table"),
 )
+#: What q does, which depends on how the monitor was started.
+QUIT = {
+    "live": "quit: the monitor detaches; the run goes on untouched",
+    "demo": "quit: stops the demo trainer too (it is the demo's child)",
+    "replay": "quit (a replay touches no run)",
+}
+LIVE_ONLY = ("p", "n", "a", "g", "-  +")  # commands to a live run: none in a replay
+
+
+def keys_for(mode: str) -> list[tuple[str, str]]:
+    """The key table as true for ``mode`` (``live``, ``demo`` or ``replay``)."""
+    keys = list(KEYS)
+    if mode == "replay":
+        keys.append(("", f"{' '.join(LIVE_ONLY)}: commands to a live run (a replay has "
+                         "none to take them)"))
+    return [*keys, ("q", QUIT.get(mode, QUIT["live"]))]
 
 
 class HelpScreen(PanelScreen):
@@ -41,12 +58,16 @@ class HelpScreen(PanelScreen):
     }
     """
 
+    def __init__(self, mode: str = "live") -> None:
+        super().__init__()
+        self.mode = mode
+
     def compose(self) -> ComposeResult:
         table = Table(title="traintop keys", box=None, show_header=False,
                       padding=(0, 2, 0, 0), title_justify="left")
         table.add_column("key", style="bold cyan")
         table.add_column("does")
-        for key, does in KEYS:
+        for key, does in keys_for(self.mode):
             table.add_row(key, does)
         with VerticalScroll():
             yield Static(table, id="keys")

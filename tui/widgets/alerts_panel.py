@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
+from probes.diagnosis import SEVERITY_ORDER
 from tui.state import AlertEntry, RunState
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -12,16 +13,15 @@ SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
 
 
 class AlertsPanel(DataTable[Text | str]):
-    """The selected run's alerts: the active ones first, each group in the order of the
-    lesson's checklist (data, shapes and loss contract, tiny batch, gradient path,
-    update, evaluation), then by step. An alert standing for several layers shows how
-    many more; one with consequences folded under it shows how many."""
+    """The selected run's alerts, one per root cause: the active ones first, in the
+    order of the lesson's checklist (data, shapes and loss contract, tiny batch, gradient
+    path, update, evaluation), the most severe first within a rung, then by step; Enter
+    opens the first. An alert standing for several layers shows how many more; one with
+    consequences folded under it shows how many."""
 
     DEFAULT_CSS = """
     AlertsPanel {
         height: auto;
-        max-height: 9;
-        border-top: solid $panel;
     }
     """
 
@@ -39,8 +39,7 @@ class AlertsPanel(DataTable[Text | str]):
 
     def show(self, run: RunState | None) -> None:
         """Redraw from the run's alerts (active first, in checklist order)."""
-        entries = sorted(run.alerts, key=lambda e: (not e.active, e.alert.rung, e.alert.step)
-                         ) if run is not None else []
+        entries = sorted_alerts(run.alerts) if run is not None else []
         shown = [(id(e), e.active, e.alert.folded, e.alert.layers) for e in entries]
         if shown == self._shown:
             return
@@ -66,6 +65,14 @@ class AlertsPanel(DataTable[Text | str]):
         if not self.entries or not 0 <= self.cursor_row < len(self.entries):
             return None
         return self.entries[self.cursor_row]
+
+
+def sorted_alerts(entries: list[AlertEntry]) -> list[AlertEntry]:
+    """Active before cleared; then along the checklist (its rung); within a rung errors
+    before warnings before infos; then by step (then in the order raised)."""
+    return sorted(entries, key=lambda e: (not e.active, e.alert.rung,
+                                          -SEVERITY_ORDER.get(e.alert.severity, 0),
+                                          e.alert.step))
 
 
 def _state(entry: AlertEntry) -> str:

@@ -33,7 +33,6 @@ class LayerTable(DataTable[Text | str]):
     DEFAULT_CSS = """
     LayerTable {
         height: auto;
-        max-height: 60%;
     }
     """
 

@@ -15,6 +15,7 @@ TRAIN_COLOR = "cyan"
 VALIDATION_COLOR = "orange"
 NON_FINITE_COLOR = "red"
 SMOOTHING = 0.9
+XLABEL_MIN_HEIGHT = 16  # a shorter chart gives the "step" label's row to the curves
 
 
 class LossChart(PlotextPlot):
@@ -28,7 +29,6 @@ class LossChart(PlotextPlot):
     DEFAULT_CSS = """
     LossChart {
         height: 1fr;
-        min-height: 8;
     }
     """
 
@@ -45,7 +45,8 @@ class LossChart(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.xlabel("step")
+        if self.size.height >= XLABEL_MIN_HEIGHT or not self.size.height:
+            plt.xlabel("step")
         self.plotted = {}
         lines = self._lines(run)
         every_y = [y for _, _, _, ys in lines for y in ys]
