@@ -6,7 +6,8 @@ and uses ``thin`` to cap how many step records a second it finalises and sends.
 Thinning never loses the evidence that matters most: the first record is always kept,
 and a run of records collapses to its last one unless a record inside it holds a
 non-finite value, in which case the first such record is kept instead. The kept record
-says which steps it stands for in ``span``.
+says which steps it stands for in ``span`` and carries the peaks of those steps (the
+policy is ``probes.thinning``'s, shared with the sender).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+
+from probes.thinning import merge_records
 
 Record = dict[str, Any]
 T = TypeVar("T")
@@ -47,17 +50,9 @@ def span_of(record: Record) -> tuple[int, int]:
 
 
 def merge_steps(records: list[Record]) -> Record:
-    """Collapse consecutive step (or eval) records into one that stands for all of them."""
-    if len(records) == 1:
-        return records[0]
-    first, _ = span_of(records[0])
-    _, last = span_of(records[-1])
-    kept = next((r for r in records if has_non_finite(r)), records[-1])
-    merged = dict(kept)
-    merged["span"] = [first, last]
-    if any(r.get("optimizer_step", True) for r in records):
-        merged.pop("optimizer_step", None)  # some step of the span did update
-    return merged
+    """Collapse consecutive step (or eval) records into one that stands for all of them,
+    with the peaks of its span (``probes.thinning``)."""
+    return merge_records(records)
 
 
 def thin(

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from probes import clip, lifecycle
+from probes import clip, lifecycle, structure
 from probes.anomaly import AnomalyStep, backward_op
 from probes.control import Control, ControlState
 from probes.evaluation import EvalScope
@@ -119,6 +119,8 @@ class Probe:
         if real_optimizer is not None:
             self._handles.append(
                 real_optimizer.register_step_pre_hook(self._before_optimizer_step))
+        self._handles += structure.watch_updates(real_optimizer, self.layers,
+                                                 lambda: self._measurer.current, self._fail)
         connected = threading.Event()
         self._control = Control(
             connected=connected,
@@ -141,6 +143,8 @@ class Probe:
         )
         clip.install()  # frameworks clip through torch's function: read before it
         lifecycle.register(self)
+        for alert in structure.watch_time_alerts(self.module, real_optimizer, self.layers):
+            self.sender.put({"kind": "alert", "step": 0, "alert": alert.to_dict()})
 
     # --- public API -----------------------------------------------------------------
 
@@ -642,7 +646,8 @@ class Probe:
             "activations": self._measurer.activations.names,
             "mode_sensitive_modules": count_mode_sensitive(self.model),
             "config": {"every": self.every, "sample_every": self.sample_every,
-                       "grad_accumulation": self._grad_accumulation},
+                       "grad_accumulation": self._grad_accumulation,
+                       "update_check": self.optimizer is not None},
         }
         token = os.environ.get(TOKEN_ENV)
         if token:

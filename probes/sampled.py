@@ -2,7 +2,8 @@
 
 ``ActivationStats`` attaches forward hooks to the activation modules for one step and
 counts dead (exactly zero, ReLU family) or saturated (tanh, sigmoid) outputs on the
-device. ``UpdateNorms`` copies the weights before ``optimizer.step()`` and takes the
+device, and the exact zeros of the inputs of linear and convolutional layers (a ReLU
+written as a function). ``UpdateNorms`` copies the weights before ``optimizer.step()`` and takes the
 norm of the change after it. Neither reads a value: the results join the step's
 batched copy to the host, and every hook handle is removed when the step ends.
 """
@@ -17,6 +18,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from probes.hooks import compiling_possible, eager
+from probes.schema import INPUT_SUFFIX
 from probes.stats import NormReducer
 
 # Module type -> (family, test of an output element being dead or saturated).
@@ -26,6 +28,8 @@ SIGMOID_TYPES: tuple[type[nn.Module], ...] = (nn.Sigmoid, nn.Hardsigmoid)
 ACTIVATION_ROWS = 16  # batch rows an activation's dead/saturated fraction is counted on
 TANH_SATURATED = 0.99  # |tanh(x)| above this: the gradient 1 - y^2 is below 0.02
 SIGMOID_SATURATED = 0.01  # sigmoid below this or above 1 - this
+# Layers whose input is counted for exact zeros (a ReLU written as F.relu before them).
+INPUT_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.modules.conv._ConvNd)
 MODE_SENSITIVE_TYPES: tuple[type[nn.Module], ...] = (
     nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm,
 )
@@ -47,6 +51,24 @@ def count_mode_sensitive(model: nn.Module) -> int:
     return sum(isinstance(m, MODE_SENSITIVE_TYPES) for m in model.modules())
 
 
+def _inputs_known(model: nn.Module, layers: set[str]) -> set[str]:
+    """Layers whose input needs no count of its own: in an ``nn.Sequential``, the
+    model's first (its input is the data), one right after an activation module
+    (counted already) and one right after another layer (no ReLU in between)."""
+    known = set()
+    for parent_name, parent in model.named_modules():
+        if not isinstance(parent, nn.Sequential):
+            continue
+        children = list(parent.named_children())
+        names = [f"{parent_name}.{child}" if parent_name else child for child, _ in children]
+        for i, name in enumerate(names):
+            if (i == 0 and parent is model) or (i > 0 and (
+                    activation_family(children[i - 1][1]) is not None
+                    or names[i - 1] in layers)):
+                known.add(name)
+    return known
+
+
 @dataclass
 class _Tally:
     hits: torch.Tensor | None = None
@@ -58,7 +80,10 @@ class ActivationStats:
     counted on the first ``ACTIVATION_ROWS`` rows of the batch (enough to estimate a
     fraction; counting whole outputs of a wide model cost most of a sampled step).
 
-    Only ``nn.Module`` activations can be seen (``F.relu`` inside a forward cannot).
+    Activations written as functions (``F.relu`` inside a forward) have no module to
+    hook: for them the input of each linear or convolutional layer is counted too (its
+    exact zeros, family ``"input"``, named ``layer(input)``), unless that input is the
+    model's own (the data).
     """
 
     def __init__(self, model: nn.Module, layer_names: tuple[str, ...] = (),
@@ -68,18 +93,26 @@ class ActivationStats:
         # it in module order, so the monitor can colour that layer's row)
         self.modules: list[tuple[str, str, nn.Module, int | None]] = []
         layer_index = {name: i for i, name in enumerate(layer_names)}
+        fed_by_sequential = _inputs_known(model, set(layer_index))
         feeding: int | None = None
         for name, module in model.named_modules():
             key = name or "(root)"
+            if (key in layer_index and isinstance(module, INPUT_TYPES)
+                    and key not in fed_by_sequential):
+                self.modules.append((f"{key}{INPUT_SUFFIX}", "input", module, feeding))
             feeding = layer_index.get(key, feeding)
             family = activation_family(module)
             if family is not None:
                 self.modules.append((key, family, module, feeding))
+        self._model = model
+        self._model_inputs: set[int] = set()  # ids of this step's inputs to the model
         self._handles: list[RemovableHandle] = []
         self._tallies: list[_Tally] = []
         self._plain_hooks = [self._hook(i, family) for i, (_, family, _, _)
                              in enumerate(self.modules)]
-        self._eager_hooks: list[Callable[[nn.Module, object, object], None]] | None = None
+        self._plain_inputs_hook = self._note_model_inputs
+        self._eager_hooks: list[Callable[..., None]] | None = None
+        self._eager_inputs_hook: Callable[..., None] | None = None
 
     @property
     def names(self) -> list[list[object]]:
@@ -90,14 +123,28 @@ class ActivationStats:
         """Start counting (one step)."""
         self.detach()
         self._tallies = [_Tally() for _ in self.modules]
-        for (_, _, module, _), hook in zip(self.modules, self._hooks_now(), strict=True):
-            self._handles.append(module.register_forward_hook(hook))
+        self._model_inputs.clear()
+        hooks, inputs_hook = self._hooks_now()
+        if any(family == "input" for _, family, _, _ in self.modules):
+            self._handles.append(self._model.register_forward_pre_hook(inputs_hook))
+        for (_, family, module, _), hook in zip(self.modules, hooks, strict=True):
+            register = (module.register_forward_pre_hook if family == "input"
+                        else module.register_forward_hook)
+            self._handles.append(register(hook))
 
-    def _hooks_now(self) -> list[Callable[[nn.Module, object, object], None]]:
+    def _hooks_now(self) -> tuple[list[Callable[..., None]], Callable[..., None]]:
         """The hooks, made once: plain, or eager once anything can be compiled."""
         if self._eager_hooks is None and compiling_possible():
             self._eager_hooks = [eager(hook) for hook in self._plain_hooks]
-        return self._eager_hooks or self._plain_hooks
+            self._eager_inputs_hook = eager(self._plain_inputs_hook)
+        if self._eager_hooks is not None and self._eager_inputs_hook is not None:
+            return self._eager_hooks, self._eager_inputs_hook
+        return self._plain_hooks, self._plain_inputs_hook
+
+    def _note_model_inputs(self, module: nn.Module, args: object) -> None:
+        """The model's own inputs are data, not activations: their zeros say nothing."""
+        if isinstance(args, tuple):
+            self._model_inputs.update(id(a) for a in args if isinstance(a, torch.Tensor))
 
     def detach(self) -> None:
         """Remove every hook (idempotent)."""
@@ -114,11 +161,21 @@ class ActivationStats:
         totals = [t.total for t in tallies]
         return counts, totals
 
-    def _hook(self, index: int, family: str) -> Callable[[nn.Module, object, object], None]:
+    def _hook(self, index: int, family: str) -> Callable[..., None]:
         def count(module: nn.Module, args: object, output: object) -> None:
             try:
                 tally(module, output)
             except Exception as exc:  # never into the user's forward
+                if self.on_error is not None:
+                    self.on_error(exc)
+
+        def count_input(module: nn.Module, args: object) -> None:
+            try:
+                first = args[0] if isinstance(args, tuple) and args else None
+                if (isinstance(first, torch.Tensor) and first.is_floating_point()
+                        and id(first) not in self._model_inputs):
+                    tally(module, first)
+            except Exception as exc:
                 if self.on_error is not None:
                     self.on_error(exc)
 
@@ -128,7 +185,7 @@ class ActivationStats:
             if output.dim() > 1 and output.shape[0] > ACTIVATION_ROWS:
                 output = output[:ACTIVATION_ROWS]  # a fraction: a few samples estimate it
             with torch.no_grad():  # count_nonzero: half the cost of a comparison + sum
-                if family == "relu":
+                if family in ("relu", "input"):
                     hits = output.numel() - torch.count_nonzero(output)
                 elif family == "tanh":
                     hits = torch.count_nonzero(output.abs() > TANH_SATURATED)
@@ -138,7 +195,7 @@ class ActivationStats:
             tally = self._tallies[index]
             tally.hits = hits if tally.hits is None else tally.hits + hits
             tally.total += output.numel()
-        return count
+        return count_input if family == "input" else count
 
 
 UPDATE_SAMPLE = 4096  # elements per parameter the update/weight ratio is estimated on

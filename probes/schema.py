@@ -44,3 +44,8 @@ def validation_loss(scalars: Mapping[str, float]) -> float | None:
 def _is_training_name(name: str) -> bool:
     lowered = name.lower()
     return lowered.startswith(("train", "tr_")) or "/train" in lowered
+
+
+#: The suffix of an activation entry that counts a layer's input (``fc2(input)``): the
+#: exact zeros reaching that layer, wherever the ReLU before it was written.
+INPUT_SUFFIX = "(input)"

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from probes import thinning
 from probes.history import StepHistory, thin
 from probes.wire import (
     Address,
@@ -51,10 +52,16 @@ class PendingRecord(Protocol):
     sampled: bool
     update_norms: list[Any] | None  # an update measured in this step (its ratios)
     optimizer_step: bool | None  # did optimizer.step() run (None: no optimizer watched)
+    duration: float
+    not_cleared: bool  # the gradient of the last update was still held
+    not_stepped: list[int] | None  # layers optimizer.step() left untouched
+    merged: dict[str, Any] | None  # the peaks of the steps it stands for
 
     def ready(self) -> bool: ...
 
     def has_non_finite(self) -> bool: ...
+
+    def peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]: ...
 
     def to_record(self) -> Record: ...
 
@@ -63,42 +70,73 @@ def _is_step(item: Record | PendingRecord) -> bool:
     return not isinstance(item, dict)
 
 
+class PendingMerge:
+    """The thinning policy of ``probes.thinning`` over pending measurements: what stands
+    for a group of steps, with the peaks of the steps each kept one stands for. It
+    remembers the largest total norm and loss of the group before (an escalation is
+    judged against them)."""
+
+    def __init__(self) -> None:
+        self.reference: thinning.Ceiling = ()
+
+    def __call__(self, group: list[PendingRecord]) -> list[PendingRecord]:
+        values = [m.peak_values() for m in group]
+        members = [thinning.Member.of(non_finite=m.has_non_finite(),
+                                      keep=bool(m.sampled or m.update_norms),
+                                      total=total, scalars=scalars, grads=grads)
+                   for m, (grads, total, scalars) in zip(group, values, strict=True)]
+        kept = []
+        for start, end, rep in thinning.plan(members, self.reference):
+            representative = group[rep]
+            if end > start:
+                peaks = thinning.Peaks()
+                for i in range(start, end + 1):
+                    m = group[i]
+                    grads, total, scalars = values[i]
+                    peaks.add(step=m.step, grads=grads, total=total, scalars=scalars,
+                              non_finite=members[i].non_finite, duration=m.duration,
+                              probe_time=getattr(m, "probe_time", None),
+                              optimizer_step=m.optimizer_step, not_cleared=m.not_cleared,
+                              not_stepped=m.not_stepped)
+                representative.span = (_first(group[start]), group[end].step)
+                representative.merged = peaks.fields()
+                if peaks.updated:  # an accumulation loop's last step need not update
+                    representative.optimizer_step = True
+            kept.append(representative)
+        self.reference = thinning.ceiling(members)
+        return kept
+
+    def note_sent(self, items: list[PendingRecord]) -> None:
+        """The steps just sent, thinned or not: the next group is judged against them
+        (a run that speeds up, or its first step sent alone, must not start from 0)."""
+        members = []
+        for item in items:
+            merged = item.merged
+            if merged is not None:
+                grads = merged.get("grad_norms_max") or ()
+                total, scalars = merged.get("grad_norm_total_max"), merged.get("scalars_max")
+            else:
+                grads, total, scalars = item.peak_values()
+            members.append(thinning.Member.of(non_finite=False, keep=False, total=total,
+                                              scalars=scalars or {}, grads=grads))  # type: ignore[arg-type]
+        if members:
+            self.reference = thinning.ceiling(members)
+
+
+def _steps(items: list[Record | PendingRecord]) -> list[PendingRecord]:
+    return [item for item in items if not isinstance(item, dict)]
+
+
+def _first(item: PendingRecord) -> int:
+    return item.span[0] if item.span else item.step
+
+
 def _merge_pending(group: list[PendingRecord]) -> list[PendingRecord]:
-    """What stands for ``group``: its last measurement (so the step count stays true),
-    preceded by its last sampled one if that is another (sampled steps alone carry
-    parameter norms and activation health; they, or the first update after them, carry
-    update ratios); or, when one is non-finite,
-    the first non-finite one and the one just before it (the peak of a climb)."""
-    first = group[0].span[0] if group[0].span else group[0].step
-    last = group[-1]
-    bad = next((i for i, m in enumerate(group) if m.has_non_finite()), None)
-    if bad is None:
-        sampled = next((m for m in reversed(group) if m.sampled or m.update_norms), last)
-        if sampled is last:
-            last.span = (first, last.step)
-            _mark_updates(last, group)
-            return [last]
-        cut = group.index(sampled) + 1
-        sampled.span = (first, sampled.step)  # and the last, so the step count is true
-        last.span = (sampled.step + 1, last.step)
-        _mark_updates(sampled, group[:cut])
-        _mark_updates(last, group[cut:])
-        return [sampled, last]
-    out = []
-    if bad > 0:
-        before = group[bad - 1]
-        before.span = (first, before.step)
-        out.append(before)
-    group[bad].span = (group[bad].step, group[-1].step)
-    out.append(group[bad])
-    return out
-
-
-def _mark_updates(kept: PendingRecord, members: list[PendingRecord]) -> None:
-    """A merged record updated if any step it stands for did (an accumulation loop
-    steps the optimizer every few steps; the last of a group need not be one)."""
-    if any(m.optimizer_step for m in members):
-        kept.optimizer_step = True
+    """What stands for ``group`` (``PendingMerge`` without the group before): its last
+    measurement (so the step count stays true), preceded by its last sampled one and by
+    each escalation; or, when one is non-finite, the finite part so cut and the first
+    non-finite one for the rest."""
+    return PendingMerge()(group)
 
 
 def warn(message: str) -> None:
@@ -144,6 +182,7 @@ class Sender:
         self._flush_interval = flush_interval
         self._max_steps_per_s = max_steps_per_s
         self._history = StepHistory(history_capacity)
+        self._merge = PendingMerge()
         self._on_command = on_command
         self._waiting: deque[PendingRecord] = deque()  # popped but not ready yet
         self._outbox: list[Record] = []
@@ -227,8 +266,11 @@ class Sender:
         now = time.monotonic()
         budget = max(1, int(self._max_steps_per_s * max(now - self._last_collect, 1e-3)))
         self._last_collect = now
-        kept = thin(ready, budget, is_step=_is_step, merge=_merge_pending,
+        if not self._first_step_seen:  # sent alone: the first group is judged against it
+            self._merge.note_sent(_steps(ready)[:1])
+        kept = thin(ready, budget, is_step=_is_step, merge=self._merge,  # type: ignore[arg-type]
                     keep_first=not self._first_step_seen)
+        self._merge.note_sent(_steps(kept))
         connected = self._sock is not None
         for item in kept:
             record = item.to_record() if _is_step(item) else item

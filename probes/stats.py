@@ -15,6 +15,7 @@ import math
 import torch
 
 from probes.layers import LayerMap, combine_layer_norms
+from probes.thinning import apply as apply_merged
 
 #: The name a clip's total norm (torch's, before clipping) travels under among a step's
 #: tensor scalars, to the host with the rest; it becomes the record's ``clip`` field.
@@ -33,10 +34,10 @@ class Measurement:
         "_host", "activation_totals", "clip_norm_type", "clip_total", "clipped", "duration",
         "event", "float_scalars",
         "grad_count", "grad_norms", "grad_order", "grad_present", "grads_read",
-        "late_scalars", "layer_map", "lrs", "none_grads", "not_cleared", "optimizer_step",
-        "param_count", "param_order", "probe_time", "sampled", "span", "step",
-        "tensor_scalar_names", "tensor_scalars", "time", "update_count", "update_norms",
-        "update_order", "values",
+        "late_scalars", "layer_map", "lrs", "merged", "none_grads", "not_cleared",
+        "not_stepped", "optimizer_step", "param_count", "param_order", "probe_time",
+        "sampled", "span", "step", "tensor_scalar_names", "tensor_scalars", "time",
+        "update_count", "update_norms", "update_order", "values",
     )
 
     def __init__(self, layer_map: LayerMap, step: int, time: float, sampled: bool) -> None:
@@ -75,6 +76,8 @@ class Measurement:
         self.tensor_scalar_names: tuple[str, ...] = ()
         self.lrs: list[float] = []
         self.span: tuple[int, int] | None = None  # set when it stands for several steps
+        self.merged: dict[str, object] | None = None  # ... with their peaks (thinning)
+        self.not_stepped: list[int] | None = None  # layers optimizer.step() left alone
         self._host: list[float] | None = None
 
     def has_non_finite(self) -> bool:
@@ -142,9 +145,25 @@ class Measurement:
             record["clip"] = self._clip(values[at:])
         if self.optimizer_step is False:
             record["optimizer_step"] = False
+        if self.not_stepped:
+            record["not_stepped"] = self.not_stepped
         if self.span is not None:
             record["span"] = list(self.span)
+        if self.merged is not None:
+            apply_merged(record, self.merged, self.optimizer_step is True)
         return record
+
+    def peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]:
+        """Per-layer gradient norms, their total and the scalars: what a merged record
+        keeps the peaks of (``probes.thinning``). Waits for the copy if needed."""
+        values = self._values()
+        grads = values[: self.grad_count]
+        at = self.grad_count + self.update_count + self.param_count + sum(
+            1 for total in self.activation_totals if total)
+        layers = combine_layer_norms(grads, self.grad_present, self.layer_map)
+        scalars = (self._scalars(values[at:]) if self.tensor_scalar_names or self.late_scalars
+                   else self.float_scalars)
+        return layers, _total(grads), scalars
 
     def _update_ratios(self, updates: list[float]) -> list[float | None]:
         """Per layer |dw|/|w|: the values are the sampled changes, then the sampled

@@ -242,15 +242,12 @@ class StepMeasurer:
             return self.norms.norms([p.detach() for p in self.layers.params])
 
     def _check_clearing(self, step: Measurement | None) -> None:
-        """On sampled steps, was the gradient noted one update earlier cleared since?
-
-        Only around sampled steps (the note the step before, the check on it): a loop
-        that never calls zero_grad shows it every time, so every step need not pay."""
-        if step is not None and step.sampled:
+        """At every update: was the gradient noted at the last one cleared since? (An
+        identity and a version compared: cheap enough for every step, so a missing
+        zero_grad shows from the second update, before the growth it causes.)"""
+        if step is not None:
             step.not_cleared = self._still_holds_last_steps_grad()
-        self._note = None
-        if (self.index + 1) % self.sample_every == 0:
-            self._note_grad()  # for the sampled step that comes next
+        self._note_grad()  # for the next update
 
     def _still_holds_last_steps_grad(self) -> bool:
         """True when the gradient noted at the last optimizer step is the very tensor

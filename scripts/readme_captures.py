@@ -152,6 +152,10 @@ def captures(recordings: Recordings) -> dict[str, Callable[[], str]]:
         "alert-line": lambda: headless(
             "demo", "exploding", "--headless", "--fail-on", "error",
             keep=lambda line: line.startswith("ALERT error exploding_gradient")),
+        # a run's ALERT lines, and its root causes in checklist order when it goes
+        "causes-line": lambda: headless(
+            "demo", "exploding", "--headless", "--steps", "60",
+            keep=lambda line: line.startswith(("ALERT", "causes"))),
     }
 
 

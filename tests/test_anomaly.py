@@ -114,8 +114,9 @@ def test_anomaly_step_is_scoped_and_skips_the_update(
         assert all(p.grad is None for p in model.parameters()) == (i == 1)
     probe.close()
     assert modes_inside == [False, True, False]
-    # step 0 is a sampled step (the Tanh's activation hook); step 1 hooks every module
-    assert hooks_inside == [1, len(list(model.modules())), 0]
+    # step 0 is a sampled step: the Tanh's activation hook, the last Linear's input hook
+    # and the model's (its own input is data, not counted); step 1 hooks every module
+    assert hooks_inside == [3, len(list(model.modules())), 0]
     [report] = anomaly_reports(resuming_collector) if resuming_collector.wait_for(
         lambda frames: bool([f for f in frames if f["kind"] == "anomaly"])) else [None]
     assert report["step"] == 1 and report["backward_op"] == "PowBackward0"

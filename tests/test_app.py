@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from probes.wire import FrameError
-from tests.frames import LAYERS, short_run, step
+from tests.frames import LAYERS, hello, short_run, step
 from tui.app import make_app
 from tui.sources import FramesSource
 from tui.widgets import LayerTable, LossChart, RunList, StatusLine
@@ -257,3 +257,40 @@ async def test_a_model_with_thousands_of_layers_fills_rows_as_they_scroll_into_v
         assert table.row_text(names[-1])[1] == "-"  # off screen: not drawn yet
         table.scroll_end(animate=False)
         await settle(pilot, app, lambda: table.row_text(names[-1])[1] == "1999")
+
+
+def vanishing_stack_run() -> list:
+    """Four layers, the first three vanishing from step 0; tiny updates on them at the
+    sampled steps (folded under the vanishing gradient, not raised)."""
+    layers = ["l0", "l1", "l2", "l3"]
+    frames = [hello(layers=layers)]
+    for i in range(60):
+        frame = step(i, grad_norms=[1e-9, 1e-8, 1e-7, 1.0], layers=4)
+        if i % 20 == 0:
+            frame["update_ratios"] = [1e-9, 1e-9, 1e-9, 1e-3]
+        frames.append(frame)
+    return frames
+
+
+async def test_an_incident_shows_its_layers_and_what_folded_under_it() -> None:
+    from textual.widgets import Static
+
+    from tui.screens.alert_detail import AlertDetail
+    from tui.widgets import AlertsPanel
+
+    app = make_app(FramesSource(vanishing_stack_run()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.query_one(AlertsPanel)
+        await settle(pilot, app, lambda: bool(panel.entries and panel.entries[0].alert.folded))
+        assert [e.alert.kind for e in panel.entries] == ["vanishing_gradient"]
+        row = [str(cell) for cell in panel.get_row_at(0)]
+        assert row[3] == "l0 +2" and row[4].startswith("+1 folded: update_ratio")
+        table = app.query_one(LayerTable)
+        assert [table.row_text(name)[5] for name in ("l0", "l1", "l2", "l3")] == [
+            "vanishing", "vanishing", "vanishing", ""]
+        panel.focus()
+        await pilot.press("enter")
+        await settle(pilot, app, lambda: isinstance(app.screen, AlertDetail))
+        texts = {w.id: plain(w.content) for w in app.screen.query(Static) if w.id}
+        assert "Layers (3, the first failing first): l0, l1, l2" in texts["incident"]
+        assert "update_ratio at step 40" in texts["incident"]

@@ -149,10 +149,12 @@ def test_bad_address_is_one_line(capsys) -> None:
 def test_thresholds_from_the_command_line() -> None:
     from tui.cli import parse_thresholds
 
-    thresholds = parse_thresholds(["exploding_norm=50", "vanishing_records=5"])
+    thresholds = parse_thresholds(["exploding_norm=50", "vanishing_steps=5"])
     assert thresholds.exploding_norm == 50.0
-    assert thresholds.vanishing_records == 5 and isinstance(thresholds.vanishing_records, int)
-    for bad in (["nope=1"], ["exploding_norm"], ["exploding_norm=x"], ["vanishing_records=2.5"]):
+    assert thresholds.vanishing_steps == 5 and isinstance(thresholds.vanishing_steps, int)
+    # the name it had when it counted records still works
+    assert parse_thresholds(["vanishing_records=7"]).vanishing_steps == 7
+    for bad in (["nope=1"], ["exploding_norm"], ["exploding_norm=x"], ["vanishing_steps=2.5"]):
         with pytest.raises((TypeError, ValueError)):
             parse_thresholds(bad)
 

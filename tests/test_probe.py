@@ -59,7 +59,9 @@ def test_close_removes_every_hook() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     assert len(optimizer._optimizer_step_pre_hooks) == 0
     probe = probes.watch(model, optimizer)
-    assert len(optimizer._optimizer_step_pre_hooks) == 1
+    # the probe's (gradients, guard) and the update check's, with its post hook
+    assert len(optimizer._optimizer_step_pre_hooks) == 2
+    assert len(optimizer._optimizer_step_post_hooks) == 1
     for i in range(3):
         with probe.step():
             probe.log(loss=train_step(model, optimizer, i))
@@ -74,6 +76,7 @@ def test_close_removes_every_hook() -> None:
     probe.close()
     assert probe.closed
     assert len(optimizer._optimizer_step_pre_hooks) == 0
+    assert len(optimizer._optimizer_step_post_hooks) == 0
     assert len(model._forward_pre_hooks) == 0
     assert not probe.sender.alive
 

@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 import probes
-from probes.clip import torch_clip_grad_norm_ as clip_grad_norm_of_torch
 import probes.sampled
 import probes.stats
 import probes.step
+from probes.clip import torch_clip_grad_norm_ as clip_grad_norm_of_torch
 from probes.diagnosis import Diagnoser, RunInfo
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 
@@ -447,11 +447,11 @@ def test_never_zeroed_grads_are_flagged_from_the_second_step(
     assert "grad_not_cleared" in diagnose(hello, records)
 
 
-def test_never_zeroed_grads_are_checked_on_sampled_steps_only(
+def test_never_zeroed_grads_are_checked_at_every_update_not_only_sampled_ones(
         collector: FrameCollector) -> None:
     records, hello = run_loop(collector, "never", steps=13, sample_every=4)
     flagged = sorted(i for i, r in records.items() if r.get("grads_not_cleared"))
-    assert flagged == [4, 8, 12]  # the note at 3, 7, 11; the verdict at 4, 8, 12
+    assert flagged == list(range(1, 13))  # noted at each update, judged at the next
     assert "grad_not_cleared" in diagnose(hello, records)
 
 
@@ -609,13 +609,14 @@ def test_close_removes_every_hook(collector: FrameCollector) -> None:
                           nn.Sigmoid(), nn.Linear(16, 3))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     probe = watch_unthinned(model, opt, collector, sample_every=2)
-    assert len(opt._optimizer_step_pre_hooks) == 1
-    assert len(opt._optimizer_step_post_hooks) == 0  # only while a sampled step runs
+    assert len(opt._optimizer_step_pre_hooks) == 2  # gradients, and the update check
+    assert len(opt._optimizer_step_post_hooks) == 1  # the update check's
     saw_hooks_during_run = False
     for i in range(6):
         with probe.step():
             saw_hooks_during_run |= bool(all_module_hooks(model))
-            assert len(opt._optimizer_step_post_hooks) == (1 if i % 2 == 0 else 0)
+            # the update measurement's only while a sampled step runs
+            assert len(opt._optimizer_step_post_hooks) == (2 if i % 2 == 0 else 1)
             opt.zero_grad()
             loss = loss_of(model, i)
             loss.backward()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from probes.history import thin
@@ -16,6 +17,12 @@ class FakeMeasurement:
     span: tuple[int, int] | None = None
     update_norms: list | None = None
     optimizer_step: bool | None = None
+    grads: tuple[float, ...] = (1.0, 1.0)
+    loss: float = 1.0
+    duration: float = 0.01
+    not_cleared: bool = False
+    not_stepped: list[int] | None = None
+    merged: dict | None = None
 
     def ready(self) -> bool:
         return True
@@ -23,8 +30,12 @@ class FakeMeasurement:
     def has_non_finite(self) -> bool:
         return self.bad
 
+    def peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]:
+        grads = [math.nan, *self.grads[1:]] if self.bad else list(self.grads)
+        return grads, math.sqrt(sum(g * g for g in grads)), {"loss": self.loss}
+
     def to_record(self) -> dict:
-        return {"kind": "step", "step": self.step}
+        return {"kind": "step", "step": self.step, **(self.merged or {})}
 
 
 def steps(count: int, *, sampled_every: int = 0, bad: tuple[int, ...] = ()) -> list:
@@ -39,7 +50,7 @@ def test_a_group_keeps_its_last_step_so_the_step_count_stays_true() -> None:
 
 def test_a_group_keeps_its_last_sampled_step_too() -> None:
     kept = _merge_pending(steps(10, sampled_every=4))  # 0, 4, 8 sampled
-    assert [(m.step, m.span) for m in kept] == [(8, (0, 8)), (9, (9, 9))]
+    assert [(m.step, m.span) for m in kept] == [(8, (0, 8)), (9, None)]  # 9 stands alone
 
 
 def test_a_merged_record_updated_if_any_of_its_steps_did() -> None:

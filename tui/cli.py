@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import fields
 
 from probes.diagnosis import Thresholds
+from probes.diagnosis.thresholds import RENAMED
 from probes.wire import TOKEN_ENV, resolve_address
 from tui.server import ServerError
 from tui.state import MonitorState
@@ -135,7 +136,7 @@ def parse_thresholds(pairs: list[str]) -> Thresholds:
             overrides[name.strip()] = float(value)
         except ValueError:
             raise ValueError(f"--threshold {pair!r}: {value!r} is not a number") from None
-        if name.strip() not in valid:
+        if name.strip() not in valid and name.strip() not in RENAMED:
             raise ValueError(f"--threshold {pair!r}: no threshold {name.strip()!r}; valid "
                              f"names: {', '.join(valid)}")
     return Thresholds().with_overrides(**overrides)

@@ -93,12 +93,31 @@ def _step(frame: Frame) -> None:
     _integer(frame, "none_grads")
     _scalars(frame)
     _numbers(frame, "lr")
-    for name in ("grad_norms", "param_norms", "update_ratios", "activations"):
+    for name in ("grad_norms", "param_norms", "update_ratios", "activations",
+                 "grad_norms_max"):
         _numbers(frame, name, nullable=True)
-    indices = frame.get("none_grad_params") or []
+    for name in ("none_grad_params", "not_stepped"):
+        _indices(frame, name)
+    # a record standing for several steps: its span and the peaks of its steps
+    span = frame.get("span")
+    if span is not None and not (isinstance(span, list) and len(span) == 2 and all(
+            isinstance(s, int) and not isinstance(s, bool) for s in span)):
+        raise ValueError(f"span must be [first, last], got {span!r:.40}")
+    for name in ("grad_norm_total_max", "duration", "probe_time"):
+        _number(frame, name)
+    _integer(frame, "first_non_finite_step")
+    for name in ("scalars_max", "scalars_min"):
+        _mapping(frame, name)
+        for key, value in (frame.get(name) or {}).items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} {key!r:.40} is {value!r:.40}, not a number")
+
+
+def _indices(frame: Frame, name: str) -> None:
+    indices = frame.get(name) or []
     if not isinstance(indices, list) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in indices):
-        raise ValueError("none_grad_params must be a list of parameter indices")
+        raise ValueError(f"{name} must be a list of indices")
 
 
 def _span(frame: Frame) -> None:

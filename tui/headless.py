@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from probes.diagnosis import at_least
+from probes.diagnosis import RUNGS, at_least
 from probes.wire import Frame
 from tui.format import number, validation_label
 from tui.monitor import Monitor
@@ -101,6 +101,8 @@ class HeadlessMonitor(Monitor):
                                f"run={event.run.name}")
                     self.send_command(event.run.run_id, "resume")
             elif isinstance(event, RunDisconnected):
+                if event.run.alerts:
+                    self._line(causes_line(event.run))
                 self._line(summary_line(event.run))
                 self._line(f"disconnected run={event.run.name} reason={event.reason}")
                 if not any(run.connected for run in self.state.runs.values()):
@@ -176,6 +178,21 @@ def anomaly_line(report: Frame) -> str:
         parts.append(f"batch={report['batch']}")
     parts.append(f"update_skipped={bool(report.get('update_skipped'))}")
     return " ".join(parts)
+
+
+def causes_line(run: RunState) -> str:
+    """``causes run=NAME in checklist order: rung/kind@step(subject +N) ...``: the run's
+    alerts, one per root cause, in the order of the lesson's checklist, each with how
+    many more layers it concerns and what was folded under it."""
+    parts = []
+    for entry in sorted(run.alerts, key=lambda e: (e.alert.rung, e.alert.step)):
+        alert = entry.alert
+        others = len(alert.layers) - 1 if alert.subject in alert.layers else 0
+        where = (alert.subject or "run") + (f" +{others}" if others > 0 else "")
+        folded = f" folded={','.join(alert.folded)}" if alert.folded else ""
+        parts.append(f"{RUNGS.get(alert.rung, '?').split(',')[0].replace(' ', '_')}/"
+                     f"{alert.kind}@{alert.step}({where.replace(' ', '')}){folded}")
+    return f"causes run={run.name} in checklist order: " + " ".join(parts)
 
 
 def summary_line(run: RunState) -> str:

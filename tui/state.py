@@ -70,6 +70,7 @@ class RunState:
     probe_error: str = ""  # set when the probe switched itself off
     diagnoser: Diagnoser = field(default_factory=Diagnoser)
     last_seq: dict[str, int] = field(default_factory=dict)
+    _synced: int = 0  # the diagnoser's revision the alert entries reflect
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     heatmap: GradHeatmap = field(default_factory=lambda: GradHeatmap(0))
     # (probe_time, duration) of recent step records that carry the probe's own time
@@ -135,9 +136,14 @@ class RunState:
         for alert in self.active_alerts:
             kind = {"vanishing_gradient": "vanishing", "exploding_gradient": "exploding",
                     "dead_activations": "dead", "saturated_activations": "dead"}.get(alert.kind)
-            layer = feeding.get(alert.subject, alert.subject) if kind == "dead" else alert.subject
-            if kind and layer in self.layers and rank[kind] > rank.get(status.get(layer, ""), -1):
-                status[layer] = kind
+            if not kind:
+                continue
+            # an incident names every layer it concerns (a dead ReLU: the layer feeding it)
+            layers = alert.layers or (feeding.get(alert.subject, alert.subject)
+                                      if kind == "dead" else alert.subject,)
+            for layer in layers:
+                if layer in self.layers and rank[kind] > rank.get(status.get(layer, ""), -1):
+                    status[layer] = kind
         return status
 
     def apply_hello(self, frame: Frame) -> None:
@@ -212,13 +218,40 @@ class RunState:
 
     def diagnose(self, frame: Frame) -> list[AlertChange]:
         """Run the diagnosis rules on a step or eval record; keep what they raise."""
-        changes = self.diagnoser.observe(frame)
+        return self._keep(self.diagnoser.observe(frame), int(frame.get("step",
+                                                                       self.last_step)))
+
+    def finish_diagnosis(self) -> list[AlertChange]:
+        """The run ended: what the diagnoser still held back (a consequence that waited
+        for a cause that never came)."""
+        return self._keep(self.diagnoser.finish(), self.last_step)
+
+    def _keep(self, changes: list[AlertChange], step: int) -> list[AlertChange]:
         for change in changes:
             if change.raised:
                 self.add_alert(change.alert)
             else:
-                self._clear(change.alert, int(frame.get("step", self.last_step)))
+                self._clear(change.alert, step)
+        self._sync_incidents()
         return changes
+
+    def _sync_incidents(self) -> None:
+        """Alerts gain consequences (and layers) after they are raised: the latest entry
+        of each key shows the diagnoser's latest version."""
+        if self.diagnoser.revision == self._synced:
+            return
+        self._synced = self.diagnoser.revision
+        seen: set[tuple[str, bool]] = set()
+        for entry in reversed(self.alerts):
+            key = (entry.alert.key, entry.from_probe)
+            if key in seen:
+                continue
+            seen.add(key)
+            source = self.diagnoser.probe_alerts if entry.from_probe else (
+                self.diagnoser.incidents)
+            latest = source.get(entry.alert.key)
+            if latest is not None and latest.step == entry.alert.step:
+                entry.alert = latest
 
     def add_alert(self, alert: Alert, *, from_probe: bool = False) -> None:
         self.alerts.append(AlertEntry(alert, from_probe=from_probe))
@@ -348,7 +381,7 @@ class MonitorState:
         if kind == "bye":
             run.ended = True
             run.end_reason = str(frame.get("reason") or "closed")
-            return []
+            return self._alert_events(run, run.finish_diagnosis())
         return self._event(run, frame)
 
     @staticmethod
@@ -379,6 +412,7 @@ class MonitorState:
         except (KeyError, TypeError, ValueError) as exc:
             return [self.reject(run.name, f"an alert frame without a valid alert: {exc}")]
         run.add_alert(alert, from_probe=True)
+        run.diagnoser.note_probe_alert(alert)  # a cause its consequences fold under
         return [AlertRaised(run, alert)]
 
     def connection_closed(self, conn_id: int, reason: str) -> list[MonitorEvent]:
@@ -391,7 +425,8 @@ class MonitorState:
         run.connected = False
         run.disconnect_reason = run.why_gone(reason)
         self._forget_old_runs()
-        return [RunDisconnected(run, run.disconnect_reason)]
+        return [*self._alert_events(run, run.finish_diagnosis()),
+                RunDisconnected(run, run.disconnect_reason)]
 
     def _forget_old_runs(self) -> None:
         """Keep the newest ``MAX_ENDED_RUNS`` runs that have gone (a monitor left up for

@@ -32,6 +32,8 @@ class AlertDetail(PanelScreen):
             yield Static(evidence_table(alert), id="evidence")
             yield Static(Text.assemble(("What it signals. ", "bold"), alert.signal),
                          id="signal")
+            if len(alert.layers) > 1 or alert.folded:
+                yield Static(incident_text(alert), id="incident")
             yield Static(experiments_text(alert), id="experiments")
             yield Static(Text("Escape closes.", style="dim"))
 
@@ -58,6 +60,22 @@ def evidence_table(alert: Alert) -> Table:
         shown = number(value) if isinstance(value, float) else str(value)
         table.add_row(key.replace("_", " "), shown)
     return table
+
+
+def incident_text(alert: Alert) -> Text:
+    """The layers the alert concerns (the first failing one first) and the
+    consequences folded under it."""
+    text = Text()
+    if len(alert.layers) > 1:
+        text.append("Layers ", style="bold")
+        text.append(f"({len(alert.layers)}, the first failing first): "
+                    + ", ".join(alert.layers[:12]) + (" ..." if len(alert.layers) > 12 else "")
+                    + "\n")
+    if alert.folded:
+        text.append("Folded under it ", style="bold")
+        text.append("(consequences, not raised on their own): "
+                    + ", ".join(f.replace("@", " at step ") for f in alert.folded) + "\n")
+    return text
 
 
 def experiments_text(alert: Alert) -> Text:

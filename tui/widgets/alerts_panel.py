@@ -13,8 +13,11 @@ SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
 
 
 class AlertsPanel(DataTable[Text | str]):
-    """The selected run's alerts, the most severe first, then by step (the first
-    error is the first line: Enter opens it)."""
+    """The selected run's alerts, one per root cause: the active ones first, in the
+    order of the lesson's checklist (data, shapes and loss contract, tiny batch, gradient
+    path, update, evaluation), the most severe first within a rung, then by step; Enter
+    opens the first. An alert standing for several layers shows how many more; one with
+    consequences folded under it shows how many."""
 
     DEFAULT_CSS = """
     AlertsPanel {
@@ -25,7 +28,7 @@ class AlertsPanel(DataTable[Text | str]):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", **kwargs)  # type: ignore[arg-type]
         self.entries: list[AlertEntry] = []
-        self._shown: list[tuple[int, bool]] = []
+        self._shown: list[tuple[int, bool, tuple[str, ...], tuple[str, ...]]] = []
 
     def on_mount(self) -> None:
         self.add_column("", key="sev", width=1)
@@ -35,9 +38,9 @@ class AlertsPanel(DataTable[Text | str]):
         self.add_column("", key="state")
 
     def show(self, run: RunState | None) -> None:
-        """Redraw from the run's alerts (by severity, then step)."""
+        """Redraw from the run's alerts (active first, in checklist order)."""
         entries = sorted_alerts(run.alerts) if run is not None else []
-        shown = [(id(e), e.active) for e in entries]
+        shown = [(id(e), e.active, e.alert.folded, e.alert.layers) for e in entries]
         if shown == self._shown:
             return
         self._shown = shown
@@ -49,11 +52,11 @@ class AlertsPanel(DataTable[Text | str]):
         for entry in entries:
             alert = entry.alert
             style = SEVERITY_STYLE.get(alert.severity, "") if entry.active else "dim"
+            others = len(alert.layers) - 1 if alert.subject in alert.layers else 0
             self.add_row(Text(SEVERITY_MARK.get(alert.severity, "?"), style=style),
                          f"{alert.step:,}", Text(alert.kind, style=style),
-                         alert.subject or "run",
-                         "" if entry.active else f"cleared at {entry.cleared_at:,}"
-                         if entry.cleared_at is not None else "cleared")
+                         (alert.subject or "run") + (f" +{others}" if others > 0 else ""),
+                         _state(entry))
         if entries:
             self.move_cursor(row=min(cursor, len(entries) - 1))
 
@@ -65,7 +68,20 @@ class AlertsPanel(DataTable[Text | str]):
 
 
 def sorted_alerts(entries: list[AlertEntry]) -> list[AlertEntry]:
-    """Errors before warnings before infos; within one severity, by step (then in the
-    order raised)."""
-    return sorted(entries, key=lambda e: (-SEVERITY_ORDER.get(e.alert.severity, 0),
+    """Active before cleared; then along the checklist (its rung); within a rung errors
+    before warnings before infos; then by step (then in the order raised)."""
+    return sorted(entries, key=lambda e: (not e.active, e.alert.rung,
+                                          -SEVERITY_ORDER.get(e.alert.severity, 0),
                                           e.alert.step))
+
+
+def _state(entry: AlertEntry) -> str:
+    """Cleared or not, and the consequences folded under it."""
+    parts = []
+    if entry.alert.folded:
+        parts.append(f"+{len(entry.alert.folded)} folded: "
+                     + ", ".join(f.split("@")[0] for f in entry.alert.folded))
+    if not entry.active:
+        parts.append("cleared" if entry.cleared_at is None
+                     else f"cleared at {entry.cleared_at:,}")
+    return "; ".join(parts)

@@ -1,0 +1,67 @@
+"""Rung 7, the probe itself: does watching the run slow it down visibly?
+
+Step records carry ``duration`` (the step's seconds) and ``probe_time`` (the probe's
+own seconds on the training thread), both summed over a thinned record's span. A record
+without ``probe_time`` (an older probe) says nothing here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from probes.diagnosis.alert import Severity
+from probes.diagnosis.rule import Findings, Rule
+from probes.diagnosis.thresholds import Thresholds
+from probes.diagnosis.views import RunHistory, StepView
+
+WARM_UP_STEPS = 10  # the first steps pay one-time costs (imports, allocation): not counted
+
+
+class ProbeOverhead(Rule):
+    """The probe's share of the step time, over the last ``overhead_steps`` steps, above
+    ``overhead_fraction`` (and at least ``overhead_min_ms`` a step); names the setting
+    that would lower it."""
+
+    kind = "probe_overhead"
+    severity: Severity = "info"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        # (first step, last step, probe seconds, step seconds, sampled)
+        self._window: deque[tuple[int, int, float, float, bool]] = deque()
+
+    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+        probe, duration = view.probe_time, view.duration
+        if probe is None or duration is None or not (
+                math.isfinite(probe) and math.isfinite(duration)) or duration <= 0:
+            return None
+        if view.first < WARM_UP_STEPS:
+            return []
+        window = self._window
+        window.append((view.first, view.step, probe, duration, view.sampled))
+        while window and window[0][1] <= view.step - self.t.overhead_steps:
+            window.popleft()
+        covered = view.step - window[0][0] + 1
+        probe_sum = math.fsum(w[2] for w in window)
+        step_sum = math.fsum(w[3] for w in window)
+        share = probe_sum / step_sum
+        if (covered < self.t.overhead_steps or share <= self.t.overhead_fraction
+                or 1000 * probe_sum / covered < self.t.overhead_min_ms):
+            return []
+        return [self.alert(view.step, "", {
+            "probe_share": share, "steps": covered,
+            "probe_ms_per_step": 1000 * probe_sum / covered,
+            "setting": self._setting(history, share)})]
+
+    def _setting(self, history: RunHistory, share: float) -> str:
+        """The setting that would bring the share under the threshold: measure fewer
+        steps (``every``) when plain steps cost too much, else sample less often."""
+        plain = [w for w in self._window if not w[4]]
+        plain_share = (math.fsum(w[2] for w in plain) / math.fsum(w[3] for w in plain)
+                       if plain and math.fsum(w[3] for w in plain) > 0 else 0.0)
+        target = self.t.overhead_fraction
+        info = history.info
+        if plain_share > target:
+            return f"watch(every={info.every * math.ceil(plain_share / target)})"
+        return f"watch(sample_every={info.sample_every * math.ceil(share / target)})"

@@ -1,0 +1,112 @@
+"""Every threshold the rules use, named, with the reason for its default.
+
+Windows and streaks count steps, never records: a fast run sends one record for many
+steps (its peaks inside), and a rule must say the same of it as of a slow one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+# Names these thresholds had when they counted records (still accepted as overrides).
+RENAMED = {
+    "vanishing_records": "vanishing_steps",
+    "none_grad_records": "none_grad_steps",
+    "not_cleared_records": "not_cleared_steps",
+    "spike_min_records": "spike_min_steps",
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every threshold the rules use, with the reason for its default."""
+
+    # exploding_gradient: the seed's example uses 100 for the total norm.
+    exploding_norm: float = 100.0
+    exploding_growth: float = 50.0  # x over the window's smallest norm
+    exploding_growth_floor: float = 10.0  # growth counts only for norms above this
+    exploding_window: int = 10  # steps
+    # vanishing_gradient: a layer's gradient this much smaller than the largest layer's,
+    # or than its own weights (while also well below the largest layer's: a model that
+    # has converged everywhere is not vanishing), for this many steps in a row.
+    vanishing_to_largest: float = 1e-4
+    vanishing_to_weight: float = 1e-8
+    vanishing_to_largest_with_weight: float = 1e-2
+    vanishing_steps: int = 20
+    # overfitting_signal: validation above its best by this fraction while the smoothed
+    # training loss fell by this fraction since that best.
+    overfit_val_rise: float = 0.10
+    overfit_rising_evals: int = 2  # ... on this many evals in a row,
+    overfit_val_jump: float = 0.50  # ... or this far above its best at once
+    overfit_train_drop: float = 0.10
+    overfit_min_evals: int = 3
+    # The train loss is smoothed over this many steps (at least 3 records: on a fast,
+    # thinned run one record stands for many steps).
+    smoothing_steps: int = 20
+    # flat_loss: after this many steps, the smoothed loss is not this fraction below
+    # where it started.
+    flat_after_steps: int = 200
+    flat_min_drop: float = 0.10
+    # none_gradients: the same parameters without a gradient for this many steps.
+    none_grad_steps: int = 3
+    # grad_not_cleared: the gradient of the last update still held, one backward larger,
+    # for this many steps in a row (the probe checks every step that updates).
+    not_cleared_steps: int = 2
+    # skipped_updates: optimizer.step() skipped with non-finite gradients for this many
+    # steps in a row (GradScaler skips a few at the start while it finds its scale).
+    skipped_steps: int = 10
+    # no_updates: optimizer.step() not run, gradients finite, for this many steps in a
+    # row (gradient accumulation steps the optimizer every few steps, not every 100).
+    no_update_steps: int = 100
+    # updates_not_applied: non-zero gradients, weights unchanged across optimizer.step()
+    # for this many steps in a row (a warmup from lr 0 takes one step at 0).
+    not_applied_steps: int = 3
+    # update_ratio: |dw|/|w| per layer outside [low, high] (the usual band is ~1e-3) on
+    # sampled steps in a row (at least update_samples) spanning update_steps steps.
+    update_high: float = 0.1
+    update_low: float = 1e-5
+    update_samples: int = 2
+    update_steps: int = 40
+    # dead / saturated activations, on sampled steps in a row (at least
+    # activation_samples) spanning activation_steps steps.
+    dead_fraction: float = 0.95
+    saturated_fraction: float = 0.90
+    activation_samples: int = 2
+    activation_steps: int = 20
+    # loss_spike: the loss this many times its rolling median, and this many median
+    # absolute deviations above it, after spike_min_steps steps of history.
+    spike_factor: float = 4.0
+    spike_deviations: float = 12.0
+    # ... and a jump of at least this fraction of the start loss: back at least halfway
+    # to where the run began (a converged model's loss of 0.006 jumping to 0.2 on one
+    # hard batch is the noise of a tiny loss, not instability).
+    spike_min_jump: float = 0.5
+    spike_window: int = 50  # steps
+    spike_min_steps: int = 20
+    # probe_overhead: the probe's own time above this fraction of the step time, over
+    # this many steps, and at least overhead_min_ms a step (the demo's small models
+    # spend 10% of a 1 ms step in the probe: 0.1 ms is not what makes a run slow).
+    overhead_fraction: float = 0.05
+    overhead_steps: int = 100
+    overhead_min_ms: float = 0.5
+    # Consequences (a spike, a flat loss, low update ratios ...) wait this many steps for
+    # a cause to fold under before they are raised on their own.
+    consequence_grace_steps: int = 5
+    # hysteresis: an alert clears after its condition has been absent this many steps.
+    clear_after: int = 3
+
+    def with_overrides(self, **overrides: float) -> Thresholds:
+        """A copy with some thresholds changed (unknown names raise ``TypeError``)."""
+        defaults = {f.name: getattr(self, f.name) for f in fields(self)}
+        overrides = {RENAMED.get(name, name): value for name, value in overrides.items()}
+        unknown = set(overrides) - set(defaults)
+        if unknown:
+            raise TypeError(f"unknown thresholds: {', '.join(sorted(unknown))}")
+        typed: dict[str, Any] = {}
+        for name, value in overrides.items():
+            if isinstance(defaults[name], int) and float(value) != int(value):
+                raise ValueError(f"threshold {name} counts steps: a whole number, got "
+                                 f"{value}")
+            typed[name] = type(defaults[name])(value)  # counts stay ints (window sizes)
+        return replace(self, **typed)

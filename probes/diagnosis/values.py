@@ -1,0 +1,75 @@
+"""Rung 2, shapes and values: every number of a record must be finite.
+
+(The loss contract and shapes are checked before training by ``probes.check_batch``;
+its findings arrive as alerts from the training side.)
+"""
+
+from __future__ import annotations
+
+import math
+
+from probes.diagnosis.alert import Alert, Severity
+from probes.diagnosis.rule import Findings, Rule
+from probes.diagnosis.thresholds import Thresholds
+from probes.diagnosis.views import EvalView, RunHistory, RunInfo, StepView
+
+
+class NonFinite(Rule):
+    """Any numeric field of a record is NaN or Inf: the seed's finite check, every field."""
+
+    kind = "non_finite"
+    severity: Severity = "error"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._first: Alert | None = None
+        self._step_found: tuple[str, float] | None = None
+        self._eval_found: tuple[str, float] | None = None
+
+    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+        self._step_found = _first_non_finite_step_field(view, history.info)
+        # A record standing for several steps says at which one the first appeared.
+        step = view.first_non_finite_step if view.first_non_finite_step is not None else (
+            view.step)
+        return self._hold(step, self._step_found or self._eval_found)
+
+    def on_eval(self, history: RunHistory, view: EvalView) -> Findings:
+        bad = next((k for k, v in view.scalars.items() if not math.isfinite(v)), None)
+        # an eval's verdict holds until the next eval, a step's until the next step
+        self._eval_found = None if bad is None else (f"eval.{bad}", view.scalars[bad])
+        return self._hold(view.step, self._step_found or self._eval_found)
+
+    def _hold(self, step: int, found: tuple[str, float] | None) -> Findings:
+        if found is None:
+            self._first = None
+            return []
+        if self._first is None:  # keep the first field and step as the evidence
+            field_name, value = found
+            self._first = self.alert(step, field_name, {"value": value, "first_step": step})
+        return [self._first]
+
+
+def _first_non_finite_step_field(view: StepView, info: RunInfo) -> tuple[str, float] | None:
+    for name, value in view.scalars.items():
+        if not math.isfinite(value):
+            return name, value
+    # Non-finite gradients that never reached optimizer.step() left the weights alone:
+    # AMP's GradScaler skips such steps by design (skipped_updates judges a streak).
+    grads_applied = view.optimizer_stepped
+    if grads_applied and view.non_finite_grads:
+        bad = next((i for i, g in enumerate(view.grad_norms)
+                    if g is not None and not math.isfinite(g)), None)
+        if bad is not None:
+            return f"grad_norm[{info.layer(bad)}]", view.grad_norms[bad]  # type: ignore[return-value]
+        return "grad_norm_total", view.grad_norm_total  # type: ignore[return-value]
+    for label, values in (("grad_norm", view.grad_norms if grads_applied else None),
+                          ("param_norm", view.param_norms),
+                          ("update_ratio", view.update_ratios)):
+        for i, value in enumerate(values or ()):
+            if value is not None and not math.isfinite(value):
+                return f"{label}[{info.layer(i)}]", value
+    for i, value in enumerate(view.activations or ()):
+        if value is not None and not math.isfinite(value):
+            name = info.activations[i][0] if i < len(info.activations) else f"activation {i}"
+            return f"activation[{name}]", value
+    return None
