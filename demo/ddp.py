@@ -7,7 +7,8 @@ options reproduce what goes wrong in real multi-rank runs:
 - ``desync``: the loop calls the inner module (``ddp.module(x)``) on every other step,
   so those backwards skip DDP's all-reduce and the replicas train apart while every
   loss looks fine (a pattern from a public report on multi-GPU fine-tuning);
-- ``bad_shard``: one rank's data turns corrupt (scaled by 1e3) from a step on;
+- ``bad_shard``: one rank's data turns corrupt (inputs and targets scaled by 1e3) from a
+  step on;
 - ``die``: one rank dies (``os._exit``) at a step, as a killed process does.
 """
 
@@ -89,12 +90,11 @@ def _train(rank: int, options: JobOptions) -> None:
     with probes.watch(ddp, optimizer, run=options.name) as probe:
         for step in range(options.steps):
             if options.die is not None and options.die == (rank, step):
-                probe.sender.close(timeout=1.0)  # what reached the monitor stays there
-                os._exit(3)
+                os._exit(3)  # as a killed process: no goodbye, no flush
             x, y = batches.next()
             if options.bad_shard is not None and rank == options.bad_shard[0] and (
                     step >= options.bad_shard[1]):
-                x = x * 1e3
+                x, y = x * 1e3, y * 1e3
             with probe.step():
                 optimizer.zero_grad(set_to_none=True)
                 # The bug: the inner module on odd steps, so no all-reduce on those.

@@ -77,7 +77,10 @@ class TraintopCallback(TrainerCallback):  # type: ignore[misc]
         if self.probe is not None and not self.probe.closed:
             self.probe.close()  # a second train() on the same callback: a new run
         name = self.run or getattr(args, "run_name", None) or type(model).__name__
-        self.probe = watch(model, optimizer, run=name, **self.watch_options)
+        options = dict(self.watch_options)
+        if trainer is not None:  # the Trainer's DDP wrapper is not the model it hands out
+            options.setdefault("data_parallel", _sync_of(trainer))
+        self.probe = watch(model, optimizer, run=name, **options)
         if trainer is None:
             warn("TraintopCallback: the Trainer was not found on the call stack; the "
                  "step's loss and the eval-mode checks are not recorded")
@@ -163,6 +166,12 @@ def _calling_trainer() -> Any:
             return candidate
         frame = frame.f_back
     return None
+
+
+def _sync_of(trainer: Any) -> str | None:
+    """How the Trainer's ranks share gradients (None: let the probe decide)."""
+    wrapped = type(getattr(trainer, "model_wrapped", None)).__name__
+    return {"DistributedDataParallel": "ddp", "FullyShardedDataParallel": "fsdp"}.get(wrapped)
 
 
 def _numbers(metrics: Any) -> dict[str, float]:

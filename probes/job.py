@@ -81,3 +81,18 @@ def _int(text: str | None, default: int) -> int:
         return int(text) if text is not None else default
     except ValueError:
         return default
+
+
+_SYNC_OF_WRAPPER = {"DistributedDataParallel": "ddp", "FullyShardedDataParallel": "fsdp"}
+
+
+def sync_of(model: object, identity: JobIdentity) -> str | None:
+    """How a job's ranks share gradients, from the model's wrapper: ``"ddp"``,
+    ``"fsdp"``, ``"unknown"`` (several ranks, no wrapper known), None (one process).
+    FSDP2's ``fully_shard`` marks the module itself (its class name says FSDP)."""
+    if not identity.distributed:
+        return None
+    name = type(model).__name__
+    if name in _SYNC_OF_WRAPPER:
+        return _SYNC_OF_WRAPPER[name]
+    return "fsdp" if name.startswith("FSDP") else "unknown"

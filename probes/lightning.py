@@ -76,8 +76,14 @@ class TraintopCallback(*_BASES):  # type: ignore[misc]
             warn(f"TraintopCallback: {len(optimizers)} optimizers; only the first is watched")
         if self.probe is not None and not self.probe.closed:
             self.probe.close()
+        options = dict(self.watch_options)
+        strategy = type(getattr(trainer, "strategy", None)).__name__
+        if "FSDP" in strategy:
+            options.setdefault("data_parallel", "fsdp")
+        elif "DDP" in strategy:
+            options.setdefault("data_parallel", "ddp")
         self.probe = watch(pl_module, optimizers[0] if optimizers else None,
-                           run=self.run or type(pl_module).__name__, **self.watch_options)
+                           run=self.run or type(pl_module).__name__, **options)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:

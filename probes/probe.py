@@ -30,7 +30,7 @@ from probes.control import Control, ControlState
 from probes.evaluation import EvalScope
 from probes.guard import guard_alert
 from probes.hooks import unwrap, unwrap_optimizer
-from probes.job import job_identity
+from probes.job import job_identity, sync_of
 from probes.layers import LayerMap, count_parameters, map_layers
 from probes.lr_experiment import LrExperiment
 from probes.sampled import count_mode_sensitive
@@ -69,6 +69,7 @@ class Probe:
         history: int = 1024,
         max_steps_per_s: float | None = None,
         job: str | None = None,
+        data_parallel: str | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs an nn.Module, got {type(model).__name__}")
@@ -89,6 +90,7 @@ class Probe:
         self.name = run or f"{type(self.module).__name__}-{os.getpid()}"
         self.address = resolve_address(address)
         self.identity = job_identity(job)
+        self.data_parallel = data_parallel or sync_of(model, self.identity)
         self._handles: list[RemovableHandle] = []
         self._index = -1
         self._in_step = False
@@ -634,6 +636,7 @@ class Probe:
             "name": self.name,
             "pid": os.getpid(),
             **self.identity.as_hello(),
+            "sync": self.data_parallel,
             "torch": torch.__version__,
             "started": time.time(),
             "argv": sys.argv[:8],
@@ -750,7 +753,9 @@ def watch(
             ``history``, ``max_steps_per_s`` (step records a second sent at most; by
             default 60 on rank 0 and 10 on the other ranks of a job), ``job`` (the
             job's id, shared by its ranks; by default from torchrun, SLURM or the
-            rendezvous address).
+            rendezvous address), ``data_parallel`` (how the ranks share gradients:
+            ``"ddp"`` all-reduced, ``"fsdp"`` sharded; by default from the model's
+            wrapper; it decides which cross-rank checks apply).
 
     Returns:
         A ``Probe``; also a context manager that closes it.

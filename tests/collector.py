@@ -127,3 +127,87 @@ def raised_alerts(frames: list[Frame]) -> list[Any]:
         elif frame["kind"] == "alert":
             alerts.append(Alert.from_dict(frame["alert"]))
     return alerts
+
+
+class LiveMonitor:
+    """The real monitor (``tui.monitor.Monitor`` on a ``ServerSource``) in a background
+    event loop: its state, the events it reported, and commands sent from the test."""
+
+    def __init__(self, path: str) -> None:
+        import asyncio
+
+        from tui.monitor import Monitor
+        from tui.sources import ServerSource
+        from tui.state import MonitorState
+
+        self.address = Address("unix", path=path)
+        self.events: list[Any] = []
+        self._lock = threading.Lock()
+        self.monitor = Monitor(MonitorState(), on_events=self._note)
+        self._loop = asyncio.new_event_loop()
+        source = ServerSource(self.address)
+        self._task: Any = None
+
+        async def serve() -> None:
+            self._task = asyncio.current_task()
+            ticking = asyncio.ensure_future(self._tick_forever())
+            try:
+                await source.run(self.monitor)
+            except asyncio.CancelledError:
+                pass  # closed by the test
+            finally:
+                ticking.cancel()
+
+        self._thread = threading.Thread(target=self._loop.run_until_complete,
+                                        args=(serve(),), daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not source.listening.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    async def _tick_forever(self) -> None:
+        import asyncio
+
+        while True:
+            await asyncio.sleep(0.5)
+            self.monitor.tick()
+
+    def _note(self, events: list[Any]) -> None:
+        with self._lock:
+            self.events += events
+
+    def call(self, function: Callable[[], Any]) -> Any:
+        """Run ``function`` on the monitor's loop (its state is that loop's alone)."""
+        import concurrent.futures
+
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(function())
+            except Exception as exc:
+                future.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(run)
+        return future.result(10)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
+        """Poll ``predicate`` (run on the monitor's loop) until true or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.call(predicate):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def raised(self) -> list[Any]:
+        """The alerts the monitor raised (as ALERT lines say them), in order."""
+        from tui.events import AlertRaised
+
+        with self._lock:
+            return [e.alert for e in self.events if isinstance(e, AlertRaised)]
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(5)

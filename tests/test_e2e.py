@@ -9,8 +9,8 @@ import sys
 
 from probes.wire import Address
 from tui.monitor import Monitor
+from tui.run import RunState
 from tui.server import MonitorServer
-from tui.state import RunState
 
 
 def start_trainer(address: Address, *args: str) -> subprocess.Popen:

@@ -18,7 +18,8 @@ from tui.format import (
     status_fields,
     wants_log_scale,
 )
-from tui.state import MonitorState, RunState
+from tui.run import RunState
+from tui.state import MonitorState
 
 # --- number ------------------------------------------------------------------------------
 

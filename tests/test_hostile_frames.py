@@ -12,9 +12,9 @@ import pytest
 from probes.wire import Address, FrameError, decode_frame, encode_frame, make_frame
 from tests.frames import hello, step
 from tests.test_server import exchange, started, wait_until
+from tui.events import FrameRejected
 from tui.headless import HeadlessMonitor
 from tui.server import Connection
-from tui.state import FrameRejected
 
 CONN = Connection(1, "test", None)
 

@@ -10,8 +10,9 @@ from typing import Any
 
 from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, rung_of
 from probes.wire import make_frame
+from tui.events import AlertRaised
 from tui.headless import causes_line
-from tui.state import AlertRaised, MonitorState
+from tui.state import MonitorState
 
 Record = dict[str, Any]
 DEEP = tuple(str(2 * i) for i in range(16))  # a 16-layer stack: 0, 2, ..., 30

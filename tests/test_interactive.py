@@ -13,10 +13,10 @@ import pytest
 from probes.wire import Address
 from tui.app import make_app
 from tui.monitor import Monitor
+from tui.run import RunState
 from tui.screens.anomaly_report import AnomalyReport
 from tui.server import MonitorServer
 from tui.sources import ServerSource
-from tui.state import RunState
 
 
 def start_trainer(address: Address, *args: str, grace: float = 10.0) -> subprocess.Popen:

@@ -17,8 +17,19 @@ from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, OptionList
 
+from tui.events import (
+    AckReceived,
+    AlertRaised,
+    AnomalyReported,
+    FrameRejected,
+    MonitorEvent,
+    ProbeSwitchedOff,
+    RunConnected,
+    RunDisconnected,
+)
 from tui.layout import plan_rows
 from tui.monitor import Monitor
+from tui.run import RunState
 from tui.screens.alert_detail import AlertDetail
 from tui.screens.anomaly_report import AnomalyReport
 from tui.screens.checks import ChecksScreen
@@ -26,18 +37,7 @@ from tui.screens.compare import ComparePicker, CompareScreen
 from tui.screens.confirm import Confirm
 from tui.screens.help import HelpScreen
 from tui.sources import FrameSource
-from tui.state import (
-    AckReceived,
-    AlertRaised,
-    AnomalyReported,
-    FrameRejected,
-    MonitorEvent,
-    MonitorState,
-    ProbeSwitchedOff,
-    RunConnected,
-    RunDisconnected,
-    RunState,
-)
+from tui.state import MonitorState
 from tui.widgets import AlertsPanel, GradHeatmapView, LayerTable, LossChart, RunList, StatusLine
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate

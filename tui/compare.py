@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from tui.heatmap import MISSING, NON_FINITE
-from tui.state import RunState
+from tui.run import RunState
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import math
 import time
 from collections.abc import Sequence
 
-from tui.state import MonitorState, RunState
+from tui.run import RunState
+from tui.state import MonitorState
 
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 

@@ -18,24 +18,24 @@ from typing import TextIO
 
 from probes.diagnosis import RUNGS, at_least
 from probes.wire import Frame
-from tui.format import number, validation_label
-from tui.monitor import Monitor
-from tui.server import Connection
-from tui.sources import FrameSource
-from tui.state import (
+from tui.events import (
     AckReceived,
     AlertCleared,
     AlertRaised,
     AnomalyReported,
     FrameRejected,
     MonitorEvent,
-    MonitorState,
     ProbeSwitchedOff,
     RunConnected,
     RunDisconnected,
     RunPaused,
-    RunState,
 )
+from tui.format import number, validation_label
+from tui.monitor import Monitor
+from tui.run import RunState
+from tui.server import Connection
+from tui.sources import FrameSource
+from tui.state import MonitorState
 
 ALERT_EXIT_STATUS = 3  # --fail-on: an alert of that severity or worse fired
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the monitor as Ctrl-C does
@@ -93,9 +93,9 @@ class HeadlessMonitor(Monitor):
         for event in events:
             if isinstance(event, RunConnected):
                 meta = event.run.meta
-                self._line(f"connected run={event.run.name} id={event.run.run_id} "
-                           f"pid={meta.get('pid')} host={meta.get('host')} "
-                           f"layers={len(event.run.layers)}")
+                self._line(f"connected run={event.run.name}{job_words(event.run)} "
+                           f"host={meta.get('host')} id={event.run.run_id} "
+                           f"pid={meta.get('pid')} layers={len(event.run.layers)}")
                 if event.run.control.get("paused"):  # paused before we came: take the wheel
                     self._line(f"PAUSED (when this monitor connected); resuming (headless) "
                                f"run={event.run.name}")
@@ -104,7 +104,8 @@ class HeadlessMonitor(Monitor):
                 if event.run.alerts:
                     self._line(causes_line(event.run))
                 self._line(summary_line(event.run))
-                self._line(f"disconnected run={event.run.name} reason={event.reason}")
+                self._line(f"disconnected run={event.run.name}{job_words(event.run)} "
+                           f"reason={event.reason}")
                 if not any(run.connected for run in self.state.runs.values()):
                     self.all_done.set()
             elif isinstance(event, FrameRejected):
@@ -195,6 +196,16 @@ def causes_line(run: RunState) -> str:
     return f"causes run={run.name} in checklist order: " + " ".join(parts)
 
 
+def job_words(run: RunState, *, world: bool = True) -> str:
+    """`` job=JOB rank=R/W`` for a rank of a multi-rank job (`` rank=R`` without
+    ``world``); "" for a run on its own."""
+    if run.job is None:
+        return ""
+    if not world:
+        return f" rank={run.rank}"
+    return f" job={run.job} rank={run.rank}/{run.world_size}"
+
+
 def summary_line(run: RunState) -> str:
     """``run=... step=N loss=... val_loss=V@STEP grad_norm=... steps/s=... dropped=N
     alerts=N raised=N`` (the validation loss with the step it was taken at; ``alerts``:
@@ -202,7 +213,7 @@ def summary_line(run: RunState) -> str:
     rate = run.steps_per_s
     val = validation_label(run)
     parts = [
-        f"run={run.name}",
+        f"run={run.name}{job_words(run, world=False)}",
         f"step={run.last_step}",
         f"loss={number(run.loss)}",
     ]

@@ -8,13 +8,16 @@ notable events to a listener (the app notifies, headless mode prints).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 
 from probes.wire import Frame, command_signature, make_frame
+from tui.events import MonitorEvent
 from tui.fields import check_frame
+from tui.run import RunState
 from tui.runlog import RunLogWriter
 from tui.server import Connection
-from tui.state import MonitorEvent, MonitorState
+from tui.state import MonitorState
 
 EventListener = Callable[[list[MonitorEvent]], None]
 
@@ -76,7 +79,25 @@ class Monitor:
         self._emit(self.state.mark_offline(reason))
 
     def send_command(self, run_id: str, command: str, **args: object) -> str | None:
-        """Send a command to a run's probe; None if sent, else why not (one line)."""
+        """Send a command to a run's probe, or to every rank of its job; None if sent,
+        else why not (one line).
+
+        A job's ranks get the command for the same step boundary (``at_step``, chosen
+        ahead of every rank), so no rank pauses while another waits for it in a
+        collective; a paused job's ranks wait at one boundary and act at once."""
+        run = self.state.runs.get(run_id)
+        targets = [run_id]
+        if run is not None and run.job is not None and run.job in self.state.jobs:
+            job = self.state.jobs[run.job]
+            members = [r for r in job.rank_runs(self.state.runs) if r.connected]
+            targets = [r.run_id for r in members] or targets
+            if len(members) > 1 and not any(r.control.get("paused") for r in members):
+                args = {**args, "at_step": boundary_ahead(members)}
+        sent = [self._send_one(target, command, args) for target in targets]
+        problems = [p for p in sent if p is not None]
+        return problems[0] if len(problems) == len(sent) else None
+
+    def _send_one(self, run_id: str, command: str, args: dict[str, object]) -> str | None:
         conn = self.connections.get(run_id)
         if conn is None:
             return "that run is not connected"
@@ -87,6 +108,10 @@ class Monitor:
         conn.send(frame)
         return None
 
+    def tick(self) -> None:
+        """Time passes: what the state finds with it (a rank gone quiet) is reported."""
+        self._emit(self.state.tick())
+
     def close(self) -> None:
         """Flush and close the run log, if recording."""
         if self._recorder is not None:
@@ -95,3 +120,17 @@ class Monitor:
     def _emit(self, events: list[MonitorEvent]) -> None:
         if events and self.on_events is not None:
             self.on_events(events)
+
+
+#: How far ahead of the furthest rank a job's command is scheduled: the records the
+#: monitor has seen lag the ranks by a flush or two (tens of ms), more steps on a fast job.
+AHEAD_S = 1.0
+AHEAD_MIN_STEPS = 3
+
+
+def boundary_ahead(ranks: list[RunState]) -> int:
+    """A step boundary no rank has passed yet: the furthest rank's step, plus what the
+    fastest rank runs in ``AHEAD_S`` (at least ``AHEAD_MIN_STEPS``)."""
+    furthest = max(r.last_step for r in ranks)
+    rate = max((r.steps_per_s or 0.0 for r in ranks), default=0.0)
+    return furthest + max(AHEAD_MIN_STEPS, math.ceil(rate * AHEAD_S)) + 1

@@ -1,336 +1,36 @@
-"""Run state in the monitor: pure data, no widgets, no I/O.
+"""The monitor's state: every run it has seen, and the jobs their ranks form (pure data,
+no widgets, no I/O).
 
 ``MonitorState`` takes frames as they arrive (from a socket, a file or a test) and keeps
-one ``RunState`` per run. Widgets read it and redraw at a fixed frame rate; headless
-mode prints from the events ``apply`` returns.
+one ``RunState`` per run (``tui.run``) and one ``JobState`` per multi-rank job
+(``tui.jobs``). Widgets read it and redraw at a fixed frame rate; headless mode prints
+from the events (``tui.events``) that ``apply`` returns.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
 
-from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, Thresholds, as_number
-from probes.schema import validation_loss_name
+from probes.diagnosis import Alert, AlertChange, Diagnoser, Thresholds
 from probes.wire import Frame
-from tui.heatmap import GradHeatmap
-from tui.series import BucketedSeries
+from tui.events import (
+    AckReceived,
+    AlertCleared,
+    AlertRaised,
+    AnomalyReported,
+    FrameRejected,
+    MonitorEvent,
+    ProbeSwitchedOff,
+    RunConnected,
+    RunDisconnected,
+    RunPaused,
+)
+from tui.jobs import JOB_CONSEQUENCES, JobState
+from tui.run import MAX_ALERTS, AlertEntry, RunState
 
-SPARK_HISTORY = 48  # grad-norm values kept per layer for the sparkline
-RATE_WINDOW = 32  # step records used to estimate steps per second
-MAX_ALERTS = 1000  # alert entries kept per run (raised ones; each is rare)
 MAX_ENDED_RUNS = 50  # runs that have gone, kept for viewing (about 1 MB each)
-PROBE_COST_WINDOW = 64  # step records over which the probe's share of a step is taken
 
-
-@dataclass
-class AlertEntry:
-    """An alert as the monitor shows it: raised at a step, maybe cleared since."""
-
-    alert: Alert
-    active: bool = True
-    cleared_at: int | None = None
-    from_probe: bool = False  # raised in the training process (a data check, the guard)
-
-
-@dataclass
-class RunState:
-    """Everything the monitor knows about one run."""
-
-    run_id: str
-    name: str = "?"
-    meta: dict[str, Any] = field(default_factory=dict)
-    layers: list[str] = field(default_factory=list)
-    param_counts: list[int] = field(default_factory=list)
-    connected: bool = False
-    ended: bool = False  # said bye
-    end_reason: str = ""  # what the bye said: "closed", "interrupted", "error: ..."
-    last_frame_at: float = 0.0  # time.monotonic() of the run's latest frame, here
-    disconnect_reason: str = ""
-    last_step: int = -1
-    step_records: int = 0
-    dropped: int = 0
-    scalars: dict[str, BucketedSeries] = field(default_factory=dict)
-    eval_scalars: dict[str, BucketedSeries] = field(default_factory=dict)
-    grad_total: BucketedSeries = field(default_factory=BucketedSeries)
-    grad_norms: list[float | None] = field(default_factory=list)
-    grad_history: list[deque[float]] = field(default_factory=list)
-    param_norms: list[float | None] = field(default_factory=list)
-    update_ratios: list[float | None] = field(default_factory=list)
-    learning_rates: list[float] = field(default_factory=list)
-    none_grads: int = 0
-    events: deque[Frame] = field(default_factory=lambda: deque(maxlen=500))
-    alerts: list[AlertEntry] = field(default_factory=list)
-    control: dict[str, Any] = field(default_factory=dict)  # paused, anomaly_armed, guard
-    anomaly_reports: list[Frame] = field(default_factory=list)
-    check_reports: list[Frame] = field(default_factory=list)
-    probe_error: str = ""  # set when the probe switched itself off
-    diagnoser: Diagnoser = field(default_factory=Diagnoser)
-    last_seq: dict[str, int] = field(default_factory=dict)
-    _synced: int = 0  # the diagnoser's revision the alert entries reflect
-    _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
-    heatmap: GradHeatmap = field(default_factory=lambda: GradHeatmap(0))
-    # (probe_time, duration) of recent step records that carry the probe's own time
-    _probe_cost: deque[tuple[float, float]] = field(
-        default_factory=lambda: deque(maxlen=PROBE_COST_WINDOW))
-
-    @property
-    def steps_per_s(self) -> float | None:
-        """Training speed over the recent step records, by the run's own clock."""
-        if len(self._recent) < 2:
-            return None
-        (t0, s0), (t1, s1) = self._recent[0], self._recent[-1]
-        if t1 <= t0:
-            return None
-        return (s1 - s0) / (t1 - t0)
-
-    @property
-    def probe_share(self) -> float | None:
-        """The probe's own time as a share of the step's, over the recent records
-        (sums, so a thinned record weighs as the steps it stands for); None when the
-        records do not carry ``probe_time``."""
-        if not self._probe_cost:
-            return None
-        spent = sum(cost for cost, _ in self._probe_cost)
-        total = sum(duration for _, duration in self._probe_cost)
-        return spent / total if total > 0 else None
-
-    @property
-    def loss(self) -> float | None:
-        series = self.scalars.get("loss")
-        return None if series is None else series.latest
-
-    @property
-    def validation(self) -> tuple[str, BucketedSeries] | None:
-        """The validation loss's name and series (``probes.schema`` picks the name)."""
-        name = validation_loss_name(self.eval_scalars)
-        return None if name is None else (name, self.eval_scalars[name])
-
-    @property
-    def active_alerts(self) -> list[Alert]:
-        return [entry.alert for entry in self.alerts if entry.active]
-
-    def why_gone(self, connection_reason: str) -> str:
-        """Why the run is gone: "finished" after a clean bye, else what the bye said (an
-        error, an interrupt), else what happened to the connection."""
-        if not self.ended:
-            return connection_reason
-        return "finished" if self.end_reason == "closed" else self.end_reason
-
-    def layer_status(self) -> dict[str, str]:
-        """Layer name -> its worst current condition, for colouring the layer table:
-        ``non_finite``, ``exploding``, ``vanishing``, ``none_grad`` or ``dead``."""
-        status: dict[str, str] = {}
-        for i, name in enumerate(self.layers):
-            grad = self.grad_norms[i] if i < len(self.grad_norms) else None
-            if grad is None and self.step_records:
-                status[name] = "none_grad"
-            elif grad is not None and not math.isfinite(grad):
-                status[name] = "non_finite"
-        feeding = {str(a[0]): self.layers[int(a[2])] for a in self.meta.get("activations", [])
-                   if len(a) > 2 and a[2] is not None and 0 <= int(a[2]) < len(self.layers)}
-        rank = {"dead": 0, "none_grad": 1, "vanishing": 2, "exploding": 3, "non_finite": 4}
-        for alert in self.active_alerts:
-            kind = {"vanishing_gradient": "vanishing", "exploding_gradient": "exploding",
-                    "dead_activations": "dead", "saturated_activations": "dead"}.get(alert.kind)
-            if not kind:
-                continue
-            # an incident names every layer it concerns (a dead ReLU: the layer feeding it)
-            layers = alert.layers or (feeding.get(alert.subject, alert.subject)
-                                      if kind == "dead" else alert.subject,)
-            for layer in layers:
-                if layer in self.layers and rank[kind] > rank.get(status.get(layer, ""), -1):
-                    status[layer] = kind
-        return status
-
-    def apply_hello(self, frame: Frame) -> None:
-        self.meta = {k: v for k, v in frame.items() if k not in ("v", "kind", "token")}
-        self.name = str(frame.get("name", self.run_id))
-        layers = [str(name) for name in frame.get("layers", [])]
-        if layers != self.layers:
-            self.layers = layers
-            self.grad_norms = [None] * len(layers)
-            self.param_norms = [None] * len(layers)
-            self.update_ratios = [None] * len(layers)
-            self.grad_history = [deque(maxlen=SPARK_HISTORY) for _ in layers]
-            self.heatmap = GradHeatmap(len(layers))
-        self.param_counts = [int(c) for c in frame.get("param_counts", [])]
-        self.control.update(frame.get("state") or {})  # paused now, or not
-        if not self.step_records:  # a new run (not a reconnect): diagnose from its start
-            self.diagnoser = Diagnoser(RunInfo.from_hello(frame), self.diagnoser.thresholds)
-        self.connected = True
-        self.ended = False
-        self.end_reason = ""
-        self.disconnect_reason = ""
-
-    def apply_step(self, frame: Frame) -> bool:
-        """Take a step record; False if it was already seen (a replay on reconnect)."""
-        step = int(frame["step"])
-        if step <= self.last_step:
-            return False
-        self.last_step = step
-        self.step_records += 1
-        self.dropped = int(frame.get("dropped", self.dropped))
-        self._recent.append((float(frame.get("time", 0.0)), step))
-        self._note_probe_cost(frame)
-        for name, value in (frame.get("scalars") or {}).items():
-            self._series(self.scalars, name).append(step, as_number(value))
-        total = frame.get("grad_norm_total")
-        if total is not None:
-            self.grad_total.append(step, as_number(total))
-        self._apply_layer_values(frame)
-        self.learning_rates = [as_number(x) for x in frame.get("lr") or []]
-        self.none_grads = int(frame.get("none_grads", 0))
-        return True
-
-    def _note_probe_cost(self, frame: Frame) -> None:
-        probe_time, duration = frame.get("probe_time"), frame.get("duration")
-        if probe_time is None or duration is None:
-            return
-        probe_time, duration = as_number(probe_time), as_number(duration)
-        if math.isfinite(probe_time) and math.isfinite(duration) and duration > 0:
-            self._probe_cost.append((max(probe_time, 0.0), duration))
-
-    def apply_eval(self, frame: Frame) -> None:
-        step = int(frame.get("step", self.last_step))
-        for name, value in (frame.get("scalars") or {}).items():
-            self._series(self.eval_scalars, name).append(step, as_number(value))
-
-    def _apply_layer_values(self, frame: Frame) -> None:
-        grad_norms = frame.get("grad_norms")
-        if grad_norms is not None and len(grad_norms) == len(self.layers):
-            self.grad_norms = [None if g is None else as_number(g) for g in grad_norms]
-            for history, value in zip(self.grad_history, self.grad_norms, strict=True):
-                if value is not None:
-                    history.append(value)
-            span = frame.get("span")
-            first = int(span[0]) if isinstance(span, list) and span else None
-            self.heatmap.add(int(frame["step"]), self.grad_norms, first_step=first)
-        param_norms = frame.get("param_norms")
-        if param_norms is not None and len(param_norms) == len(self.layers):
-            self.param_norms = [None if p is None else as_number(p) for p in param_norms]
-        ratios = frame.get("update_ratios")
-        if ratios is not None and len(ratios) == len(self.layers):
-            self.update_ratios = [None if r is None else as_number(r) for r in ratios]
-
-    def diagnose(self, frame: Frame) -> list[AlertChange]:
-        """Run the diagnosis rules on a step or eval record; keep what they raise."""
-        return self._keep(self.diagnoser.observe(frame), int(frame.get("step",
-                                                                       self.last_step)))
-
-    def finish_diagnosis(self) -> list[AlertChange]:
-        """The run ended: what the diagnoser still held back (a consequence that waited
-        for a cause that never came)."""
-        return self._keep(self.diagnoser.finish(), self.last_step)
-
-    def _keep(self, changes: list[AlertChange], step: int) -> list[AlertChange]:
-        for change in changes:
-            if change.raised:
-                self.add_alert(change.alert)
-            else:
-                self._clear(change.alert, step)
-        self._sync_incidents()
-        return changes
-
-    def _sync_incidents(self) -> None:
-        """Alerts gain consequences (and layers) after they are raised: the latest entry
-        of each key shows the diagnoser's latest version."""
-        if self.diagnoser.revision == self._synced:
-            return
-        self._synced = self.diagnoser.revision
-        seen: set[tuple[str, bool]] = set()
-        for entry in reversed(self.alerts):
-            key = (entry.alert.key, entry.from_probe)
-            if key in seen:
-                continue
-            seen.add(key)
-            source = self.diagnoser.probe_alerts if entry.from_probe else (
-                self.diagnoser.incidents)
-            latest = source.get(entry.alert.key)
-            if latest is not None and latest.step == entry.alert.step:
-                entry.alert = latest
-
-    def add_alert(self, alert: Alert, *, from_probe: bool = False) -> None:
-        self.alerts.append(AlertEntry(alert, from_probe=from_probe))
-        if len(self.alerts) > MAX_ALERTS:
-            del self.alerts[0]
-
-    def _clear(self, alert: Alert, step: int) -> None:
-        for entry in reversed(self.alerts):
-            if entry.active and entry.alert.key == alert.key and not entry.from_probe:
-                entry.active = False
-                entry.cleared_at = step
-                return
-
-    @staticmethod
-    def _series(table: dict[str, BucketedSeries], name: str) -> BucketedSeries:
-        series = table.get(name)
-        if series is None:
-            series = table[name] = BucketedSeries()
-        return series
-
-
-@dataclass(frozen=True)
-class RunConnected:
-    run: RunState
-    replayed: bool  # a run seen before, connecting again
-
-
-@dataclass(frozen=True)
-class RunDisconnected:
-    run: RunState
-    reason: str
-
-
-@dataclass(frozen=True)
-class FrameRejected:
-    peer: str
-    message: str
-
-
-@dataclass(frozen=True)
-class AckReceived:
-    run: RunState
-    ack: Frame
-
-
-@dataclass(frozen=True)
-class AnomalyReported:
-    run: RunState
-    report: Frame
-
-
-@dataclass(frozen=True)
-class RunPaused:
-    run: RunState
-    step: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class ProbeSwitchedOff:
-    run: RunState
-    message: str
-
-
-@dataclass(frozen=True)
-class AlertRaised:
-    run: RunState
-    alert: Alert
-
-
-@dataclass(frozen=True)
-class AlertCleared:
-    run: RunState
-    alert: Alert
-    step: int
-
-
-MonitorEvent = (RunConnected | RunDisconnected | FrameRejected | AlertRaised | AlertCleared
-                | AckReceived | AnomalyReported | RunPaused | ProbeSwitchedOff)
+__all__ = ["MAX_ENDED_RUNS", "AlertEntry", "MonitorEvent", "MonitorState", "RunState"]
 
 
 class MonitorState:
@@ -342,6 +42,7 @@ class MonitorState:
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.rejected_frames = 0
         self.last_rejection = ""
+        self.jobs: dict[str, JobState] = {}  # multi-rank jobs, by job id
         self._conn_runs: dict[int, str] = {}
 
     def run_for(self, conn_id: int) -> RunState | None:
@@ -364,7 +65,8 @@ class MonitorState:
             if not run.apply_step(frame):
                 return [self.reject(run.name, f"step {frame['step']} is not after step "
                                               f"{run.last_step}: dropped")]
-            return self._alert_events(run, run.diagnose(frame))
+            incidents = self._job_incidents(run, frame)
+            return incidents + self._alert_events(run, run.diagnose(frame))
         if kind == "eval":
             run.apply_eval(frame)
             return self._alert_events(run, run.diagnose(frame))
@@ -381,7 +83,7 @@ class MonitorState:
         if kind == "bye":
             run.ended = True
             run.end_reason = str(frame.get("reason") or "closed")
-            return self._alert_events(run, run.finish_diagnosis())
+            return self._alert_events(run, run.finish_diagnosis(), force=True)
         return self._event(run, frame)
 
     @staticmethod
@@ -401,10 +103,44 @@ class MonitorState:
             return [ProbeSwitchedOff(run, run.probe_error)]
         return []
 
-    @staticmethod
-    def _alert_events(run: RunState, changes: list[AlertChange]) -> list[MonitorEvent]:
-        return [AlertRaised(run, c.alert) if c.raised
-                else AlertCleared(run, c.alert, run.last_step) for c in changes]
+    def _alert_events(self, run: RunState, changes: list[AlertChange], *,
+                      force: bool = False) -> list[MonitorEvent]:
+        """The events of a run's alerts raised or cleared; a rank's go through its job
+        (held until every rank has reported their step, joined, folded)."""
+        job = self.jobs.get(run.job) if run.job else None
+        if job is None:
+            return [AlertRaised(run, c.alert) if c.raised
+                    else AlertCleared(run, c.alert, run.last_step) for c in changes]
+        job.hold(run, [c.alert for c in changes if c.raised])
+        events: list[MonitorEvent] = [AlertCleared(run, c.alert, run.last_step)
+                                      for c in changes if not c.raised
+                                      and job.raised_by(run.rank, c.alert.key)]
+        return events + self._release(job, force=force)
+
+    def _release(self, job: JobState, *, force: bool = False) -> list[MonitorEvent]:
+        raised, folded = job.release(self.runs, time.monotonic(), force=force)
+        for rank, alert in folded:  # shown under the job's incident, not on their own
+            run = self.runs.get(job.ranks.get(rank, ""))
+            for entry in run.alerts if run is not None else ():
+                if entry.alert.key == alert.key and entry.alert.step == alert.step:
+                    entry.folded_under = next((i.kind for i in job.incidents
+                                               if alert.kind in _folds(i)), "job")
+        return [AlertRaised(run, alert) for run, alert in raised]
+
+    def _job_incidents(self, run: RunState, frame: Frame) -> list[MonitorEvent]:
+        """The cross-rank checks over a rank's step record; an incident is shown in every
+        rank's alerts (one entry, shared)."""
+        job = self.jobs.get(run.job) if run.job else None
+        if job is None:
+            return []
+        found = job.observe_step(run, frame, self.runs)
+        return [self._share_incident(job, named, alert) for named, alert in found]
+
+    def _share_incident(self, job: JobState, named: RunState, alert: Alert) -> MonitorEvent:
+        entry = job.entries[-1]  # the incident just found
+        for member in job.rank_runs(self.runs):
+            member.alerts.append(entry)
+        return AlertRaised(named, alert)
 
     def _probe_alert(self, run: RunState, frame: Frame) -> list[MonitorEvent]:
         try:
@@ -413,7 +149,24 @@ class MonitorState:
             return [self.reject(run.name, f"an alert frame without a valid alert: {exc}")]
         run.add_alert(alert, from_probe=True)
         run.diagnoser.note_probe_alert(alert)  # a cause its consequences fold under
-        return [AlertRaised(run, alert)]
+        job = self.jobs.get(run.job) if run.job else None
+        if job is None:
+            return [AlertRaised(run, alert)]
+        job.hold(run, [alert])
+        return self._release(job)
+
+    def tick(self, now: float | None = None) -> list[MonitorEvent]:
+        """Time passes (the views call this about once a second): ranks that went quiet
+        while others went on, and alerts held too long for a rank that never came."""
+        now = time.monotonic() if now is None else now
+        events: list[MonitorEvent] = []
+        for job in self.jobs.values():
+            events += [self._share_incident(job, run, alert)
+                       for run, alert in job.quiet_ranks(self.runs, now)]
+            events += self._release(job)
+        if events:
+            self.version += 1
+        return events
 
     def connection_closed(self, conn_id: int, reason: str) -> list[MonitorEvent]:
         """The connection ``conn_id`` is gone; mark its run disconnected."""
@@ -425,8 +178,13 @@ class MonitorState:
         run.connected = False
         run.disconnect_reason = run.why_gone(reason)
         self._forget_old_runs()
-        return [*self._alert_events(run, run.finish_diagnosis()),
-                RunDisconnected(run, run.disconnect_reason)]
+        events = self._alert_events(run, run.finish_diagnosis(), force=True)
+        job = self.jobs.get(run.job) if run.job else None
+        if job is not None:
+            clean = run.ended and run.end_reason == "closed"
+            events += [self._share_incident(job, run, alert)
+                       for run, alert in job.rank_gone(run, clean, self.runs)]
+        return [*events, RunDisconnected(run, run.disconnect_reason)]
 
     def _forget_old_runs(self) -> None:
         """Keep the newest ``MAX_ENDED_RUNS`` runs that have gone (a monitor left up for
@@ -463,6 +221,12 @@ class MonitorState:
         self._conn_runs[conn_id] = run_id
         run.apply_hello(frame)
         run.last_frame_at = time.monotonic()
+        if run.job is not None:
+            job = self.jobs.get(run.job)
+            if job is None:
+                job = self.jobs[run.job] = JobState(run.job, run.name, run.world_size,
+                                                    self.thresholds)
+            job.add_rank(run)
         return [RunConnected(run, replayed=seen_before)]
 
     @staticmethod
@@ -478,3 +242,5 @@ class MonitorState:
         return True
 
 
+def _folds(incident: Alert) -> frozenset[str]:
+    return JOB_CONSEQUENCES.get(incident.kind, frozenset())

@@ -33,6 +33,8 @@ class Alert:
     per_subject: bool = False  # one alert per subject (else one per run and kind)
     layers: tuple[str, ...] = ()  # every layer it concerns, the first failing one first
     folded: tuple[str, ...] = ()  # consequences folded under it, as "kind@step"
+    ranks: tuple[int, ...] = ()  # in a multi-rank job: the ranks that raised it
+    world_size: int = 0  # ... and how many ranks the job has (0: not a job's)
 
     @property
     def key(self) -> str:
@@ -50,9 +52,22 @@ class Alert:
         if self.subject:
             parts.append(f"subject={self.subject}")
         parts += [f"{k}={_short(v)}" for k, v in self.evidence.items()]
+        if self.ranks and "rank" not in self.evidence and "ranks" not in self.evidence:
+            parts.append(self.rank_label)
         if self.folded:
             parts.append(f"folded={_short(self.folded)}")
         return " ".join(parts)
+
+    @property
+    def rank_label(self) -> str:
+        """``rank=R``, ``ranks=R,S`` or ``ranks=all`` ("" outside a multi-rank job)."""
+        if not self.ranks:
+            return ""
+        if len(self.ranks) == 1:
+            return f"rank={self.ranks[0]}"
+        if self.world_size and len(self.ranks) == self.world_size:
+            return "ranks=all"
+        return "ranks=" + ",".join(str(rank) for rank in self.ranks)
 
     def with_folded(self, consequence: str) -> Alert:
         """This alert with one more consequence folded under it."""
@@ -67,6 +82,9 @@ class Alert:
             data["layers"] = list(self.layers)
         if self.folded:
             data["folded"] = list(self.folded)
+        if self.ranks:
+            data["ranks"] = list(self.ranks)
+            data["world_size"] = self.world_size
         return data
 
     @classmethod
@@ -83,6 +101,8 @@ class Alert:
             per_subject=bool(data.get("per_subject", False)),
             layers=tuple(str(name) for name in data.get("layers") or ()),
             folded=tuple(str(name) for name in data.get("folded") or ()),
+            ranks=tuple(int(rank) for rank in data.get("ranks") or ()),
+            world_size=int(data.get("world_size", 0) or 0),
         )
 
 

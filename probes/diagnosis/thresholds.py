@@ -90,6 +90,14 @@ class Thresholds:
     overhead_fraction: float = 0.05
     overhead_steps: int = 100
     overhead_min_ms: float = 0.5
+    # Across the ranks of a job, at the same step: gradients after DDP's all-reduce agree
+    # to float rounding; replicas' parameter norms agree exactly (the same update on the
+    # same weights); one rank's loss this many times the others' median is an outlier;
+    # a rank quiet this many seconds while another went on has stalled.
+    rank_grad_tolerance: float = 1e-4
+    rank_param_tolerance: float = 1e-6
+    rank_loss_factor: float = 4.0
+    rank_stall_s: float = 20.0
     # Consequences (a spike, a flat loss, low update ratios ...) wait this many steps for
     # a cause to fold under before they are raised on their own.
     consequence_grace_steps: int = 5

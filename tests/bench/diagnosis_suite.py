@@ -48,8 +48,9 @@ import torch
 import probes
 from tests.bench.diagnosis_cases import CASES, Case
 from tests.collector import FrameCollector
+from tui.events import AlertRaised
 from tui.fields import check_frame
-from tui.state import AlertRaised, MonitorState
+from tui.state import MonitorState
 
 try:
     from tui.headless import causes_line

@@ -11,8 +11,8 @@ from textual.widgets import Static
 
 from probes.diagnosis import Alert
 from tui.format import number
+from tui.run import AlertEntry
 from tui.screens.panel import PanelScreen
-from tui.state import AlertEntry
 from tui.widgets.alerts_panel import SEVERITY_STYLE
 
 

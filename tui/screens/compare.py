@@ -14,7 +14,8 @@ from textual.widgets.selection_list import Selection
 
 from tui.compare import LayerRatio, layer_ratios
 from tui.format import alerts_label, number, run_label, validation_label
-from tui.state import MonitorState, RunState
+from tui.run import RunState
+from tui.state import MonitorState
 from tui.widgets.layer_table import short_name
 from tui.widgets.loss_overlay import LossOverlay, run_color
 

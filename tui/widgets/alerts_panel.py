@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from probes.diagnosis import SEVERITY_ORDER
-from tui.state import AlertEntry, RunState
+from tui.run import AlertEntry, RunState
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
@@ -70,7 +70,8 @@ class AlertsPanel(DataTable[Text | str]):
 def sorted_alerts(entries: list[AlertEntry]) -> list[AlertEntry]:
     """Active before cleared; then along the checklist (its rung); within a rung errors
     before warnings before infos; then by step (then in the order raised)."""
-    return sorted(entries, key=lambda e: (not e.active, e.alert.rung,
+    shown = [e for e in entries if not e.folded_under]  # (listed under the job's incident)
+    return sorted(shown, key=lambda e: (not e.active, e.alert.rung,
                                           -SEVERITY_ORDER.get(e.alert.severity, 0),
                                           e.alert.step))
 

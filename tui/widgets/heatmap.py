@@ -20,7 +20,7 @@ from textual.widgets import Static
 
 from tui.format import number
 from tui.heatmap import MISSING
-from tui.state import RunState
+from tui.run import RunState
 from tui.widgets.layer_table import short_name
 
 BARS = "▁▂▃▄▅▆▇█"

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from tui.format import number, sparkline
-from tui.state import RunState
+from tui.run import RunState
 
 SPARK_WIDTH = 20
 #: (key, label, width); None sizes the column to its content.

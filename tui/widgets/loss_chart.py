@@ -8,8 +8,8 @@ from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
 from tui.format import axis_ticks, downsample, number, wants_log_scale
+from tui.run import RunState
 from tui.series import BucketedSeries
-from tui.state import RunState
 
 TRAIN_COLOR = "cyan"
 VALIDATION_COLOR = "orange"

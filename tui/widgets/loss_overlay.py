@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual_plotext import PlotextPlot
 
 from tui.format import axis_ticks, downsample, number, wants_log_scale
-from tui.state import RunState
+from tui.run import RunState
 from tui.widgets.loss_chart import SMOOTHING, _log_points, ema
 
 # (plotext's name, Rich's name) of one colour: the chart's line and the table's text

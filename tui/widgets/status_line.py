@@ -6,7 +6,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tui.format import fit_status
-from tui.state import MonitorState, RunState
+from tui.run import RunState
+from tui.state import MonitorState
 
 PROBE_COST_WARN = 0.05  # the probe's share of a step shown in yellow above this
 

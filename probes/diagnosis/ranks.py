@@ -1,0 +1,218 @@
+"""Checks across the ranks of one job, from the records each rank sends anyway.
+
+The ranks of a data-parallel job train one model on different shards. What must agree
+across them at the same step, and what that shows when it does not:
+
+- ``grads_not_synced``: under DistributedDataParallel the per-layer gradient norms after
+  the all-reduce (what the probe reads) are the same on every rank;
+- ``replicas_diverged``: the parameter norms of the sampled steps are the same on every
+  rank (DDP: the same update on the same weights);
+- ``rank_outlier``: one rank's loss far above the others' at the same step (or
+  non-finite while theirs is finite): its shard or its host;
+- ``rank_stalled``: a rank stopped sending (its connection ended without a clean end, or
+  it went quiet while another rank went on past it).
+
+Sharded setups (FSDP) hold different parts of the model on each rank: their gradient
+and parameter norms are not comparable, so only the losses and the stalls are checked
+(``sync == "fsdp"``); ranks whose synchronisation is unknown are treated the same way.
+
+A record stands for the steps of its ``span`` and shows its last step's own values
+(``probes.thinning``): two ranks' records compare when their shown steps are equal;
+sampled steps are always shown, and a step whose loss jumps is sent on its own.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from probes.diagnosis.alert import Alert
+from probes.diagnosis.catalog import entry
+from probes.diagnosis.thresholds import Thresholds
+from probes.diagnosis.views import StepView
+
+KEPT_STEPS = 256  # shown steps remembered per job for comparison
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What one rank's record shows of its last step (and of its span)."""
+
+    rank: int
+    first: int  # the first step of its span
+    loss: float | None  # the step's own loss
+    loss_max: float | None  # the largest finite loss of its span
+    non_finite_loss: bool
+    grads: Sequence[float | None]
+    params: Sequence[float | None] | None
+    stepped: bool
+
+
+@dataclass
+class JobChecks:
+    """Cross-rank comparisons for one job; ``observe`` each rank's step records.
+
+    Args:
+        layers: the model's layer names (the same on every rank).
+        sync: how gradients are shared: ``"ddp"`` (all-reduced, replicated weights),
+            ``"fsdp"`` (sharded) or ``"unknown"``.
+        thresholds: ``rank_*`` thresholds and the spike rule's minimal jump.
+    """
+
+    layers: tuple[str, ...]
+    sync: str = "unknown"
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    found: dict[str, Alert] = field(default_factory=dict)  # one incident per kind
+    _shown: dict[int, dict[int, Shown]] = field(default_factory=dict)  # step -> rank ->
+    _order: deque[int] = field(default_factory=lambda: deque())
+    _start_loss: float | None = None  # the job's first finite loss: its scale
+
+    def observe(self, rank: int, view: StepView) -> list[Alert]:
+        """Take rank ``rank``'s step record; the job incidents it newly shows."""
+        loss = view.loss
+        if self._start_loss is None and loss is not None and math.isfinite(loss):
+            self._start_loss = abs(loss)
+        shown = Shown(rank, view.first, loss, view.loss_max,
+                      loss is not None and not math.isfinite(loss), view.grad_norms,
+                      view.param_norms, view.optimizer_stepped)
+        peers = self._shown.get(view.step)
+        if peers is None:
+            peers = self._shown[view.step] = {}
+            self._order.append(view.step)
+            while len(self._order) > KEPT_STEPS:
+                self._shown.pop(self._order.popleft(), None)
+        peers[rank] = shown
+        if len(peers) < 2:
+            return []
+        return [alert for alert in (self._outlier(view.step, peers),
+                                    self._grads(view.step, peers),
+                                    self._params(view.step, peers)) if alert is not None]
+
+    # --- the checks ----------------------------------------------------------------------
+
+    def _outlier(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
+        """One rank's loss far above the others' median (or non-finite while theirs are
+        finite), by a jump that is a visible part of the job's starting loss."""
+        if "rank_outlier" in self.found:
+            return None
+        for rank, shown in peers.items():
+            others = [p.loss for r, p in peers.items() if r != rank]
+            if not others or any(o is None or not math.isfinite(o) for o in others):
+                continue
+            median = statistics.median(others)  # type: ignore[type-var]
+            if shown.non_finite_loss:
+                return self._raise("rank_outlier", step, "loss", {
+                    "rank": rank, "loss": shown.loss, "other_ranks_median": median,
+                    "other_ranks": len(others), "others": "fine"})
+            loss = shown.loss
+            if loss is None or median <= 0:
+                continue
+            jump = self.thresholds.spike_min_jump * (self._start_loss or 0.0)
+            if loss > self.thresholds.rank_loss_factor * median and loss - median > jump:
+                return self._raise("rank_outlier", step, "loss", {
+                    "rank": rank, "loss": loss, "other_ranks_median": median,
+                    "times": loss / median, "other_ranks": len(others), "others": "fine"})
+        return None
+
+    def _grads(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
+        """Under DDP, each layer's gradient norm agrees across ranks at a step."""
+        if self.sync != "ddp" or "grads_not_synced" in self.found:
+            return None
+        stepped = [p for p in peers.values() if p.stepped and p.grads]
+        found = _first_disagreement([p.grads for p in stepped],
+                                    self.thresholds.rank_grad_tolerance)
+        if found is None:
+            return None
+        layer, low, high = found
+        ranks = sorted(p.rank for p in stepped)
+        return self._raise("grads_not_synced", step, self._layer(layer), {
+            "ranks": ranks, "grad_norm_low": low, "grad_norm_high": high,
+            "relative_difference": (high - low) / high},
+            layers=self._layers_apart([p.grads for p in stepped],
+                                      self.thresholds.rank_grad_tolerance))
+
+    def _params(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
+        """Under DDP, each layer's parameter norm agrees across ranks at a sampled step."""
+        if self.sync != "ddp" or "replicas_diverged" in self.found:
+            return None
+        sampled = [p for p in peers.values() if p.params is not None]
+        found = _first_disagreement([p.params or () for p in sampled],
+                                    self.thresholds.rank_param_tolerance)
+        if found is None:
+            return None
+        layer, low, high = found
+        return self._raise("replicas_diverged", step, self._layer(layer), {
+            "ranks": sorted(p.rank for p in sampled), "param_norm_low": low,
+            "param_norm_high": high, "relative_difference": (high - low) / high},
+            layers=self._layers_apart([p.params or () for p in sampled],
+                                      self.thresholds.rank_param_tolerance))
+
+    def stalled(self, rank: int, *, last_step: int, reason: str,
+                others: Mapping[int, int]) -> Alert | None:
+        """Rank ``rank`` stopped (``reason``) at ``last_step`` while ``others`` (rank ->
+        last step) are still there; the incident, once per job."""
+        if "rank_stalled" in self.found or not others:
+            return None
+        return self._raise("rank_stalled", last_step, f"rank {rank}", {
+            "rank": rank, "last_step": last_step, "reason": reason,
+            "other_ranks_at": max(others.values())}, severity="error")
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _raise(self, kind: str, step: int, subject: str, evidence: dict[str, Any], *,
+               layers: tuple[str, ...] = (), severity: str | None = None) -> Alert | None:
+        partner = _ONE_CAUSE.get(kind)
+        if partner in self.found:  # the same root cause, seen the other way first
+            self.found[partner] = self.found[partner].with_folded(f"{kind}@{step}")
+            self.found[kind] = self.found[partner]
+            return None
+        described = entry(kind)
+        alert = Alert(kind, severity or _SEVERITY[kind], step, subject,  # type: ignore[arg-type]
+                      evidence, described.signal, described.experiments,
+                      layers=layers)
+        self.found[kind] = alert
+        return alert
+
+    def _layer(self, index: int) -> str:
+        return self.layers[index] if 0 <= index < len(self.layers) else f"layer {index}"
+
+    def _layers_apart(self, norms: list[Sequence[float | None]],
+                      tolerance: float) -> tuple[str, ...]:
+        count = min((len(n) for n in norms), default=0)
+        return tuple(self._layer(i) for i in range(count)
+                     if _apart([n[i] for n in norms], tolerance) is not None)
+
+
+# Unsynchronised gradients and diverged replicas are one root cause seen two ways:
+# whichever is found first is the incident, the other folds under it.
+_ONE_CAUSE = {"grads_not_synced": "replicas_diverged", "replicas_diverged": "grads_not_synced"}
+
+_SEVERITY = {"rank_outlier": "error", "grads_not_synced": "error",
+             "replicas_diverged": "error", "rank_stalled": "error"}
+
+
+def _first_disagreement(norms: list[Sequence[float | None]],
+                        tolerance: float) -> tuple[int, float, float] | None:
+    """The first layer (model order) whose norms disagree across the lists, with the
+    lowest and highest value; None when they agree (or fewer than two lists)."""
+    if len(norms) < 2:
+        return None
+    for index in range(min(len(n) for n in norms)):
+        apart = _apart([n[index] for n in norms], tolerance)
+        if apart is not None:
+            return index, apart[0], apart[1]
+    return None
+
+
+def _apart(values: list[float | None], tolerance: float) -> tuple[float, float] | None:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if len(finite) < 2:
+        return None
+    low, high = min(finite), max(finite)
+    if high <= 0 or (high - low) <= tolerance * high:
+        return None
+    return low, high

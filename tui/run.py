@@ -1,0 +1,289 @@
+"""One run as the monitor knows it: pure data, no widgets, no I/O.
+
+``RunState`` takes a run's frames (``MonitorState`` routes them) and keeps its curves,
+per-layer values, alerts and control state; widgets draw from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, as_number
+from probes.schema import validation_loss_name
+from probes.wire import Frame
+from tui.heatmap import GradHeatmap
+from tui.series import BucketedSeries
+
+SPARK_HISTORY = 48  # grad-norm values kept per layer for the sparkline
+RATE_WINDOW = 32  # step records used to estimate steps per second
+MAX_ALERTS = 1000  # alert entries kept per run (raised ones; each is rare)
+PROBE_COST_WINDOW = 64  # step records over which the probe's share of a step is taken
+
+
+@dataclass
+class AlertEntry:
+    """An alert as the monitor shows it: raised at a step, maybe cleared since."""
+
+    alert: Alert
+    active: bool = True
+    cleared_at: int | None = None
+    from_probe: bool = False  # raised in the training process (a data check, the guard)
+    folded_under: str = ""  # a job incident (across ranks) it is a consequence of
+
+
+@dataclass
+class RunState:
+    """Everything the monitor knows about one run."""
+
+    run_id: str
+    name: str = "?"
+    meta: dict[str, Any] = field(default_factory=dict)
+    layers: list[str] = field(default_factory=list)
+    param_counts: list[int] = field(default_factory=list)
+    connected: bool = False
+    ended: bool = False  # said bye
+    end_reason: str = ""  # what the bye said: "closed", "interrupted", "error: ..."
+    last_frame_at: float = 0.0  # time.monotonic() of the run's latest frame, here
+    disconnect_reason: str = ""
+    last_step: int = -1
+    step_records: int = 0
+    dropped: int = 0
+    scalars: dict[str, BucketedSeries] = field(default_factory=dict)
+    eval_scalars: dict[str, BucketedSeries] = field(default_factory=dict)
+    grad_total: BucketedSeries = field(default_factory=BucketedSeries)
+    grad_norms: list[float | None] = field(default_factory=list)
+    grad_history: list[deque[float]] = field(default_factory=list)
+    param_norms: list[float | None] = field(default_factory=list)
+    update_ratios: list[float | None] = field(default_factory=list)
+    learning_rates: list[float] = field(default_factory=list)
+    none_grads: int = 0
+    events: deque[Frame] = field(default_factory=lambda: deque(maxlen=500))
+    alerts: list[AlertEntry] = field(default_factory=list)
+    control: dict[str, Any] = field(default_factory=dict)  # paused, anomaly_armed, guard
+    anomaly_reports: list[Frame] = field(default_factory=list)
+    check_reports: list[Frame] = field(default_factory=list)
+    probe_error: str = ""  # set when the probe switched itself off
+    diagnoser: Diagnoser = field(default_factory=Diagnoser)
+    last_seq: dict[str, int] = field(default_factory=dict)
+    _synced: int = 0  # the diagnoser's revision the alert entries reflect
+    _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
+    heatmap: GradHeatmap = field(default_factory=lambda: GradHeatmap(0))
+    # (probe_time, duration) of recent step records that carry the probe's own time
+    _probe_cost: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=PROBE_COST_WINDOW))
+
+    @property
+    def job(self) -> str | None:
+        """The job its ranks share (None: a run on its own, or a job of one rank)."""
+        job = self.meta.get("job")
+        return str(job) if job and self.world_size > 1 else None
+
+    @property
+    def rank(self) -> int:
+        return _int(self.meta.get("rank"), 0)
+
+    @property
+    def world_size(self) -> int:
+        return max(_int(self.meta.get("world_size"), 1), 1)
+
+    @property
+    def steps_per_s(self) -> float | None:
+        """Training speed over the recent step records, by the run's own clock."""
+        if len(self._recent) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._recent[0], self._recent[-1]
+        if t1 <= t0:
+            return None
+        return (s1 - s0) / (t1 - t0)
+
+    @property
+    def probe_share(self) -> float | None:
+        """The probe's own time as a share of the step's, over the recent records
+        (sums, so a thinned record weighs as the steps it stands for); None when the
+        records do not carry ``probe_time``."""
+        if not self._probe_cost:
+            return None
+        spent = sum(cost for cost, _ in self._probe_cost)
+        total = sum(duration for _, duration in self._probe_cost)
+        return spent / total if total > 0 else None
+
+    @property
+    def loss(self) -> float | None:
+        series = self.scalars.get("loss")
+        return None if series is None else series.latest
+
+    @property
+    def validation(self) -> tuple[str, BucketedSeries] | None:
+        """The validation loss's name and series (``probes.schema`` picks the name)."""
+        name = validation_loss_name(self.eval_scalars)
+        return None if name is None else (name, self.eval_scalars[name])
+
+    @property
+    def active_alerts(self) -> list[Alert]:
+        return [entry.alert for entry in self.alerts if entry.active]
+
+    def why_gone(self, connection_reason: str) -> str:
+        """Why the run is gone: "finished" after a clean bye, else what the bye said (an
+        error, an interrupt), else what happened to the connection."""
+        if not self.ended:
+            return connection_reason
+        return "finished" if self.end_reason == "closed" else self.end_reason
+
+    def layer_status(self) -> dict[str, str]:
+        """Layer name -> its worst current condition, for colouring the layer table:
+        ``non_finite``, ``exploding``, ``vanishing``, ``none_grad`` or ``dead``."""
+        status: dict[str, str] = {}
+        for i, name in enumerate(self.layers):
+            grad = self.grad_norms[i] if i < len(self.grad_norms) else None
+            if grad is None and self.step_records:
+                status[name] = "none_grad"
+            elif grad is not None and not math.isfinite(grad):
+                status[name] = "non_finite"
+        feeding = {str(a[0]): self.layers[int(a[2])] for a in self.meta.get("activations", [])
+                   if len(a) > 2 and a[2] is not None and 0 <= int(a[2]) < len(self.layers)}
+        rank = {"dead": 0, "none_grad": 1, "vanishing": 2, "exploding": 3, "non_finite": 4}
+        for alert in self.active_alerts:
+            kind = {"vanishing_gradient": "vanishing", "exploding_gradient": "exploding",
+                    "dead_activations": "dead", "saturated_activations": "dead"}.get(alert.kind)
+            if not kind:
+                continue
+            # an incident names every layer it concerns (a dead ReLU: the layer feeding it)
+            layers = alert.layers or (feeding.get(alert.subject, alert.subject)
+                                      if kind == "dead" else alert.subject,)
+            for layer in layers:
+                if layer in self.layers and rank[kind] > rank.get(status.get(layer, ""), -1):
+                    status[layer] = kind
+        return status
+
+    def apply_hello(self, frame: Frame) -> None:
+        self.meta = {k: v for k, v in frame.items() if k not in ("v", "kind", "token")}
+        self.name = str(frame.get("name", self.run_id))
+        layers = [str(name) for name in frame.get("layers", [])]
+        if layers != self.layers:
+            self.layers = layers
+            self.grad_norms = [None] * len(layers)
+            self.param_norms = [None] * len(layers)
+            self.update_ratios = [None] * len(layers)
+            self.grad_history = [deque(maxlen=SPARK_HISTORY) for _ in layers]
+            self.heatmap = GradHeatmap(len(layers))
+        self.param_counts = [int(c) for c in frame.get("param_counts", [])]
+        self.control.update(frame.get("state") or {})  # paused now, or not
+        if not self.step_records:  # a new run (not a reconnect): diagnose from its start
+            self.diagnoser = Diagnoser(RunInfo.from_hello(frame), self.diagnoser.thresholds)
+        self.connected = True
+        self.ended = False
+        self.end_reason = ""
+        self.disconnect_reason = ""
+
+    def apply_step(self, frame: Frame) -> bool:
+        """Take a step record; False if it was already seen (a replay on reconnect)."""
+        step = int(frame["step"])
+        if step <= self.last_step:
+            return False
+        self.last_step = step
+        self.step_records += 1
+        self.dropped = int(frame.get("dropped", self.dropped))
+        self._recent.append((float(frame.get("time", 0.0)), step))
+        self._note_probe_cost(frame)
+        for name, value in (frame.get("scalars") or {}).items():
+            self._series(self.scalars, name).append(step, as_number(value))
+        total = frame.get("grad_norm_total")
+        if total is not None:
+            self.grad_total.append(step, as_number(total))
+        self._apply_layer_values(frame)
+        self.learning_rates = [as_number(x) for x in frame.get("lr") or []]
+        self.none_grads = int(frame.get("none_grads", 0))
+        return True
+
+    def _note_probe_cost(self, frame: Frame) -> None:
+        probe_time, duration = frame.get("probe_time"), frame.get("duration")
+        if probe_time is None or duration is None:
+            return
+        probe_time, duration = as_number(probe_time), as_number(duration)
+        if math.isfinite(probe_time) and math.isfinite(duration) and duration > 0:
+            self._probe_cost.append((max(probe_time, 0.0), duration))
+
+    def apply_eval(self, frame: Frame) -> None:
+        step = int(frame.get("step", self.last_step))
+        for name, value in (frame.get("scalars") or {}).items():
+            self._series(self.eval_scalars, name).append(step, as_number(value))
+
+    def _apply_layer_values(self, frame: Frame) -> None:
+        grad_norms = frame.get("grad_norms")
+        if grad_norms is not None and len(grad_norms) == len(self.layers):
+            self.grad_norms = [None if g is None else as_number(g) for g in grad_norms]
+            for history, value in zip(self.grad_history, self.grad_norms, strict=True):
+                if value is not None:
+                    history.append(value)
+            span = frame.get("span")
+            first = int(span[0]) if isinstance(span, list) and span else None
+            self.heatmap.add(int(frame["step"]), self.grad_norms, first_step=first)
+        param_norms = frame.get("param_norms")
+        if param_norms is not None and len(param_norms) == len(self.layers):
+            self.param_norms = [None if p is None else as_number(p) for p in param_norms]
+        ratios = frame.get("update_ratios")
+        if ratios is not None and len(ratios) == len(self.layers):
+            self.update_ratios = [None if r is None else as_number(r) for r in ratios]
+
+    def diagnose(self, frame: Frame) -> list[AlertChange]:
+        """Run the diagnosis rules on a step or eval record; keep what they raise."""
+        return self._keep(self.diagnoser.observe(frame), int(frame.get("step",
+                                                                       self.last_step)))
+
+    def finish_diagnosis(self) -> list[AlertChange]:
+        """The run ended: what the diagnoser still held back (a consequence that waited
+        for a cause that never came)."""
+        return self._keep(self.diagnoser.finish(), self.last_step)
+
+    def _keep(self, changes: list[AlertChange], step: int) -> list[AlertChange]:
+        for change in changes:
+            if change.raised:
+                self.add_alert(change.alert)
+            else:
+                self._clear(change.alert, step)
+        self._sync_incidents()
+        return changes
+
+    def _sync_incidents(self) -> None:
+        """Alerts gain consequences (and layers) after they are raised: the latest entry
+        of each key shows the diagnoser's latest version."""
+        if self.diagnoser.revision == self._synced:
+            return
+        self._synced = self.diagnoser.revision
+        seen: set[tuple[str, bool]] = set()
+        for entry in reversed(self.alerts):
+            key = (entry.alert.key, entry.from_probe)
+            if key in seen:
+                continue
+            seen.add(key)
+            source = self.diagnoser.probe_alerts if entry.from_probe else (
+                self.diagnoser.incidents)
+            latest = source.get(entry.alert.key)
+            if latest is not None and latest.step == entry.alert.step:
+                entry.alert = latest
+
+    def add_alert(self, alert: Alert, *, from_probe: bool = False) -> None:
+        self.alerts.append(AlertEntry(alert, from_probe=from_probe))
+        if len(self.alerts) > MAX_ALERTS:
+            del self.alerts[0]
+
+    def _clear(self, alert: Alert, step: int) -> None:
+        for entry in reversed(self.alerts):
+            if entry.active and entry.alert.key == alert.key and not entry.from_probe:
+                entry.active = False
+                entry.cleared_at = step
+                return
+
+    @staticmethod
+    def _series(table: dict[str, BucketedSeries], name: str) -> BucketedSeries:
+        series = table.get(name)
+        if series is None:
+            series = table[name] = BucketedSeries()
+        return series
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
