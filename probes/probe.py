@@ -142,6 +142,8 @@ class Probe:
             on_command=self._control.receive,
             connected=connected,
             hello_state=self._control.state.as_dict,
+            # Every rank of a job shows the same steps now and then, whatever its speed.
+            anchor_every=sample_every * ANCHOR_SAMPLES if self.identity.distributed else 0,
         )
         clip.install()  # frameworks clip through torch's function: read before it
         lifecycle.register(self)
@@ -705,6 +707,7 @@ def _grace_seconds(explicit: float | None) -> float:
 #: for cross-rank checks (their sampled steps are kept) more than for their curves, and
 #: one monitor takes the records of many ranks.
 RANK0_STEPS_PER_S = 60.0
+ANCHOR_SAMPLES = 5  # a job's ranks each show one sampled step in this many, unmerged
 OTHER_RANKS_STEPS_PER_S = 10.0
 
 

@@ -76,14 +76,17 @@ class PendingMerge:
     remembers the largest total norm and loss of the group before (an escalation is
     judged against them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, anchor_every: int = 0) -> None:
         self.reference: thinning.Ceiling = ()
+        self.anchor_every = anchor_every  # 0: no anchors (a run on its own)
 
     def __call__(self, group: list[PendingRecord]) -> list[PendingRecord]:
         values = [m.peak_values() for m in group]
+        every = self.anchor_every
         members = [thinning.Member.of(non_finite=m.has_non_finite(),
                                       keep=bool(m.sampled or m.update_norms),
-                                      total=total, scalars=scalars, grads=grads)
+                                      total=total, scalars=scalars, grads=grads,
+                                      anchor=bool(every) and m.sampled and m.step % every == 0)
                    for m, (grads, total, scalars) in zip(group, values, strict=True)]
         kept = []
         for start, end, rep in thinning.plan(members, self.reference):
@@ -159,6 +162,8 @@ class Sender:
         connected: the event to set while a monitor is connected (made if None).
         hello_state: the run's control state now, sent in each hello (a monitor that
             connects to a paused run must know it is paused now, not from history).
+        anchor_every: for a rank of a multi-rank job, the period of the sampled steps
+            always sent on their own (every rank sends the same ones); 0 for none.
     """
 
     def __init__(
@@ -173,6 +178,7 @@ class Sender:
         on_command: Callable[[Frame], None] | None = None,
         connected: threading.Event | None = None,
         hello_state: Callable[[], Record] | None = None,
+        anchor_every: int = 0,
     ) -> None:
         self.address = address
         self.run_id = str(hello["run"])
@@ -182,7 +188,7 @@ class Sender:
         self._flush_interval = flush_interval
         self._max_steps_per_s = max_steps_per_s
         self._history = StepHistory(history_capacity)
-        self._merge = PendingMerge()
+        self._merge = PendingMerge(anchor_every)
         self._on_command = on_command
         self._waiting: deque[PendingRecord] = deque()  # popped but not ready yet
         self._outbox: list[Record] = []

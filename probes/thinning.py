@@ -16,6 +16,9 @@ a group of consecutive steps. Time stays counted in steps, and no peak is lost:
   times the largest seen before it (in this group and what was sent before) is sent
   alone, after the step before it, so an explosion or a spike is seen at the step it
   happens and against what came before, not at the end of its group;
+- the ranks of a job also show their *anchor* steps (sampled steps at a fixed period,
+  the same on every rank), whatever their timing, so the cross-rank checks always find
+  steps to compare;
 - the first step with a non-finite number ends the finite part (the step before it
   shows the peak of a climb) and is the representative of the rest of the group.
 
@@ -47,17 +50,19 @@ class Member:
     non_finite: bool
     keep: bool  # a sampled step (or one carrying an update measurement)
     watched: Ceiling  # its (largest) loss, total gradient norm and each layer's norm
+    anchor: bool = False  # always shown: a step every rank of a job shows (cross-rank checks)
 
     @classmethod
     def of(cls, *, non_finite: bool, keep: bool, total: float | None,
-           scalars: Mapping[str, Any], grads: Sequence[float | None] = ()) -> Member:
+           scalars: Mapping[str, Any], grads: Sequence[float | None] = (),
+           anchor: bool = False) -> Member:
         """A member from its scalars (the loss, else the first), total norm and
         per-layer norms; what is missing or not finite counts as 0."""
         loss = scalars.get("loss", next(iter(scalars.values()), None)) if scalars else None
         values = (loss, total, *grads)
         if non_finite or None in values:
             values = tuple(finite_number(v) or 0.0 for v in values)  # the rare, slow way
-        return cls(non_finite, keep, values)  # type: ignore[arg-type]
+        return cls(non_finite, keep, values, anchor)  # type: ignore[arg-type]
 
 
 def plan(members: Sequence[Member], reference: Ceiling = ()) -> list[tuple[int, int, int]]:
@@ -84,6 +89,7 @@ def _finite_cuts(members: Sequence[Member], reference: Ceiling) -> list[int]:
     kept = next((i for i in range(len(members) - 1, -1, -1) if members[i].keep), None)
     if kept is not None:
         cuts.add(kept)
+    cuts.update(i for i, member in enumerate(members) if member.anchor)
     tops = reference
     escalations = 0
     for i, member in enumerate(members):

@@ -239,3 +239,16 @@ def test_an_explosion_doubling_each_step_is_raised_at_the_same_step() -> None:
     every = raised(records)
     assert every[0][:2] == ("exploding_gradient", "enc.0")
     assert raised(thin_records(records, 50)) == every
+
+
+def test_every_anchor_is_shown_on_its_own_whatever_the_group() -> None:
+    """A job's ranks thin at their own pace; their anchor steps (the same on every rank)
+    are always cut points, so the cross-rank checks have steps to compare."""
+    members = [Member.of(non_finite=False, keep=i % 20 == 0, total=1.0,
+                         scalars={"loss": 1.0}, anchor=i % 100 == 0) for i in range(300)]
+    representatives = [rep for _, _, rep in plan(members)]
+    assert {0, 100, 200} <= set(representatives)
+    assert 299 in representatives
+    unanchored = [Member.of(non_finite=False, keep=i % 20 == 0, total=1.0,
+                            scalars={"loss": 1.0}) for i in range(300)]
+    assert 100 not in [rep for _, _, rep in plan(unanchored)]  # only the last sampled
