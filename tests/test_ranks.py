@@ -114,3 +114,200 @@ def test_unsynced_gradients_after_diverged_replicas_are_one_incident() -> None:
     checks.observe(0, view(21, grads=(0.5, 0.4, 0.3)))
     assert checks.observe(1, view(21, grads=(0.6, 0.4, 0.3))) == []  # folded, not raised
     assert checks.found["replicas_diverged"].folded == ("grads_not_synced@21",)
+
+
+# --- one job in the monitor ------------------------------------------------------------
+
+from tests.frames import hello, step  # noqa: E402
+from tui.events import AlertRaised, RunConnected  # noqa: E402
+from tui.monitor import Monitor, boundary_ahead  # noqa: E402
+from tui.server import Connection  # noqa: E402
+from tui.state import MonitorState  # noqa: E402
+
+
+def rank_hello(rank: int, world: int = 2, job: str = "job-7", sync: str = "ddp") -> dict:
+    frame = hello(run=f"r{rank}", name="ddp-run")
+    frame.update(job=job, rank=rank, local_rank=rank, world_size=world, sync=sync,
+                 host=f"node{rank}")
+    return frame
+
+
+def exploding(index: int, run: str) -> dict:
+    return step(index, run=run, grad_norms=[0.5, 0.4, 0.3] if index < 30 else [500.0, 4.0, 3.0])
+
+
+def job_state(world: int = 2) -> tuple[MonitorState, list]:
+    state = MonitorState()
+    events = []
+    for rank in range(world):
+        events += state.apply(rank, rank_hello(rank, world))
+    return state, events
+
+
+def test_the_ranks_of_a_job_are_one_job() -> None:
+    state, events = job_state(3)
+    assert [type(e) for e in events] == [RunConnected] * 3
+    [job] = state.jobs.values()
+    assert job.job_id == "job-7" and job.world_size == 3 and sorted(job.ranks) == [0, 1, 2]
+    assert [r.rank for r in job.rank_runs(state.runs)] == [0, 1, 2]
+    lonely = MonitorState()
+    lonely.apply(0, hello())
+    assert lonely.jobs == {} and lonely.runs["run-a"].job is None
+
+
+def test_the_same_alert_on_every_rank_is_one_alert_naming_all() -> None:
+    state, _ = job_state()
+    raised: list[AlertRaised] = []
+    for index in range(40):
+        for rank in (0, 1):  # rank 0's records arrive first, as they do
+            raised += [e for e in state.apply(rank, exploding(index, f"r{rank}"))
+                       if isinstance(e, AlertRaised)]
+    assert [e.alert.kind for e in raised] == ["exploding_gradient"]
+    assert raised[0].alert.ranks == (0, 1) and "ranks=all" in raised[0].alert.line()
+
+
+def test_a_ranks_alert_waits_for_the_other_ranks_step() -> None:
+    state, _ = job_state()
+    for index in range(31):
+        assert not [e for e in state.apply(0, exploding(index, "r0"))
+                    if isinstance(e, AlertRaised)]  # rank 1 has not reported step 30 yet
+    for index in range(31):
+        events = state.apply(1, exploding(index, "r1"))
+    assert [e.alert.kind for e in events if isinstance(e, AlertRaised)] == [
+        "exploding_gradient"]
+
+
+def test_consequences_of_a_bad_rank_fold_under_it() -> None:
+    state, _ = job_state()
+    raised = []
+    for index in range(40):
+        for rank in (0, 1):
+            frame = exploding(index, f"r{rank}")
+            if rank == 1 and index == 30:
+                frame["scalars"] = {"loss": 5000.0}  # the bad shard, first seen here
+            raised += [e.alert for e in state.apply(rank, frame) if isinstance(e, AlertRaised)]
+    assert [a.kind for a in raised] == ["rank_outlier"]
+    [job] = state.jobs.values()
+    assert any(name.startswith("exploding_gradient@") for name in job.incidents[0].folded)
+    for run in state.runs.values():  # each rank's panel: the incident, not what folded
+        shown = [e.alert.kind for e in run.alerts if not e.folded_under]
+        assert shown == ["rank_outlier"]
+
+
+def test_a_rank_gone_without_a_goodbye_stalls_the_job() -> None:
+    state, _ = job_state()
+    for index in range(10):
+        for rank in (0, 1):
+            state.apply(rank, step(index, run=f"r{rank}"))
+    events = state.connection_closed(1, "connection lost")
+    stalled = [e.alert for e in events if isinstance(e, AlertRaised)]
+    assert [a.kind for a in stalled] == ["rank_stalled"] and stalled[0].evidence["rank"] == 1
+    clean, _ = job_state()
+    clean.apply(1, {"v": 1, "kind": "bye", "run": "r1", "reason": "closed"})
+    assert not [e for e in clean.connection_closed(1, "closed") if isinstance(e, AlertRaised)]
+
+
+def test_a_quiet_rank_behind_the_others_stalls_the_job() -> None:
+    state, _ = job_state()
+    for index in range(10):
+        for rank in (0, 1):
+            if rank == 1 and index > 4:
+                continue  # rank 1 stops sending at step 4
+            state.apply(rank, step(index, run=f"r{rank}"))
+    now = state.runs["r0"].last_frame_at
+    state.runs["r1"].last_frame_at = now - 30.0
+    events = state.tick(now + 1.0)
+    assert [e.alert.kind for e in events if isinstance(e, AlertRaised)] == ["rank_stalled"]
+    assert state.tick(now + 2.0) == []  # once per job
+
+
+class Wire:
+    """A connection whose frames land in a list."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    def send(self, frame: dict) -> None:
+        self.sent.append(frame)
+
+
+def test_a_command_goes_to_every_rank_for_one_step_ahead_of_all() -> None:
+    monitor = Monitor()
+    wires = {}
+    for rank in (0, 1):
+        conn = Connection(rank, f"rank{rank}", None)
+        wires[rank] = Wire()
+        conn.send = wires[rank].send  # type: ignore[method-assign]
+        monitor.frame_received(conn, rank_hello(rank))
+    for index in range(20):
+        for rank in (0, 1):
+            if not (rank == 1 and index == 19):
+                monitor.state.apply(rank, step(index, run=f"r{rank}", rate=100.0))
+    assert monitor.send_command("r1", "pause") is None
+    at = [wires[rank].sent[0]["args"]["at_step"] for rank in (0, 1)]
+    assert at[0] == at[1] == boundary_ahead(list(monitor.state.runs.values()))
+    assert at[0] > 19 + 100 * 0.9  # ahead of every rank by what they run in a second
+    for run in monitor.state.runs.values():
+        run.control["paused"] = True
+    monitor.send_command("r0", "resume")  # a paused job: at once, no step
+    assert all("at_step" not in wires[rank].sent[1]["args"] for rank in (0, 1))
+
+
+def job_frames(steps: int = 30) -> list[dict]:
+    frames = [rank_hello(0), rank_hello(1)]
+    for index in range(steps):
+        for rank in (0, 1):
+            frame = step(index, run=f"r{rank}", loss=1.0 / (1 + index) + 0.1 * rank)
+            frame["seq"] = index + 2
+            frames.append(frame)
+    return frames
+
+
+def test_headless_lines_name_job_and_rank() -> None:
+    import io
+
+    from tui.headless import HeadlessMonitor
+
+    out = io.StringIO()
+    monitor = HeadlessMonitor(out=out, summary_every=10)
+    conns = [Connection(rank, f"rank{rank}", None) for rank in (0, 1)]
+    for frame in job_frames(12):
+        monitor.frame_received(conns[int(frame["run"][1])], frame)
+    for index in range(12, 40):  # both ranks' gradients explode at step 30 (all-reduced)
+        for rank in (0, 1):
+            monitor.frame_received(conns[rank], {**exploding(index, f"r{rank}"),
+                                                 "seq": index + 2})
+    lines = out.getvalue().splitlines()
+    assert "connected run=ddp-run job=job-7 rank=0/2 host=node0 id=r0" in lines[0]
+    assert "connected run=ddp-run job=job-7 rank=1/2 host=node1 id=r1" in lines[1]
+    assert any(line.startswith("run=ddp-run rank=1 step=10 ") for line in lines)
+    [alert] = [line for line in lines if line.startswith("ALERT")]
+    assert "exploding_gradient" in alert and "ranks=all" in alert
+
+
+async def test_the_app_shows_the_job_its_ranks_and_k_picks_one() -> None:
+    from tests.test_app import settle
+    from tui.app import make_app
+    from tui.sources import FramesSource
+    from tui.widgets import LayerTable, RanksPanel, RunList
+    from tui.widgets.run_list import list_items
+
+    app = make_app(FramesSource(job_frames()))
+    app.notify = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.query_one(RanksPanel)
+        await settle(pilot, app, lambda: panel.display and panel.row_count == 2)
+        assert app.current_run is not None and app.current_run.rank == 0  # rank 0 first
+        assert "job job-7: 2 of 2 ranks" in str(panel.border_title)
+        assert "spread 0.1" in str(panel.border_title)
+        cells = [panel.get_row_at(i) for i in range(2)]
+        assert [str(row[0]).strip() for row in cells] == ["▶r0", "r1"]
+        assert [row[1] for row in cells] == ["node0", "node1"]
+        items = list_items(app.state)
+        assert [(item_id, header) for item_id, _, header in items] == [
+            ("job:job-7", True), ("r0", False), ("r1", False)]
+        assert app.query_one(RunList).display
+        await pilot.press("k")
+        await settle(pilot, app, lambda: app.current_run.rank == 1)
+        await settle(pilot, app, lambda: str(panel.get_row_at(1)[0]).strip() == "▶r1")
+        assert app.query_one(LayerTable).display

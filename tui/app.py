@@ -38,7 +38,15 @@ from tui.screens.confirm import Confirm
 from tui.screens.help import HelpScreen
 from tui.sources import FrameSource
 from tui.state import MonitorState
-from tui.widgets import AlertsPanel, GradHeatmapView, LayerTable, LossChart, RunList, StatusLine
+from tui.widgets import (
+    AlertsPanel,
+    GradHeatmapView,
+    LayerTable,
+    LossChart,
+    RanksPanel,
+    RunList,
+    StatusLine,
+)
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
 TOAST_GAP_S = 2.0  # at most one toast per topic (alerts, rejected frames) this often
@@ -77,6 +85,7 @@ class TraintopApp(App[int]):
         Binding("h", "toggle_heatmap", "Heatmap"),
         Binding("m", "compare", "Compare", show=False),
         Binding("r", "next_run", "Next run", show=False),
+        Binding("k", "next_rank", "Next rank", show=False),
         Binding("question_mark", "help", "Help"),
     ]
 
@@ -117,6 +126,7 @@ class TraintopApp(App[int]):
         with Horizontal(id="body"):
             yield RunList(id="runs")
             with Vertical(id="views"):
+                yield RanksPanel(id="ranks")
                 yield LossChart(id="loss")
                 yield AlertsPanel(id="alerts")
                 yield LayerTable(id="layers")
@@ -130,6 +140,7 @@ class TraintopApp(App[int]):
                 loop.add_signal_handler(signum, self._exit_on_signal, signum)
         self.feed()
         self.set_interval(1 / FRAME_RATE_HZ, self.redraw)
+        self.set_interval(1.0, self.monitor.tick)  # ranks gone quiet, held alerts
         if self.companion is not None:
             self.set_interval(0.5, self._check_companion)
         self.redraw()
@@ -185,6 +196,7 @@ class TraintopApp(App[int]):
         run = self.current_run
         self.query_one(StatusLine).show(run, self.state, self.source.description)
         self.query_one(RunList).show(self.state, self.selected_run)
+        self.query_one(RanksPanel).show(run, self.state)
         if self.query_one(LossChart).display:
             self.query_one(LossChart).show(run)
         self.query_one(LayerTable).show(run)
@@ -197,7 +209,8 @@ class TraintopApp(App[int]):
         chart, table = self.query_one(LossChart), self.query_one(LayerTable)
         # a table wider than its room has a horizontal scroll bar: one more row
         scroll_bar = int(table.virtual_size.width > table.size.width > 0)
-        rows = plan_rows(views.size.height or self.size.height - 2,
+        ranks_rows = self.query_one(RanksPanel).rows_wanted(run, self.state)
+        rows = plan_rows((views.size.height or self.size.height - 2) - ranks_rows,
                          alerts=len(run.alerts) if run else 0,
                          layers=(len(run.layers) if run else 0) + scroll_bar,
                          heatmap=self.heatmap_shown)
@@ -214,7 +227,7 @@ class TraintopApp(App[int]):
     def _on_monitor_events(self, events: list[MonitorEvent]) -> None:
         for event in events:
             if isinstance(event, RunConnected):
-                if self.selected_run is None:
+                if self.selected_run is None or self._rank0_of_shown_job(event.run):
                     self.selected_run = event.run.run_id
                 self.notify(f"{event.run.name} connected", timeout=3)
             elif isinstance(event, RunDisconnected):
@@ -357,6 +370,23 @@ class TraintopApp(App[int]):
         chart = self.query_one(LossChart)
         chart.smoothing = not chart.smoothing
         self.redraw(force=True)
+
+    def _rank0_of_shown_job(self, run: RunState) -> bool:
+        """True for rank 0 of the job whose rank is shown: the views start on rank 0."""
+        shown = self.current_run
+        return (run.rank == 0 and run.job is not None and shown is not None
+                and shown.job == run.job and shown.rank != 0 and shown.run_id != run.run_id)
+
+    def action_next_rank(self) -> None:
+        """Show the next rank of the selected run's job (the layer table, the chart)."""
+        run = self.current_run
+        job = self.state.jobs.get(run.job) if run is not None and run.job else None
+        if job is None or run is None:
+            self.notify("this run is not a rank of a multi-rank job", timeout=3)
+            return
+        ranks = sorted(job.ranks)
+        following = ranks[(ranks.index(run.rank) + 1) % len(ranks)]
+        self.selected_run = job.ranks[following]
 
     def action_next_run(self) -> None:
         ids = list(self.state.runs)

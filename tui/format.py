@@ -177,6 +177,8 @@ def downsample(xs: list[float], ys: list[float], limit: int) -> tuple[list[float
 def run_label(run: RunState) -> str:
     """One line for the run list."""
     mark = "●" if run.connected else "○"
+    if run.job is not None:  # under its job's name: the rank says which
+        return f"{mark} r{run.rank}  {run.last_step:,}"
     return f"{mark} {run.name}  {run.last_step:,}"
 
 

@@ -24,16 +24,37 @@ class RunList(OptionList):
     """
 
     def show(self, monitor: MonitorState, selected: str | None) -> None:
-        """Redraw from the monitor's runs."""
-        runs = list(monitor.runs.values())
-        self.set_class(len(runs) > 1, "-several")
-        ids = [run.run_id for run in runs]
+        """Redraw from the monitor's runs: a job's ranks together under its name."""
+        items = list_items(monitor)
+        self.set_class(len(monitor.runs) > 1, "-several")
+        ids = [item_id for item_id, _, _ in items]
         if ids != [self.get_option_at_index(i).id for i in range(self.option_count)]:
-            self.set_options(Option(run_label(run), id=run.run_id) for run in runs)
+            self.set_options(Option(label, id=item_id, disabled=header)
+                             for item_id, label, header in items)
         else:
-            for run in runs:
-                self.replace_option_prompt(run.run_id, run_label(run))
+            for item_id, label, _ in items:
+                self.replace_option_prompt(item_id, label)
         if selected in ids:
             index = ids.index(selected)
             if self.highlighted != index:
                 self.highlighted = index
+
+
+def list_items(monitor: MonitorState) -> list[tuple[str, str, bool]]:
+    """(option id, label, is a job's header) for each line of the list, in the order runs
+    arrived; a job's header (its name and world size) comes before its ranks."""
+    items: list[tuple[str, str, bool]] = []
+    listed: set[str] = set()
+    for run in monitor.runs.values():
+        if run.run_id in listed:
+            continue
+        job = monitor.jobs.get(run.job) if run.job else None
+        if job is None:
+            items.append((run.run_id, run_label(run), False))
+            listed.add(run.run_id)
+            continue
+        items.append((f"job:{job.job_id}", f"{job.name} [{job.world_size} ranks]", True))
+        for member in job.rank_runs(monitor.runs):
+            items.append((member.run_id, "  " + run_label(member), False))
+            listed.add(member.run_id)
+    return items

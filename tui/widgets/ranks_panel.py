@@ -1,0 +1,105 @@
+"""The job view: one line per rank of the selected run's job.
+
+Per rank its host, step, loss, speed, how far it lags the furthest rank, and how many
+records it sent; above them the ranks' loss (median and spread) and the slowest rank.
+Shown only for a run that is a rank of a multi-rank job; ``k`` picks the rank the other
+views show.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from tui.format import number
+from tui.jobs import JobState, RankSummary
+from tui.run import RunState
+from tui.state import MonitorState
+
+COLUMNS = (("rank", 5), ("host", 12), ("step", 9), ("loss", 9), ("steps/s", 8),
+           ("lag", 6), ("records", 8), ("state", 12))
+MAX_ROWS = 5  # ranks shown at once (the table scrolls for more)
+
+
+class RanksPanel(DataTable[Text | str]):
+    """The ranks of the selected run's job (hidden for a run on its own)."""
+
+    DEFAULT_CSS = """
+    RanksPanel {
+        height: auto;
+        max-height: 7;
+        display: none;
+        border-top: solid $panel;
+    }
+    RanksPanel.-job {
+        display: block;
+    }
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(cursor_type="none", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+        self._shown: list[tuple[str, ...]] = []
+
+    def on_mount(self) -> None:
+        for label, width in COLUMNS:
+            self.add_column(label, key=label, width=width)
+
+    def rows_wanted(self, run: RunState | None, monitor: MonitorState) -> int:
+        """Rows it takes for this run: 0 outside a job; its ranks (up to ``MAX_ROWS``),
+        the header and the border otherwise."""
+        job = job_of(run, monitor)
+        return 0 if job is None else min(len(job.ranks), MAX_ROWS) + 2
+
+    def show(self, run: RunState | None, monitor: MonitorState) -> None:
+        """Redraw from the job's ranks."""
+        job = job_of(run, monitor)
+        self.set_class(job is not None, "-job")
+        if job is None or run is None:
+            return
+        summary = job.summary(monitor.runs, time.monotonic())
+        self.border_title = job_title(job, monitor, summary)
+        rows = [rank_row(line, selected=line.run_id == run.run_id) for line in summary]
+        shown = [tuple(cell.plain if isinstance(cell, Text) else cell for cell in row)
+                 for row in rows]
+        if shown == self._shown:
+            return
+        self._shown = shown
+        self.clear()
+        for row in rows:
+            self.add_row(*row)
+
+
+def job_of(run: RunState | None, monitor: MonitorState) -> JobState | None:
+    """The job the run is a rank of (None: a run on its own)."""
+    if run is None or run.job is None:
+        return None
+    return monitor.jobs.get(run.job)
+
+
+def job_title(job: JobState, monitor: MonitorState, summary: list[RankSummary]) -> str:
+    """``job J: 4 ranks, loss 0.41 ±0.03, slowest r2 (lags 12)``."""
+    parts = [f"job {job.job_id}: {len(summary)} of {job.world_size} ranks"]
+    spread = job.loss_spread(monitor.runs)
+    if spread is not None:
+        parts.append(f"loss {number(spread[0])} (spread {number(spread[1])})")
+    live = [line for line in summary if line.connected]
+    if len(live) > 1:
+        slowest = max(live, key=lambda line: line.lag)
+        if slowest.lag > 0:
+            parts.append(f"slowest r{slowest.rank} (lags {slowest.lag:,})")
+    return ", ".join(parts)
+
+
+def rank_row(line: RankSummary, *, selected: bool) -> tuple[Text | str, ...]:
+    """One rank's cells; the rank the views show is marked."""
+    state = "connected" if line.connected else "gone"
+    if line.connected and line.quiet_s >= 10:
+        state = f"quiet {line.quiet_s:.0f}s"
+    style = "bold" if selected else ""
+    return (Text(("▶" if selected else " ") + f"r{line.rank}", style=style), line.host,
+            f"{line.step:,}", number(line.loss),
+            "-" if line.steps_per_s is None else f"{line.steps_per_s:.1f}",
+            str(line.lag), f"{line.records:,}",
+            Text(state, style="" if line.connected else "red"))
