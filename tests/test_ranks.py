@@ -7,6 +7,11 @@ import math
 from probes.diagnosis import Thresholds
 from probes.diagnosis.ranks import JobChecks
 from probes.diagnosis.views import StepView
+from tests.frames import hello, step
+from tui.events import AlertRaised, RunConnected
+from tui.monitor import Monitor, boundary_ahead
+from tui.server import Connection
+from tui.state import MonitorState
 
 LAYERS = ("encoder", "hidden", "head")
 
@@ -24,10 +29,10 @@ def view(step: int, loss: float = 1.0, grads: tuple[float, ...] = (0.5, 0.4, 0.3
 
 def test_ddp_ranks_that_agree_raise_nothing() -> None:
     checks = JobChecks(LAYERS, "ddp")
-    for step in range(60):
-        params = (3.0, 2.0, 1.0) if step % 20 == 0 else None
+    for index in range(60):
+        params = (3.0, 2.0, 1.0) if index % 20 == 0 else None
         for rank in (0, 1, 2):
-            assert checks.observe(rank, view(step, loss=1.0 + 0.1 * rank,
+            assert checks.observe(rank, view(index, loss=1.0 + 0.1 * rank,
                                              params=params)) == []
 
 
@@ -64,9 +69,9 @@ def test_sharded_or_unknown_jobs_compare_only_losses() -> None:
 
 def test_one_ranks_loss_far_above_the_others_names_that_rank() -> None:
     checks = JobChecks(LAYERS, "ddp")
-    for step in range(10):
+    for index in range(10):
         for rank in range(4):
-            checks.observe(rank, view(step, loss=2.0 - 0.1 * step + 0.05 * rank))
+            checks.observe(rank, view(index, loss=2.0 - 0.1 * index + 0.05 * rank))
     for rank in (0, 1, 3):
         assert checks.observe(rank, view(10, loss=1.0)) == []
     [alert] = checks.observe(2, view(10, loss=900.0))
@@ -118,11 +123,6 @@ def test_unsynced_gradients_after_diverged_replicas_are_one_incident() -> None:
 
 # --- one job in the monitor ------------------------------------------------------------
 
-from tests.frames import hello, step  # noqa: E402
-from tui.events import AlertRaised, RunConnected  # noqa: E402
-from tui.monitor import Monitor, boundary_ahead  # noqa: E402
-from tui.server import Connection  # noqa: E402
-from tui.state import MonitorState  # noqa: E402
 
 
 def rank_hello(rank: int, world: int = 2, job: str = "job-7", sync: str = "ddp") -> dict:
