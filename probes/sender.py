@@ -360,6 +360,10 @@ class Sender:
         frame["run"] = self.run_id
         if frame["kind"] == "step":
             frame["dropped"] = self.dropped
+            for key in PER_LAYER_FIELDS:
+                values = frame.get(key)
+                if values:
+                    frame[key] = [_wire_float(v) for v in values]
         try:
             data = encode_frame(frame)
         except FrameError as exc:
@@ -421,6 +425,17 @@ class Sender:
         if key not in self._warned:
             self._warned.add(key)
             warn(message)
+
+
+#: A step record's per-layer lists: float32 values (the norms are computed in float32),
+#: sent with the 9 significant digits that carry a float32 exactly. Python's 17-digit
+#: floats made a record of 200 layers cost the monitor 100 us to parse; 9 digits, 40.
+PER_LAYER_FIELDS = ("grad_norms", "grad_norms_max", "param_norms", "update_ratios",
+                    "activations")
+
+
+def _wire_float(value: object) -> object:
+    return float(f"{value:.9g}") if type(value) is float else value
 
 
 def _without_kind(record: Record) -> Record:

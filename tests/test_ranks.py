@@ -311,3 +311,23 @@ async def test_the_app_shows_the_job_its_ranks_and_k_picks_one() -> None:
         await settle(pilot, app, lambda: app.current_run.rank == 1)
         await settle(pilot, app, lambda: str(panel.get_row_at(1)[0]).strip() == "▶r1")
         assert app.query_one(LayerTable).display
+
+
+def test_a_non_finite_loss_that_came_first_is_still_the_outlier() -> None:
+    checks = JobChecks(LAYERS, "ddp")
+    assert checks.observe(1, view(5, loss=math.inf)) == []  # alone: nothing to compare
+    [alert] = checks.observe(0, view(5, loss=1.0))
+    assert alert.kind == "rank_outlier" and alert.evidence["rank"] == 1
+
+
+def test_the_ranks_of_an_ended_job_are_kept_together() -> None:
+    from tui.state import MAX_ENDED_RUNS
+
+    state, _ = job_state(MAX_ENDED_RUNS + 14)  # a job of more ranks than runs kept
+    for rank in range(MAX_ENDED_RUNS + 14):
+        state.connection_closed(rank, "connection closed by the run")
+    assert len(state.runs) == MAX_ENDED_RUNS + 14 and len(state.jobs) == 1
+    for index in range(MAX_ENDED_RUNS):  # later runs push the job out as one entry
+        state.apply(1000 + index, hello(run=f"solo-{index}"))
+        state.connection_closed(1000 + index, "connection closed by the run")
+    assert len(state.runs) == MAX_ENDED_RUNS and state.jobs == {}

@@ -42,12 +42,19 @@ def _number(frame: Frame, name: str) -> None:
         raise ValueError(f"{name} must be a number, got {value!r:.40}")
 
 
+NUMBER_TYPES = frozenset({int, float})
+NULLABLE_NUMBER_TYPES = frozenset({int, float, type(None)})
+
+
 def _numbers(frame: Frame, name: str, *, nullable: bool = False) -> None:
     values = frame.get(name)
     if values is None:
         return
     if not isinstance(values, list):
         raise ValueError(f"{name} must be a list, got {type(values).__name__}")
+    # The types of a few hundred values, gathered in C (bool is its own type, not int).
+    if set(map(type, values)) <= (NULLABLE_NUMBER_TYPES if nullable else NUMBER_TYPES):
+        return
     for value in values:
         if value is None and nullable:
             continue

@@ -27,6 +27,10 @@ from tui.run import AlertEntry, RunState
 
 CROSS_RANK_KINDS = frozenset({"rank_outlier", "grads_not_synced", "replicas_diverged",
                               "rank_stalled"})
+#: What the per-layer rules raise (``probes.diagnosis.diagnoser.LAYER_RULES``).
+SHARED_KINDS = frozenset({"exploding_gradient", "vanishing_gradient", "none_gradients",
+                          "dead_activations", "saturated_activations", "grad_not_cleared",
+                          "updates_not_applied", "update_ratio"})
 JOIN_STEPS = 5  # the same alert on two ranks this close is one alert
 HOLD_S = 2.0  # a rank's alert waits at most this long for the others to report its step
 
@@ -91,13 +95,12 @@ class JobState:
 
     # --- records and alerts --------------------------------------------------------------
 
-    def observe_step(self, run: RunState, record: dict,
+    def observe_step(self, run: RunState, view: StepView,
                      runs: dict[str, RunState]) -> list[tuple[RunState, Alert]]:
-        """A rank's step record: the job incidents it newly shows (cross-rank checks),
-        each with the run of the rank it names (else this one)."""
+        """A rank's step record (as its diagnosis read it): the job incidents it newly
+        shows (cross-rank checks), each with the run of the rank it names (else this)."""
         if self.checks is None:
             return []
-        view = StepView.from_record(record)
         return [(self._named_run(incident, runs) or run, self._incident(incident))
                 for incident in self.checks.observe(run.rank, view)]
 
@@ -143,6 +146,8 @@ class JobState:
         ``HOLD_S``, or all with ``force``): those to raise, each naming the ranks that
         raised it, and those folded under a job incident (rank, alert). An alert
         another rank raised already is joined to it, neither raised nor folded."""
+        if not self._held:  # nearly every record: nothing waits
+            return [], []
         complete = min((r.last_step for r in self.rank_runs(runs) if r.connected),
                        default=None)
         ready = [h for h in self._held if force or complete is None or h[1].step <= complete
@@ -160,6 +165,8 @@ class JobState:
                 continue
             same = {r for r, a, _ in ready
                     if a.key == alert.key and abs(a.step - alert.step) <= JOIN_STEPS}
+            if self._shared(alert):  # rank 0 speaks for the all-reduced gradients
+                same = set(self.ranks)
             labelled = replace(alert, ranks=tuple(sorted(same | {rank})),
                                world_size=self.world_size)
             self._surfaced.append((labelled, rank))
@@ -195,6 +202,12 @@ class JobState:
                     self._surfaced[index] = (replace(surfaced, ranks=ranks), first_rank)
                 return first_rank != rank or surfaced.step != alert.step
         return False
+
+    def _shared(self, alert: Alert) -> bool:
+        """Under DDP the per-layer rules run on rank 0 alone (every rank holds the same
+        gradients and weights): what they find holds for all ranks."""
+        return (self.checks is not None and self.checks.sync == "ddp"
+                and alert.kind in SHARED_KINDS)
 
     @staticmethod
     def is_incident(alert: Alert) -> bool:

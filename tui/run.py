@@ -55,7 +55,10 @@ class RunState:
     eval_scalars: dict[str, BucketedSeries] = field(default_factory=dict)
     grad_total: BucketedSeries = field(default_factory=BucketedSeries)
     grad_norms: list[float | None] = field(default_factory=list)
-    grad_history: list[deque[float]] = field(default_factory=list)
+    # The latest records' per-layer grad norms, one list per record (one append a record,
+    # not one per layer: the monitor takes thousands of records a second).
+    grad_records: deque[list[float | None]] = field(
+        default_factory=lambda: deque(maxlen=SPARK_HISTORY))
     param_norms: list[float | None] = field(default_factory=list)
     update_ratios: list[float | None] = field(default_factory=list)
     learning_rates: list[float] = field(default_factory=list)
@@ -71,23 +74,28 @@ class RunState:
     _synced: int = 0  # the diagnoser's revision the alert entries reflect
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     heatmap: GradHeatmap = field(default_factory=lambda: GradHeatmap(0))
+    _identity: tuple[str | None, int, int] = (None, 0, 1)  # job, rank, world size (hello)
     # (probe_time, duration) of recent step records that carry the probe's own time
     _probe_cost: deque[tuple[float, float]] = field(
         default_factory=lambda: deque(maxlen=PROBE_COST_WINDOW))
 
+    def grad_history(self, layer: int) -> list[float]:
+        """A layer's latest gradient norms (for its sparkline), oldest first."""
+        return [norms[layer] for norms in self.grad_records
+                if layer < len(norms) and norms[layer] is not None]  # type: ignore[misc]
+
     @property
     def job(self) -> str | None:
         """The job its ranks share (None: a run on its own, or a job of one rank)."""
-        job = self.meta.get("job")
-        return str(job) if job and self.world_size > 1 else None
+        return self._identity[0]
 
     @property
     def rank(self) -> int:
-        return _int(self.meta.get("rank"), 0)
+        return self._identity[1]
 
     @property
     def world_size(self) -> int:
-        return max(_int(self.meta.get("world_size"), 1), 1)
+        return self._identity[2]
 
     @property
     def steps_per_s(self) -> float | None:
@@ -160,6 +168,10 @@ class RunState:
 
     def apply_hello(self, frame: Frame) -> None:
         self.meta = {k: v for k, v in frame.items() if k not in ("v", "kind", "token")}
+        world = max(_int(frame.get("world_size"), 1), 1)
+        job = frame.get("job")
+        self._identity = (str(job) if job and world > 1 else None,
+                          _int(frame.get("rank"), 0), world)
         self.name = str(frame.get("name", self.run_id))
         layers = [str(name) for name in frame.get("layers", [])]
         if layers != self.layers:
@@ -167,7 +179,7 @@ class RunState:
             self.grad_norms = [None] * len(layers)
             self.param_norms = [None] * len(layers)
             self.update_ratios = [None] * len(layers)
-            self.grad_history = [deque(maxlen=SPARK_HISTORY) for _ in layers]
+            self.grad_records.clear()
             self.heatmap = GradHeatmap(len(layers))
         self.param_counts = [int(c) for c in frame.get("param_counts", [])]
         self.control.update(frame.get("state") or {})  # paused now, or not
@@ -214,19 +226,17 @@ class RunState:
     def _apply_layer_values(self, frame: Frame) -> None:
         grad_norms = frame.get("grad_norms")
         if grad_norms is not None and len(grad_norms) == len(self.layers):
-            self.grad_norms = [None if g is None else as_number(g) for g in grad_norms]
-            for history, value in zip(self.grad_history, self.grad_norms, strict=True):
-                if value is not None:
-                    history.append(value)
+            self.grad_norms = _floats(grad_norms)
+            self.grad_records.append(self.grad_norms)
             span = frame.get("span")
             first = int(span[0]) if isinstance(span, list) and span else None
             self.heatmap.add(int(frame["step"]), self.grad_norms, first_step=first)
         param_norms = frame.get("param_norms")
         if param_norms is not None and len(param_norms) == len(self.layers):
-            self.param_norms = [None if p is None else as_number(p) for p in param_norms]
+            self.param_norms = _floats(param_norms)
         ratios = frame.get("update_ratios")
         if ratios is not None and len(ratios) == len(self.layers):
-            self.update_ratios = [None if r is None else as_number(r) for r in ratios]
+            self.update_ratios = _floats(ratios)
 
     def diagnose(self, frame: Frame) -> list[AlertChange]:
         """Run the diagnosis rules on a step or eval record; keep what they raise."""
@@ -287,3 +297,14 @@ class RunState:
 
 def _int(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+FLOATS_OR_NONE = frozenset({float, type(None)})
+
+
+def _floats(values: list[Any]) -> list[float | None]:
+    """A frame's checked numbers as floats: a list of floats (and None), as nearly all
+    are, is kept as it is (its types gathered in C); others are converted."""
+    if set(map(type, values)) <= FLOATS_OR_NONE:
+        return values
+    return [v if type(v) is float else (None if v is None else as_number(v)) for v in values]

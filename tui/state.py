@@ -65,8 +65,8 @@ class MonitorState:
             if not run.apply_step(frame):
                 return [self.reject(run.name, f"step {frame['step']} is not after step "
                                               f"{run.last_step}: dropped")]
-            incidents = self._job_incidents(run, frame)
-            return incidents + self._alert_events(run, run.diagnose(frame))
+            changes = run.diagnose(frame)
+            return self._job_incidents(run) + self._alert_events(run, changes)
         if kind == "eval":
             run.apply_eval(frame)
             return self._alert_events(run, run.diagnose(frame))
@@ -127,13 +127,14 @@ class MonitorState:
                                                if alert.kind in _folds(i)), "job")
         return [AlertRaised(run, alert) for run, alert in raised]
 
-    def _job_incidents(self, run: RunState, frame: Frame) -> list[MonitorEvent]:
-        """The cross-rank checks over a rank's step record; an incident is shown in every
-        rank's alerts (one entry, shared)."""
+    def _job_incidents(self, run: RunState) -> list[MonitorEvent]:
+        """The cross-rank checks over a rank's step record (as its diagnosis just read
+        it); an incident is shown in every rank's alerts (one entry, shared)."""
         job = self.jobs.get(run.job) if run.job else None
-        if job is None:
+        view = run.diagnoser.last_view
+        if job is None or view is None:
             return []
-        found = job.observe_step(run, frame, self.runs)
+        found = job.observe_step(run, view, self.runs)
         return [self._share_incident(job, named, alert) for named, alert in found]
 
     def _share_incident(self, job: JobState, named: RunState, alert: Alert) -> MonitorEvent:
@@ -187,11 +188,18 @@ class MonitorState:
         return [*events, RunDisconnected(run, run.disconnect_reason)]
 
     def _forget_old_runs(self) -> None:
-        """Keep the newest ``MAX_ENDED_RUNS`` runs that have gone (a monitor left up for
-        weeks of jobs must not grow without bound); live runs are always kept."""
-        ended = [run_id for run_id, run in self.runs.items() if not run.connected]
-        for run_id in ended[: max(len(ended) - MAX_ENDED_RUNS, 0)]:
-            del self.runs[run_id]
+        """Keep the newest ``MAX_ENDED_RUNS`` runs (or jobs, a job's ranks counting as
+        one) that have gone: a monitor left up for weeks of jobs must not grow without
+        bound. Live runs, and every rank of a job with a live rank, are always kept."""
+        live_jobs = {run.job for run in self.runs.values() if run.connected and run.job}
+        ended: dict[str, list[str]] = {}  # run or job -> its run ids, oldest first
+        for run_id, run in self.runs.items():
+            if not run.connected and run.job not in live_jobs:
+                ended.setdefault(run.job or run_id, []).append(run_id)
+        for key in list(ended)[: max(len(ended) - MAX_ENDED_RUNS, 0)]:
+            for run_id in ended[key]:
+                del self.runs[run_id]
+            self.jobs.pop(key, None)
 
     def mark_offline(self, reason: str) -> list[MonitorEvent]:
         """Mark every connected run as gone (the end of a replay)."""

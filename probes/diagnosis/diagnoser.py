@@ -36,6 +36,11 @@ Record = Mapping[str, Any]
 
 # Along the checklist; when several alerts rise on one record, they are reported in
 # checklist order (and the growth that led to a non-finite value before it).
+#: Rules over the per-layer gradients and updates (the others read losses and records).
+LAYER_RULES: frozenset[type[Rule]] = frozenset({
+    ExplodingGradient, VanishingGradient, NoneGradients, Activations, GradNotCleared,
+    UpdatesNotApplied, UpdateRatio})
+
 RULES: tuple[type[Rule], ...] = (
     NonFinite, FlatLoss, ExplodingGradient, VanishingGradient, NoneGradients, Activations,
     GradNotCleared, UpdatesNotApplied, UpdateRatio, SkippedUpdates, NoUpdates, LossSpike,
@@ -63,7 +68,10 @@ class Diagnoser:
                  thresholds: Thresholds | None = None) -> None:
         self.thresholds = thresholds or Thresholds()
         self.history = RunHistory(info or RunInfo())
-        self.rules = [rule(self.thresholds) for rule in RULES]
+        layer_rules = self.history.info.layer_rules
+        self.rules = [rule(self.thresholds) for rule in RULES
+                      if layer_rules or rule not in LAYER_RULES]
+        self.last_view: StepView | None = None  # the latest step record, as read
         self.active: dict[str, Alert] = {}  # raised and holding, by key
         self.raised_count: dict[str, int] = {}
         self.incidents: dict[str, Alert] = {}  # the latest version of every raised alert
@@ -82,7 +90,7 @@ class Diagnoser:
         """Take one step or eval record; return the alerts raised or cleared by it."""
         kind = record.get("kind")
         if kind == "step":
-            view = StepView.from_record(record)
+            view = self.last_view = StepView.from_record(record)
             self.history.add_step(view, keep_first=self.thresholds.smoothing_steps)
             for index, rule in enumerate(self.rules):
                 self._update(index, rule.on_step(self.history, view))

@@ -48,15 +48,27 @@ class ExplodingGradient(Rule):
             growth >= self.t.exploding_growth and value > self.t.exploding_growth_floor)
 
     def on_step(self, history: RunHistory, view: StepView) -> Findings:
+        # Growth matters only above its floor (and the bound alone above that): most
+        # norms are below both, and their window needs no scan.
+        floor = min(self.t.exploding_growth_floor, self.t.exploding_norm)
+        oldest = view.first - self.t.exploding_window
         for i, peak in enumerate(view.peak_grads):
             if peak is None or not math.isfinite(peak):
                 continue  # non-finite is the other rule's business
-            window = self._norms.setdefault(i, deque())
-            growth = self._growth(window, peak, view.first)
-            if self._over(peak, growth):
-                self._crossed.setdefault(i, (view.step, peak, growth))
+            window = self._norms.get(i)
+            if window is None:
+                window = self._norms[i] = deque()
+            if peak > floor:
+                growth = self._growth(window, peak, view.first)
+                if self._over(peak, growth):
+                    self._crossed.setdefault(i, (view.step, peak, growth))
+                else:
+                    self._crossed.pop(i, None)
             else:
-                self._crossed.pop(i, None)
+                while window and window[0][0] < oldest:
+                    window.popleft()
+                if self._crossed:
+                    self._crossed.pop(i, None)
             shown = view.grad_norms[i] if i < len(view.grad_norms) else None
             window.append((view.step, shown if shown is not None and math.isfinite(shown)
                            else peak))

@@ -30,6 +30,8 @@ class ProbeOverhead(Rule):
         super().__init__(thresholds)
         # (first step, last step, probe seconds, step seconds, sampled)
         self._window: deque[tuple[int, int, float, float, bool]] = deque()
+        self._probe_sum = 0.0  # of the window, kept as it slides (read every record)
+        self._step_sum = 0.0
 
     def on_step(self, history: RunHistory, view: StepView) -> Findings:
         probe, duration = view.probe_time, view.duration
@@ -40,10 +42,17 @@ class ProbeOverhead(Rule):
             return []
         window = self._window
         window.append((view.first, view.step, probe, duration, view.sampled))
+        self._probe_sum += probe
+        self._step_sum += duration
         while window and window[0][1] <= view.step - self.t.overhead_steps:
-            window.popleft()
+            _, _, gone_probe, gone_step, _ = window.popleft()
+            self._probe_sum -= gone_probe
+            self._step_sum -= gone_step
         covered = view.step - window[0][0] + 1
-        probe_sum = math.fsum(w[2] for w in window)
+        if covered < self.t.overhead_steps or self._step_sum <= 0 or (
+                self._probe_sum / self._step_sum <= self.t.overhead_fraction):
+            return []
+        probe_sum = math.fsum(w[2] for w in window)  # exact, now that it may be raised
         step_sum = math.fsum(w[3] for w in window)
         share = probe_sum / step_sum
         if (covered < self.t.overhead_steps or share <= self.t.overhead_fraction

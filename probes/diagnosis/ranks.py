@@ -45,7 +45,6 @@ class Shown:
     rank: int
     first: int  # the first step of its span
     loss: float | None  # the step's own loss
-    loss_max: float | None  # the largest finite loss of its span
     non_finite_loss: bool
     grads: Sequence[float | None]
     params: Sequence[float | None] | None
@@ -69,6 +68,8 @@ class JobChecks:
     found: dict[str, Alert] = field(default_factory=dict)  # one incident per kind
     _shown: dict[int, dict[int, Shown]] = field(default_factory=dict)  # step -> rank ->
     _order: deque[int] = field(default_factory=lambda: deque())
+    # step -> the lowest and highest finite loss of its ranks, and whether one was not
+    _range: dict[int, tuple[float, float, bool]] = field(default_factory=dict)
     _start_loss: float | None = None  # the job's first finite loss: its scale
 
     def observe(self, rank: int, view: StepView) -> list[Alert]:
@@ -76,80 +77,101 @@ class JobChecks:
         loss = view.loss
         if self._start_loss is None and loss is not None and math.isfinite(loss):
             self._start_loss = abs(loss)
-        shown = Shown(rank, view.first, loss, view.loss_max,
-                      loss is not None and not math.isfinite(loss), view.grad_norms,
-                      view.param_norms, view.optimizer_stepped)
+        non_finite = loss is not None and not math.isfinite(loss)
+        shown = Shown(rank, view.first, loss, non_finite, view.grad_norms, view.param_norms,
+                      view.optimizer_stepped)
         peers = self._shown.get(view.step)
         if peers is None:
             peers = self._shown[view.step] = {}
             self._order.append(view.step)
             while len(self._order) > KEPT_STEPS:
-                self._shown.pop(self._order.popleft(), None)
+                gone = self._order.popleft()
+                self._shown.pop(gone, None)
+                self._range.pop(gone, None)
         peers[rank] = shown
+        low, high, bad = self._range.get(view.step, (math.inf, -math.inf, False))
+        if loss is not None:
+            if non_finite:
+                bad = True
+            else:
+                low, high = min(low, loss), max(high, loss)
+            self._range[view.step] = (low, high, bad)
         if len(peers) < 2:
             return []
-        return [alert for alert in (self._outlier(view.step, peers),
-                                    self._grads(view.step, peers),
-                                    self._params(view.step, peers)) if alert is not None]
+        # Each newcomer is compared with the step's first rank (one pass over the layers),
+        # and the loss with the others': the cost of a record does not grow with ranks.
+        reference = next(iter(peers.values()))
+        # The highest loss at most factor x the lowest: no outlier (the common case, O(1)).
+        suspicious = bad or high > self.thresholds.rank_loss_factor * low
+        return [alert for alert in (self._outlier(view.step, peers) if suspicious else None,
+                                    self._grads(view.step, reference, shown),
+                                    self._params(view.step, reference, shown))
+                if alert is not None]
 
     # --- the checks ----------------------------------------------------------------------
 
     def _outlier(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
-        """One rank's loss far above the others' median (or non-finite while theirs are
-        finite), by a jump that is a visible part of the job's starting loss."""
+        """The rank with the highest loss (or a non-finite one) far above the median of
+        the others, by a jump that is a visible part of the job's starting loss."""
         if "rank_outlier" in self.found:
             return None
-        for rank, shown in peers.items():
-            others = [p.loss for r, p in peers.items() if r != rank]
-            if not others or any(o is None or not math.isfinite(o) for o in others):
-                continue
-            median = statistics.median(others)  # type: ignore[type-var]
-            if shown.non_finite_loss:
-                return self._raise("rank_outlier", step, "loss", {
-                    "rank": rank, "loss": shown.loss, "other_ranks_median": median,
-                    "other_ranks": len(others), "others": "fine"})
-            loss = shown.loss
-            if loss is None or median <= 0:
-                continue
-            jump = self.thresholds.spike_min_jump * (self._start_loss or 0.0)
-            if loss > self.thresholds.rank_loss_factor * median and loss - median > jump:
-                return self._raise("rank_outlier", step, "loss", {
-                    "rank": rank, "loss": loss, "other_ranks_median": median,
-                    "times": loss / median, "other_ranks": len(others), "others": "fine"})
+        suspect = next((p for p in peers.values() if p.non_finite_loss), None)
+        if suspect is None:
+            finite = [p for p in peers.values() if p.loss is not None]
+            if len(finite) < 2:
+                return None
+            suspect = max(finite, key=lambda p: p.loss)  # type: ignore[arg-type, return-value]
+        others = [p.loss for r, p in peers.items() if r != suspect.rank]
+        if any(o is None or not math.isfinite(o) for o in others):
+            return None
+        if not suspect.non_finite_loss and suspect.loss is not None and (
+                suspect.loss <= self.thresholds.rank_loss_factor * min(others)):  # type: ignore[type-var]
+            return None  # (at most factor x the least: at most factor x the median)
+        median = statistics.median(others)  # type: ignore[type-var]
+        if suspect.non_finite_loss:
+            return self._raise("rank_outlier", step, "loss", {
+                "rank": suspect.rank, "loss": suspect.loss, "other_ranks_median": median,
+                "other_ranks": len(others), "others": "fine"})
+        loss = suspect.loss
+        jump = self.thresholds.spike_min_jump * (self._start_loss or 0.0)
+        if loss is not None and median > 0 and (
+                loss > self.thresholds.rank_loss_factor * median and loss - median > jump):
+            return self._raise("rank_outlier", step, "loss", {
+                "rank": suspect.rank, "loss": loss, "other_ranks_median": median,
+                "times": loss / median, "other_ranks": len(others), "others": "fine"})
         return None
 
-    def _grads(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
+    def _grads(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
         """Under DDP, each layer's gradient norm agrees across ranks at a step."""
-        if self.sync != "ddp" or "grads_not_synced" in self.found:
+        if self.sync != "ddp" or "grads_not_synced" in self.found or shown is reference:
             return None
-        stepped = [p for p in peers.values() if p.stepped and p.grads]
-        found = _first_disagreement([p.grads for p in stepped],
-                                    self.thresholds.rank_grad_tolerance)
+        if not (reference.stepped and shown.stepped and reference.grads and shown.grads):
+            return None
+        pair = [reference.grads, shown.grads]
+        found = _first_disagreement(pair, self.thresholds.rank_grad_tolerance)
         if found is None:
             return None
         layer, low, high = found
-        ranks = sorted(p.rank for p in stepped)
         return self._raise("grads_not_synced", step, self._layer(layer), {
-            "ranks": ranks, "grad_norm_low": low, "grad_norm_high": high,
-            "relative_difference": (high - low) / high},
-            layers=self._layers_apart([p.grads for p in stepped],
-                                      self.thresholds.rank_grad_tolerance))
+            "ranks": sorted((reference.rank, shown.rank)), "grad_norm_low": low,
+            "grad_norm_high": high, "relative_difference": (high - low) / high},
+            layers=self._layers_apart(pair, self.thresholds.rank_grad_tolerance))
 
-    def _params(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
+    def _params(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
         """Under DDP, each layer's parameter norm agrees across ranks at a sampled step."""
-        if self.sync != "ddp" or "replicas_diverged" in self.found:
+        if self.sync != "ddp" or "replicas_diverged" in self.found or shown is reference:
             return None
-        sampled = [p for p in peers.values() if p.params is not None]
-        found = _first_disagreement([p.params or () for p in sampled],
-                                    self.thresholds.rank_param_tolerance)
+        if reference.params is None or shown.params is None:
+            return None
+        pair = [reference.params, shown.params]
+        found = _first_disagreement(pair, self.thresholds.rank_param_tolerance)
         if found is None:
             return None
         layer, low, high = found
         return self._raise("replicas_diverged", step, self._layer(layer), {
-            "ranks": sorted(p.rank for p in sampled), "param_norm_low": low,
+            "ranks": sorted((reference.rank, shown.rank)), "param_norm_low": low,
             "param_norm_high": high, "relative_difference": (high - low) / high},
-            layers=self._layers_apart([p.params or () for p in sampled],
-                                      self.thresholds.rank_param_tolerance))
+            layers=self._layers_apart(pair, self.thresholds.rank_param_tolerance))
 
     def stalled(self, rank: int, *, last_step: int, reason: str,
                 others: Mapping[int, int]) -> Alert | None:
@@ -199,7 +221,7 @@ def _first_disagreement(norms: list[Sequence[float | None]],
                         tolerance: float) -> tuple[int, float, float] | None:
     """The first layer (model order) whose norms disagree across the lists, with the
     lowest and highest value; None when they agree (or fewer than two lists)."""
-    if len(norms) < 2:
+    if len(norms) < 2 or all(n == norms[0] for n in norms[1:]):  # equal: the usual case
         return None
     for index in range(min(len(n) for n in norms)):
         apart = _apart([n[index] for n in norms], tolerance)

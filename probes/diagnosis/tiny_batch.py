@@ -21,17 +21,23 @@ class FlatLoss(Rule):
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
         self._flat = False
+        self._began: tuple[int, int, float | None] | None = None  # (records, last step, loss)
 
     def on_step(self, history: RunHistory, view: StepView) -> Findings:
+        if view.step < self.t.flat_after_steps:
+            return None
         # Counted in steps: a thinned run's first records stand for more steps each.
         first = history.first_steps
-        early = [s for s in first if s.first < self.START_STEPS] or first[:1]
-        began = weighted_mean([(s.loss_estimate, min(s.steps, self.START_STEPS))
-                               for s in early if s.loss_estimate is not None])
-        if view.step < self.t.flat_after_steps or began is None:
+        if self._began is None or self._began[0] != len(first):  # (fixed once they are in)
+            early = [s for s in first if s.first < self.START_STEPS] or first[:1]
+            self._began = (len(first), early[-1].step if early else -1, weighted_mean(
+                [(s.loss_estimate, min(s.steps, self.START_STEPS))
+                 for s in early if s.loss_estimate is not None]))
+        _, early_end, began = self._began
+        if began is None:
             return None
         recent = history.recent_losses(view.step, self.t.smoothing_steps,
-                                       after_step=early[-1].step)
+                                       after_step=early_end)
         now = weighted_mean(recent)
         if now is None or began <= 0:
             return []

@@ -222,6 +222,7 @@ class LossSpike(Rule):
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
         self._window: deque[tuple[int, float]] = deque()  # (step, loss)
+        self._values: deque[float] = deque()  # the window's values, in step
         self._start: float | None = None  # the first finite loss: the run's scale
         self._first_step: int | None = None
 
@@ -232,12 +233,15 @@ class LossSpike(Rule):
         window = self._window
         while window and window[0][0] <= view.step - self.t.spike_window:
             window.popleft()
+            self._values.popleft()
         if self._start is None:
             self._start = loss
             self._first_step = view.first
         findings = []
         assert self._first_step is not None
-        if window and view.first - self._first_step >= self.t.spike_min_steps:
+        if window and view.first - self._first_step >= self.t.spike_min_steps and (
+                loss > self.t.spike_factor * min(self._values)):
+            # (below factor x the window's least, it is below factor x its median too)
             values = [value for _, value in window]
             median = statistics.median(values)
             deviation = statistics.median(abs(x - median) for x in values) or (
@@ -249,4 +253,5 @@ class LossSpike(Rule):
                     "loss": loss, "baseline": median, "times": loss / median}))
         shown = view.loss if view.loss is not None and math.isfinite(view.loss) else loss
         window.append((view.step, shown))
+        self._values.append(shown)  # the window's values alone, for a min taken in C
         return findings

@@ -35,6 +35,10 @@ class RunInfo:
     every: int = 1  # the probe measures one step in this many
     sample_every: int = 20  # ... and the costlier statistics one step in this many
     update_check: bool = False  # the probe says which layers optimizer.step() left alone
+    # False for a rank other than 0 of a DDP job: its gradients and updates are rank 0's
+    # (all-reduced; the cross-rank checks say when not), so the per-layer rules run on
+    # rank 0 alone; the loss rules run on every rank.
+    layer_rules: bool = True
 
     @classmethod
     def from_hello(cls, hello: Record) -> RunInfo:
@@ -50,6 +54,7 @@ class RunInfo:
             every=max(1, int(config.get("every", 1) or 1)),
             sample_every=max(1, int(config.get("sample_every", 20) or 20)),
             update_check=bool(config.get("update_check")),
+            layer_rules=not (hello.get("sync") == "ddp" and hello.get("rank", 0) != 0),
         )
 
     def layer(self, index: int) -> str:
@@ -160,7 +165,7 @@ class StepView:
             loss=loss,
             scalars=scalars,
             grad_norm_total=_opt_num(record.get("grad_norm_total")),
-            grad_norms=[_opt_num(g) for g in record.get("grad_norms") or ()],
+            grad_norms=_floats(record.get("grad_norms") or ()),
             param_norms=_opt_list(record.get("param_norms")),
             update_ratios=_opt_list(record.get("update_ratios")),
             activations=_opt_list(record.get("activations")),
@@ -234,7 +239,19 @@ def _opt_int(value: Any) -> int | None:
 
 
 def _opt_list(values: Any) -> list[float | None] | None:
-    return None if values is None else [_opt_num(v) for v in values]
+    return None if values is None else _floats(values)
+
+
+_FLOATS_OR_NONE = frozenset({float, type(None)})
+
+
+def _floats(values: Any) -> list[float | None]:
+    """A record's list of numbers (or None) as floats: the monitor reads a few hundred per
+    record, so a list of floats, as nearly all are, is taken as it is (its types
+    gathered in C; the record is not changed after)."""
+    if isinstance(values, list) and set(map(type, values)) <= _FLOATS_OR_NONE:
+        return values
+    return [v if type(v) is float else _opt_num(v) for v in values]
 
 
 def _opt_dict(values: Any) -> dict[str, float] | None:
@@ -248,14 +265,17 @@ class RunHistory:
     """The bounded recent past the rules look at."""
 
     info: RunInfo
-    steps: deque[StepView] = field(default_factory=lambda: deque(maxlen=256))
     evals: deque[EvalView] = field(default_factory=lambda: deque(maxlen=256))
     first_steps: list[StepView] = field(default_factory=list)  # the run's start, kept
+    # (step, loss estimate, steps) of the latest records: the smoothed loss reads them
+    # (three numbers a record, not the record: a monitor holds the histories of many runs)
+    _losses: deque[tuple[int, float | None, int]] = field(
+        default_factory=lambda: deque(maxlen=256))
 
     MIN_RECORDS: ClassVar[int] = 3  # a smoothed loss averages at least this many records
 
     def add_step(self, view: StepView, keep_first: int) -> None:
-        self.steps.append(view)
+        self._losses.append((view.step, view.loss_estimate, view.steps))
         if len(self.first_steps) < keep_first:
             self.first_steps.append(view)
 
@@ -265,13 +285,24 @@ class RunHistory:
         or before ``up_to_step`` (and after ``after_step``), finite ones only; the last
         ``MIN_RECORDS`` when those are fewer and cover fewer steps (sparse records
         without spans). A record standing for several steps gives the middle of its
-        span's range: steadier than the one batch it shows."""
-        records = [(s.step, s.loss_estimate, s.steps) for s in self.steps
-                   if after_step < s.step <= up_to_step and s.loss_estimate is not None]
-        recent = [(loss, count) for step, loss, count in records if step > up_to_step - steps]
+        span's range: steadier than the one batch it shows.
+
+        Read from the newest back, and only as far as needed: the rules ask on every
+        record, and a history scanned whole would cost most of the monitor's time."""
+        window_start = up_to_step - steps
+        gathered: list[tuple[int, float, int]] = []  # newest first
+        for step, loss, count in reversed(self._losses):
+            if step > up_to_step or loss is None:
+                continue
+            if step <= after_step or (step <= window_start
+                                      and len(gathered) >= self.MIN_RECORDS):
+                break
+            gathered.append((step, loss, count))
+        recent = [(loss, count) for step, loss, count in gathered if step > window_start]
         if len(recent) < self.MIN_RECORDS and sum(c for _, c in recent) < steps:
-            recent = [(loss, count) for _, loss, count in records[-self.MIN_RECORDS:]]
-        return recent  # type: ignore[return-value]
+            recent = [(loss, count) for _, loss, count in gathered[:self.MIN_RECORDS]]
+        recent.reverse()
+        return recent
 
     def smoothed_loss(self, up_to_step: int, steps: int, after_step: int = -1) -> float | None:
         """The smoothed training loss at a step: ``recent_losses`` weighted by the steps

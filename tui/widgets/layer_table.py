@@ -75,7 +75,7 @@ class LayerTable(DataTable[Text | str]):
         for i in range(first, last):
             name = layers[i]
             grad = _at(run.grad_norms, i)
-            history = run.grad_history[i] if i < len(run.grad_history) else []
+            history = run.grad_history(i)
             style = STATUS_STYLE.get(status.get(name, ""), "")
             self._set(name, "layer", Text(short_name(name), style=style))
             self._set(name, "grad", _value_text(grad))

@@ -1,0 +1,170 @@
+"""How many step records a second one monitor absorbs, and its memory, by ranks x layers.
+
+    python tests/bench/monitor_ingest.py [--quick]
+
+The monitor is the real one (``MonitorServer`` feeding ``Monitor`` and its state,
+diagnosis and cross-rank checks, as ``traintop --headless`` runs them) in this process,
+listening on a Unix socket. Each rank is a client process that connects, says hello as
+a rank of one job, and writes its step records (pre-encoded, as fast as the socket takes
+them) over its own connection; the records of all ranks arrive at once. A row gives the
+records absorbed per second (from the first record in to the last one applied), and the
+monitor's peak resident memory (``ru_maxrss``) above what it had before the job.
+
+The memory row sends each rank's records as a fast run's sender does, thinned: each one
+stands for a span of steps, so a few thousand records cover 100,000 steps per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import random
+import resource
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from probes.wire import Address, encode_frame, make_frame
+from tui.monitor import Monitor
+from tui.server import MonitorServer
+from tui.state import MonitorState
+
+
+@dataclass(frozen=True)
+class Load:
+    ranks: int
+    layers: int
+    records: int  # per rank
+    steps: int  # per rank: records * span
+
+    @property
+    def span(self) -> int:
+        return max(1, self.steps // self.records)
+
+
+def rank_frames(load: Load, rank: int, job: str) -> bytes:
+    """A rank's hello and step records, encoded as a probe sends them."""
+    rng = random.Random(rank)
+    layers = [f"blocks.{i // 4}.{('attn', 'mlp', 'norm1', 'norm2')[i % 4]}"
+              for i in range(load.layers)]
+    out = [encode_frame(make_frame(
+        "hello", run=f"{job}-r{rank}", name="ingest", pid=1000 + rank, host=f"node{rank // 8}",
+        job=job, rank=rank, local_rank=rank % 8, world_size=load.ranks, sync="ddp",
+        torch="2.13.0", layers=layers, param_counts=[1000] * load.layers,
+        config={"every": 1, "sample_every": 20}))]
+    span = load.span
+    for index in range(load.records):
+        last = (index + 1) * span - 1
+        # as a probe sends them: float32 values in 9 significant digits
+        grads = [float(f"{0.1 + 0.01 * rng.random():.9g}") for _ in range(load.layers)]
+        frame = make_frame("step", run=f"{job}-r{rank}", step=last, time=1000.0 + last / 100,
+                           duration=0.01 * span, probe_time=0.0002 * span,
+                           scalars={"loss": 1.0 / (1 + last / 1000) + 0.01 * rng.random()},
+                           lr=[1e-3], grad_norms=grads,
+                           grad_norm_total=math.sqrt(sum(g * g for g in grads)),
+                           none_grads=0, dropped=0, seq=index + 1)
+        if span > 1:
+            frame["span"] = [last - span + 1, last]
+            frame["grad_norms_max"] = [float(f"{g * 1.1:.9g}") for g in grads]
+            frame["grad_norm_total_max"] = frame["grad_norm_total"] * 1.1
+            frame["scalars_max"] = {"loss": frame["scalars"]["loss"] * 1.05}
+            frame["scalars_min"] = {"loss": frame["scalars"]["loss"] * 0.95}
+        if last // 20 != (last - span) // 20:  # a sampled step in its span
+            frame["param_norms"] = [float(f"{5.0 + 0.001 * i:.9g}") for i in range(load.layers)]
+        out.append(encode_frame(frame))
+    return b"".join(out)
+
+
+def client(path: str, load: Load, rank: int, job: str, start: float) -> None:
+    """One rank: make its records (here, not in the monitor's process, whose memory is
+    measured), wait for the start time, then write them all on one connection."""
+    data = rank_frames(load, rank, job)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    time.sleep(max(0.0, start - time.time()))
+    sock.sendall(data)
+    sock.recv(1)  # stay connected until the monitor closes (the end of the benchmark)
+    sock.close()
+
+
+async def absorb(load: Load, path: str) -> tuple[float, int]:
+    """Serve until every rank's records are applied; (seconds, records applied)."""
+    monitor = Monitor(MonitorState())
+    server = MonitorServer(Address("unix", path=path), monitor)
+    await server.start()
+    job = f"job-{load.ranks}x{load.layers}"
+    # every client has made its records and connected by then
+    start = time.time() + 2.0 + 0.05 * load.ranks + load.records * load.ranks * 2e-5
+    context = multiprocessing.get_context("fork")
+    clients = [context.Process(target=client, args=(path, load, rank, job, start))
+               for rank in range(load.ranks)]
+    for process in clients:
+        process.start()
+    expected = load.ranks * load.records
+    state = monitor.state
+    # The loop applies what arrives in long stretches before this coroutine runs again:
+    # time from the agreed start (wall clock) to the moment the last record is seen.
+    while sum(run.step_records for run in state.runs.values()) < expected:
+        await asyncio.sleep(0.005)
+        if time.time() - start > 600:
+            break
+    seconds = time.time() - start
+    applied = sum(run.step_records for run in state.runs.values())
+    await server.close()
+    for process in clients:
+        process.join(10)
+    return seconds, applied
+
+
+def measure(load: Load) -> tuple[float, float]:
+    """(records per second, peak memory increase in MB) of one load, in a fresh process
+    (``ru_maxrss`` only grows: each row must start from a clean monitor)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child measures, and reports through the pipe
+        os.close(reader)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        path = os.path.join(tempfile.mkdtemp(prefix="tt-ingest-"), "m.sock")
+        seconds, applied = asyncio.run(absorb(load, path))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        os.write(writer, json.dumps([applied / seconds, (peak - before) / 1024]).encode())
+        os._exit(0)
+    os.close(writer)
+    data = b""
+    while chunk := os.read(reader, 4096):
+        data += chunk
+    os.waitpid(pid, 0)
+    rate, memory = json.loads(data)
+    return rate, memory
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer and smaller rows")
+    args = parser.parse_args()
+    scale = 4 if args.quick else 1
+    rate_rows = [Load(1, 200, 20000 // scale, 20000 // scale),
+                 Load(8, 200, 3000 // scale, 3000 // scale),
+                 Load(64, 200, 400 // scale, 400 // scale),
+                 Load(8, 50, 3000 // scale, 3000 // scale),
+                 Load(8, 1000, 600 // scale, 600 // scale)]
+    memory_rows = [Load(64, 200, 2000 // scale, 100_000)]
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; the monitor in one "
+          "process, each rank a client process on its own connection")
+    print(f"{'ranks':>6}{'layers':>8}{'records/rank':>14}{'steps/rank':>12}"
+          f"{'records/s':>12}{'peak MB':>10}")
+    for load in rate_rows + memory_rows:
+        rate, memory = measure(load)
+        print(f"{load.ranks:>6}{load.layers:>8}{load.records:>14,}{load.steps:>12,}"
+              f"{rate:>12,.0f}{memory:>10.0f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
