@@ -119,18 +119,21 @@ class FrameReader:
     def feed(self, data: bytes) -> list[Frame | FrameError]:
         """Consume ``data``; return the frames (or errors) of every complete line."""
         out: list[Frame | FrameError] = []
-        self._buffer += data
+        buffer = self._buffer
+        buffer += data
+        start = 0  # lines are cut by position; the buffer is trimmed once, at the end
         while True:
-            newline = self._buffer.find(b"\n")
+            newline = buffer.find(b"\n", start)
             if newline < 0:
-                if not self._skipping and len(self._buffer) > self._max:
+                del buffer[:start]
+                if not self._skipping and len(buffer) > self._max:
                     out.append(self._oversized())
                     self._skipping = True
                 if self._skipping:
-                    self._buffer.clear()
+                    buffer.clear()
                 return out
-            line = bytes(self._buffer[:newline])
-            del self._buffer[: newline + 1]
+            line = bytes(buffer[start:newline])
+            start = newline + 1
             if self._skipping:
                 self._skipping = False
                 continue

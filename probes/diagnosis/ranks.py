@@ -35,7 +35,10 @@ from probes.diagnosis.catalog import entry
 from probes.diagnosis.thresholds import Thresholds
 from probes.diagnosis.views import StepView
 
-KEPT_STEPS = 256  # shown steps remembered per job for comparison
+# Shown steps remembered per job for comparison: the ranks' records of one step arrive
+# within a flush or two of each other (64 steps at rank 0's 60 records a second is a
+# second), and each kept step holds every rank's per-layer norms.
+KEPT_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,10 @@ class JobChecks:
         if self._start_loss is None and loss is not None and math.isfinite(loss):
             self._start_loss = abs(loss)
         non_finite = loss is not None and not math.isfinite(loss)
-        shown = Shown(rank, view.first, loss, non_finite, view.grad_norms, view.param_norms,
-                      view.optimizer_stepped)
+        layered = self.sync == "ddp"  # per-layer norms compare only between replicas
+        shown = Shown(rank, view.first, loss, non_finite,
+                      view.grad_norms if layered else (),
+                      view.param_norms if layered else None, view.optimizer_stepped)
         peers = self._shown.get(view.step)
         if peers is None:
             peers = self._shown[view.step] = {}
