@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from probes.clip import clip_grad_norm_
     from probes.data_checks import check_preprocessing, check_split
     from probes.diagnosis import Alert, Diagnoser, Thresholds
+    from probes.options import WatchOptions
     from probes.probe import Probe, watch
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "Diagnoser",
     "Probe",
     "Thresholds",
+    "WatchOptions",
     "check_batch",
     "check_preprocessing",
     "check_split",
@@ -45,6 +47,7 @@ __all__ = [
 _LAZY = {
     "Probe": "probes.probe",
     "watch": "probes.probe",
+    "WatchOptions": "probes.options",
     "clip_grad_norm_": "probes.clip",
     "Alert": "probes.diagnosis",
     "Diagnoser": "probes.diagnosis",

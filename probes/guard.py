@@ -1,10 +1,65 @@
-"""The guard's alert: non-finite gradients reached ``optimizer.step()`` and were kept
-from the weights (see ``probes.step.GuardTrip``)."""
+"""The guard, in one place: non-finite gradients found before ``optimizer.step()`` are
+kept from the weights, the alert says where, and the run pauses (``probe.py``).
+
+The check costs one host/device synchronisation a step (the finiteness must be read),
+which is why the guard is off by default. Skipping is done by dropping the gradients:
+the optimizers of torch.optim leave a parameter without a gradient untouched (state,
+weight decay and all), as GradScaler's skip does, so nothing is raised into a loop the
+probe does not own (a framework's).
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
 from probes.diagnosis import Alert
-from probes.step import GuardTrip
+from probes.layers import LayerMap
+from probes.stats import Measurement, compose_order
+
+
+@dataclass(frozen=True)
+class GuardTrip:
+    """Non-finite gradients before ``optimizer.step()``: which layers (model order) and
+    their first norms."""
+
+    step: int
+    layers: list[str]
+    norms: list[float]
+
+
+def find_non_finite(step: Measurement, layers: LayerMap) -> GuardTrip | None:
+    """One host sync: are all of the step's gradient norms (read already) finite? If not,
+    which layers hold the non-finite ones."""
+    if not step.grad_norms:
+        return None
+    norms = torch.stack(step.grad_norms)
+    if bool(torch.isfinite(norms).all()):
+        return None
+    values = norms.tolist()
+    order = compose_order(step.grad_present, step.grad_order)
+    indices = order if order is not None else range(len(values))
+    bad_layers: dict[str, float] = {}
+    for value, param_index in zip(values, indices, strict=True):
+        if not math.isfinite(value):
+            bad_layers.setdefault(layers.names[layers.param_layer[param_index]], value)
+    ordered = [name for name in layers.names if name in bad_layers]
+    return GuardTrip(step.step, ordered, [bad_layers[name] for name in ordered])
+
+
+def skip_update(params: Iterable[torch.Tensor],
+                optimizer: torch.optim.Optimizer | None) -> None:
+    """Make the coming ``optimizer.step()`` change nothing: drop every gradient (the
+    watched parameters', and those of the optimizer's groups)."""
+    for param in params:
+        param.grad = None
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = None
 
 
 def guard_alert(trip: GuardTrip) -> Alert:

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+
 from probes.diagnosis import Alert
 
 
@@ -44,3 +46,32 @@ class LrExperiment:
              "Or step the scheduler less often while experimenting; nothing else changes.",
              "Compare a few hundred steps before and after, on the same data order."),
         )
+
+
+def scale_learning_rates(optimizer: torch.optim.Optimizer, factor: float,
+                         first_step: int) -> tuple[list[float], LrExperiment | None]:
+    """Multiply every param group's learning rate by ``factor``; the new rates, and the
+    experiment to watch from ``first_step`` (None with tensor rates: reading one on a
+    device would sync)."""
+    before, new = [], []
+    for group in optimizer.param_groups:
+        before.append(float(group["lr"]))
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].mul_(factor)
+        else:
+            group["lr"] = group["lr"] * factor
+        new.append(float(group["lr"]))
+    plain = not any(isinstance(g["lr"], torch.Tensor) for g in optimizer.param_groups)
+    return new, LrExperiment(first_step, factor, before, new) if plain else None
+
+
+def check_experiment(experiment: LrExperiment, optimizer: torch.optim.Optimizer,
+                     step: int) -> tuple[LrExperiment | None, Alert | None]:
+    """Did the loop (a scheduler) set the learning rate back since the experiment? The
+    experiment still to watch (None once it held, or moved), and the alert to send when
+    it was undone."""
+    now = [group["lr"] for group in optimizer.param_groups]
+    if now == experiment.set_to:
+        held = step - experiment.step >= LrExperiment.WATCH_STEPS
+        return (None if held else experiment), None
+    return None, experiment.alert(step, now) if experiment.undone_by(now) else None

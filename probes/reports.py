@@ -75,13 +75,13 @@ class CheckReport:
         if probe is None or probe.closed:
             return self
         step = max(probe.step_index, 0)
-        probe.sender.put({"kind": "event", "name": "check_report", "step": step,
+        probe.send({"kind": "event", "name": "check_report", "step": step,
                           "check": self.check, "ok": self.ok, "summary": _plain(self.summary),
                           "findings": [f.line() for f in self.findings],
                           "text": str(self)})
         for finding in self.findings:
             alert = finding.to_alert(step, self.signal)
-            probe.sender.put({"kind": "alert", "step": step, "alert": _plain(alert.to_dict())})
+            probe.send({"kind": "alert", "step": step, "alert": _plain(alert.to_dict())})
         return self
 
 

@@ -1,322 +1,329 @@
-"""What one training step measures, on the training thread, without reading a value.
+"""The step boundary: where a probe's step begins and ends, and where its gradients are
+read, whoever owns the loop.
 
-``StepMeasurer`` is driven by the probe at the step's boundaries and the optimizer's
-hooks. Every quantity is a 0-d tensor launched on the device; ``finish`` gathers them
-into a ``Measurement`` whose copy to the host the sender reads later.
+``begin_step`` / ``end_step`` (``with probe.step()`` is built on them, and so are the
+framework callbacks) open and close a step: a paused run blocks in ``begin_step``, an
+armed anomaly step starts there, and the step's measurement is handed to the sender when
+the next one begins (its late ``log`` calls join it). Gradients are read once per step,
+where they are final and not yet clipped: in ``optimizer.step()``'s pre-hook (after the
+closure's backward when a closure is passed: the closure is wrapped), before any
+``torch.nn.utils.clip_grad_norm_`` (``probes.clip``), or where the caller says
+(``gradients_final``). The probe's own time on the training thread is counted here.
+
+``StepBoundary`` is a part of ``Probe`` (a mixin: it works on the probe's own state,
+declared below); nothing in it raises into training.
 """
 
 from __future__ import annotations
 
-import math
 import time
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
+from types import TracebackType
+from typing import Any
 
 import torch
-from torch import nn
-from torch.utils.hooks import RemovableHandle
 
+from probes.anomaly import AnomalyStep, backward_op
+from probes.control import Control
+from probes.guard import GuardTrip, guard_alert, skip_update
+from probes.job import JobIdentity
 from probes.layers import LayerMap
-from probes.sampled import ActivationStats, UpdateNorms
-from probes.stats import CLIP_TOTAL, Measurement, NormReducer, compose_order, to_host
+from probes.lr_experiment import LrExperiment
+from probes.measurer import StepMeasurer
+from probes.options import WatchOptions
+from probes.sender import Sender
+from probes.stats import Measurement
 
 
-@dataclass(frozen=True)
-class GuardTrip:
-    """The guard found non-finite gradients before ``optimizer.step()``: which layers
-    (in layer order) and their first norms. The probe clears the gradients, so the
-    optimizer skips every parameter (as GradScaler skips a step that overflowed) and
-    nothing is raised into the training loop or the framework that owns it."""
+class StepBoundary:
+    """Begin and end steps, and read gradients where they are final (see the module)."""
 
-    step: int
-    layers: list[str]
-    norms: list[float]
+    # The probe's state this part works on (set in ``Probe.__init__``).
+    module: torch.nn.Module
+    layers: LayerMap
+    optimizer: torch.optim.Optimizer | None
+    options: WatchOptions
+    identity: JobIdentity
+    sender: Sender
+    _control: Control
+    _measurer: StepMeasurer
+    _index: int
+    _in_step: bool
+    _step_started: float
+    _probe_time: float
+    _last: Measurement | None
+    _after_last: list[dict[str, Any]]
+    _anomaly: AnomalyStep | None
+    _skipped: bool
+    _disabled: bool
+    _closed: bool
+    _lr_experiment: LrExperiment | None
 
+    def _fail(self, exc: BaseException) -> None:
+        raise NotImplementedError  # the probe's
 
-class _GradNote(NamedTuple):
-    """Which gradient tensor a parameter held right after the last optimizer step."""
+    def _check_lr_experiment(self, step: int) -> None:
+        raise NotImplementedError  # the probe's
 
-    param_index: int
-    grad: weakref.ref[torch.Tensor]
-    version: int
+    def begin_step(self, index: int | None = None) -> None:
+        """A training step begins (what ``with probe.step():`` does on entry).
 
+        For loops the caller does not own: a framework callback calls this at the start
+        of each optimizer step (its first micro-batch under gradient accumulation). A
+        paused run blocks here until the monitor resumes or steps it.
 
-class StepMeasurer:
-    """Launch a step's measurements; hand them over as a ``Measurement``.
+        Args:
+            index: the step's index (e.g. the framework's global step); by default the
+                previous index plus one, starting at 0.
+        """
+        started = time.perf_counter()
+        if self._disabled or self._closed:  # still count steps, so events keep their step
+            self._index = self._index + 1 if index is None else index
+            return
+        if self._in_step:  # a step never ended (a framework's hook skipped): end it
+            self.end_step()
+        self._step_started = started
+        try:
+            self._enter_step(index)
+        except Exception as exc:
+            self._fail(exc)
+        self._probe_time = time.perf_counter() - self._step_started
 
-    Args:
-        model: the watched model.
-        layers: its layers and trainable parameters.
-        optimizer: its optimizer, if any (learning rates, update norms).
-        grad_accumulation: the user accumulates on purpose: skip the zero_grad check.
-        sample_every: the probe's sampling period (the zero_grad check follows it).
-        on_error: called with an exception raised inside a hook of ours.
-    """
+    def gradients_final(self) -> None:
+        """The gradients of this step are final: read them now, if not read yet.
 
-    def __init__(self, model: nn.Module, layers: LayerMap,
-                 optimizer: torch.optim.Optimizer | None, *, grad_accumulation: bool,
-                 on_error: Callable[[Exception], None], sample_every: int = 20) -> None:
-        self.layers = layers
-        self.on_error = on_error  # a hook of ours must never raise into training
-        self.sample_every = sample_every
-        self.optimizer = optimizer
-        self.norms = NormReducer()
-        self.activations = ActivationStats(model, layers.names, on_error=on_error)
-        self.updates = UpdateNorms(layers.params, self.norms) if optimizer else None
-        self.check_clearing = not grad_accumulation and bool(layers.params)
-        # Tensor learning rates (capturable schedulers) travel with the batched copy.
-        self._tensor_lrs = optimizer is not None and any(
-            isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups)
-        self._note: _GradNote | None = None  # the gradient seen at the last update
-        self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
-        self._post_hook: RemovableHandle | None = None
-        # Update ratios are taken across the first optimizer.step() from a sampled step
-        # on: under gradient accumulation the sampled step may have none of its own.
-        self._update_pending = False
-        self._measure_update = False
-        self.current: Measurement | None = None
-        self.index = -1  # the step under way, measured or not (the probe sets it)
+        Needed only where nothing else tells: the optimizer's step and torch's
+        ``clip_grad_norm_`` already do. A framework calls it before it clips by other
+        means, or before it clears the gradients of a step with no optimizer watched.
+        """
+        if not self._in_step or self._disabled:
+            return
+        started = time.perf_counter()
+        try:
+            step = self._measurer.current
+            if step is not None and not step.grads_read:
+                self._measurer.read_grads(step)
+        except Exception as exc:
+            self._fail(exc)
+        self._probe_time += time.perf_counter() - started
 
-    # --- boundaries ------------------------------------------------------------------
+    def end_step(self, error: BaseException | None = None) -> bool:
+        """The step ends (what ``with probe.step():`` does on exit).
 
-    def begin(self, index: int, wall_time: float, sampled: bool) -> Measurement:
-        """A measured step starts: fresh state; activation hooks on sampled steps."""
-        self.current = Measurement(self.layers, index, wall_time, sampled)
-        if self.optimizer is not None:
-            self.current.optimizer_step = False  # until its pre-hook runs
-        if sampled and self.activations.modules:
-            self.activations.attach()
-        self._measure_update = (sampled or self._update_pending) and self.updates is not None
-        if self._measure_update and self.optimizer is not None:
-            # Only these steps need to see the weights after the update.
-            self._post_hook = self.optimizer.register_step_post_hook(self._after_optimizer_step)
-        return self.current
+        Args:
+            error: the exception that ended the step, if one did.
 
-    def abandon(self) -> None:
-        """The step failed: drop its state and every hook it added."""
-        self.activations.detach()
-        self._remove_post_hook()
-        if self.updates is not None:
-            self.updates.discard()
-        self.current = None
+        Returns:
+            True when ``error`` is the anomaly step's own and the probe dealt with it (the
+            update was skipped, the run pauses): a ``with`` block swallows it then.
+        """
+        if not self._in_step or self._disabled:
+            self._in_step = False
+            return False
+        started = time.perf_counter()
+        swallow = False
+        try:
+            swallow = self._exit_step(error, started)
+        except Exception as exc:
+            self._fail(exc)
+        self._in_step = False
+        return swallow
 
-    def _remove_post_hook(self) -> None:
-        if self._post_hook is not None:
-            self._post_hook.remove()
-            self._post_hook = None
+    def _enter_step(self, index: int | None) -> None:
+        next_index = self._index + 1 if index is None else index
+        self._measurer.index = next_index
+        self._skipped = False
+        if self._lr_experiment is not None:
+            self._check_lr_experiment(next_index)
+        if self._control.busy:  # commands to apply, or paused: may block here
+            self._control.boundary(next_index, self._flush_last)
+            # A pause is neither the step's time nor the probe's.
+            self._step_started = time.perf_counter()
+        self._flush_last()
+        self._index = next_index
+        self._in_step = True
+        if self._control.state.anomaly_armed and self._control.take_anomaly_step():
+            # In a multi-rank job a backward stopped on one rank would leave the others
+            # waiting in DDP's all-reduce: anomaly mode then only records, never stops.
+            self._anomaly = AnomalyStep(self.module, next_index, on_error=self._fail,
+                                        on_caught=self._anomaly_caught,
+                                        catch=self.options.on_anomaly == "pause",
+                                        check_nan=not self.identity.distributed)
+            self._anomaly.start()
+        if next_index % self.options.every == 0:
+            sampled = next_index % self.options.sample_every == 0
+            self._measurer.begin(next_index, time.time(), sampled)
 
-    def before_optimizer_step(self, *, guard: bool = False) -> GuardTrip | None:
-        """Gradients are final: check they were cleared since the last step and note
-        them for the next; launch their norms; on sampled steps copy the weights.
+    def _exit_step(self, error: BaseException | None, started: float) -> bool:
+        """End the step; True to swallow ``error`` (the anomaly step's own)."""
+        swallow = False
+        if self._anomaly is not None:
+            swallow = self._finish_anomaly(error)
+        if error is not None and not swallow:
+            self._measurer.abandon()
+            return False
+        last = self._measurer.finish()
+        if last is not None:
+            now = time.perf_counter()
+            last.duration = now - self._step_started
+            last.probe_time += self._probe_time + (now - started)  # (hooks added theirs)
+            self._last = last
+        return swallow
 
-        With ``guard``, returns what it found when a gradient is non-finite (one host
-        sync per step); the caller then keeps the optimizer from using them."""
-        step = self.current
-        if step is not None:
-            step.optimizer_step = True
-            step.lrs = self._learning_rates()  # the rates this update uses
-        if self.check_clearing:
-            self._check_clearing(step)
-        trip = self._guard(step) if guard else None
-        if step is None:
-            return trip
-        if not step.grads_read:
-            self.read_grads(step)
-        if self._measure_update and self.updates is not None and trip is None:
-            self.updates.before_step()
-        return trip
+    def _finish_anomaly(self, error: BaseException | None) -> bool:
+        anomaly, self._anomaly = self._anomaly, None
+        assert anomaly is not None
+        step = self._measurer.current
+        scalars = dict(step.float_scalars) if step is not None else {}
+        error = error if error is not None else anomaly.caught
+        caught = backward_op(error) is not None
+        pause = caught and self.options.on_anomaly == "pause"
+        report = anomaly.finish(error, scalars=scalars, paused=pause,
+                                raise_on_anomaly=self.options.on_anomaly == "raise")
+        if caught:
+            self._skip_update()  # partial sums of the failed backward must not leak on
+        if pause:
+            self._control.pause("the anomaly step found a non-finite gradient", self._index)
+        report["state"] = self._control.state.as_dict()
+        self.sender.put(report)
+        return pause
 
-    def _guard(self, step: Measurement | None) -> GuardTrip | None:
-        """One host sync: are all gradients finite? If not, say where."""
-        if step is None:
-            step = Measurement(self.layers, self.index, 0.0, False)  # a step not measured
-        if not step.grads_read:
-            self.read_grads(step)
-        if not step.grad_norms:
-            return None
-        norms = torch.stack(step.grad_norms)
-        if bool(torch.isfinite(norms).all()):
-            return None
-        values = norms.tolist()
-        order = compose_order(step.grad_present, step.grad_order)
-        indices = order if order is not None else range(len(values))
-        bad_layers: dict[str, float] = {}
-        for value, param_index in zip(values, indices, strict=True):
-            if not math.isfinite(value):
-                name = self.layers.names[self.layers.param_layer[param_index]]
-                bad_layers.setdefault(name, value)
-        ordered = [name for name in self.layers.names if name in bad_layers]
-        return GuardTrip(step.step, ordered, [bad_layers[name] for name in ordered])
+    def _anomaly_caught(self, error: BaseException) -> None:
+        """The anomaly step's backward failed (caught there, not raised into training):
+        keep this step's gradient norms as they stand, then keep the optimizer from
+        using the gradients."""
+        self.gradients_final()
+        self._skip_update()
 
-    def _after_optimizer_step(self, optimizer: object, args: object, kwargs: object) -> None:
-        """The weights moved (a sampled step): take the norms of the update."""
-        step = self.current
-        if step is not None and self.updates is not None:
+    def _guard_tripped(self, trip: GuardTrip) -> None:
+        self._skip_update()
+        alert = guard_alert(trip)
+        self.sender.put({"kind": "alert", "step": trip.step, "alert": alert.to_dict()})
+        self._control.pause("the guard skipped a non-finite update", self._index)
+
+    def _skip_update(self) -> None:
+        """Keep ``optimizer.step()`` from changing any weight (``probes.guard``)."""
+        self._skipped = True
+        skip_update(self.layers.params, self.optimizer)
+
+    def _end_anomaly(self) -> None:
+        """Turn off an anomaly step that will not finish normally (close, failure)."""
+        anomaly, self._anomaly = self._anomaly, None
+        if anomaly is not None:
+            anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
+
+    def _before_optimizer_step(self, optimizer: Any, args: tuple[Any, ...],
+                               kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+        """The optimizer's step pre-hook. With a closure, the gradients are those the
+        closure makes: it is wrapped, and they are read after its backward."""
+        if self._in_step and not self._disabled:
+            try:
+                closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+                if closure is not None:
+                    return with_closure(args, kwargs, self._closure_reading(closure))
+                self._gradients_ready()
+            except Exception as exc:
+                self._fail(exc)
+        elif self._last is not None:
+            # optimizer.step() after the step's block: it still updates with that step's
+            # gradients (the record, not yet sent, must not say the update was skipped).
+            self._last.optimizer_step = True
+        return None
+
+    def _closure_reading(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """``closure``, then (its first call only: LBFGS calls it again in its line
+        search, at other weights) the reading of the gradients it made."""
+        first = True
+
+        def closure_then_read() -> Any:
+            nonlocal first
+            loss = closure()
+            if first:
+                first = False
+                self._gradients_ready()
+            return loss
+        return closure_then_read
+
+    def _gradients_ready(self) -> None:
+        """Gradients are final and ``optimizer.step()`` is next: measure them (and, with
+        the guard, keep non-finite ones from the weights). Never raises."""
+        if not self._in_step or self._disabled:
+            return
+        started = time.perf_counter()
+        try:
+            trip = self._measurer.before_optimizer_step(guard=self._control.state.guard)
+            if trip is not None:
+                self._guard_tripped(trip)
+        except Exception as exc:
+            self._fail(exc)
+        self._probe_time += time.perf_counter() - started
+
+    def _clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
+        """Called by ``probes.clip.clip_grad_norm_`` before it clips."""
+        if self._in_step and not self._disabled:
             started = time.perf_counter()
             try:
-                taken = self.updates.after_step()
-                if taken is not None:
-                    step.update_norms, step.update_order = taken
-                    self._update_pending = False
+                self._measurer.clipping(max_norm, norm_type)
             except Exception as exc:
-                self.on_error(exc)
-            step.probe_time += time.perf_counter() - started  # the probe's own time too
+                self._fail(exc)
+            self._probe_time += time.perf_counter() - started
 
-    def clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
-        """A clip is about to scale the gradients: read them first, unclipped."""
-        step = self.current
-        if step is not None:
-            if not step.grads_read:
-                self.read_grads(step)
-            step.clipped = max_norm
-            step.clip_norm_type = norm_type
-        self._in_place_ops += 1  # clipping scales every grad in place
+    def _clipped(self, total_norm: torch.Tensor) -> None:
+        """Called by ``probes.clip.clip_grad_norm_`` with torch's total norm."""
+        if self._in_step and not self._disabled:
+            try:
+                self._measurer.clipped(total_norm)
+            except Exception as exc:
+                self._fail(exc)
 
-    def clipped(self, total_norm: torch.Tensor) -> None:
-        """The clip is done; ``total_norm`` is torch's norm before it (not read now)."""
-        step = self.current
-        if step is not None and isinstance(total_norm, torch.Tensor):
-            step.tensor_scalars[CLIP_TOTAL] = total_norm.detach()
+    # --- records, in the order the monitor must see them ---------------------------------
 
-    def finish(self) -> Measurement | None:
-        """The step ended: lay out what it launched and start the copy to the host."""
-        step, self.current = self.current, None
-        self._remove_post_hook()
-        if step is None:
-            return None
-        if not step.grads_read:
-            self.read_grads(step)
-        values: list[torch.Tensor] = list(step.grad_norms)
-        step.grad_count = len(values)
-        step.grad_present = compose_order(step.grad_present, step.grad_order)
-        if step.update_norms:
-            step.update_count = len(step.update_norms)
-            values += step.update_norms
-        elif self._measure_update:
-            # No optimizer.step() in this step: take the next one, until the next sampled
-            # step (a loop that steps after the block never shows one inside it).
-            self._update_pending = (step.step + 1) % self.sample_every != 0
-        if step.sampled:
-            param_norms, step.param_order = self._param_norms()
-            step.param_count = len(param_norms)
-            values += param_norms
-            counts, totals = self.activations.take()
-            if counts:
-                step.activation_totals = totals
-                values += counts
-        if not step.lrs:  # no optimizer.step() in this step: the rates now
-            step.lrs = self._learning_rates()
-        step.tensor_scalar_names = self._append_tensor_scalars(step, values)
-        if values:
-            step.values, step.event = to_host(values)
-        step.grad_norms = []  # the values hold them now
-        return step
+    def _flush_last(self) -> None:
+        last, self._last = self._last, None
+        if last is not None:
+            self.sender.put(last)
+        if self._after_last:  # rare (an eval): no new list on every step
+            held, self._after_last = self._after_last, []
+            for record in held:
+                self.sender.put(record)
 
-    # --- pieces ------------------------------------------------------------------------
+    def _put_after_step(self, record: dict[str, Any]) -> None:
+        """Send ``record`` after the step record it follows: that record is held until
+        the next step begins (late ``log`` calls join it), and the monitor must judge
+        the step before an eval of the same step (a NaN is the step's, not the eval's)."""
+        if self._last is not None or self._in_step:  # (an evaluate() inside the step)
+            self._after_last.append(record)
+        else:
+            self.sender.put(record)
 
-    def read_grads(self, step: Measurement) -> None:
-        """Launch the batched per-parameter gradient norms (nothing is read yet)."""
-        grads: list[torch.Tensor] = []
-        present: list[int] = []
-        for index, param in enumerate(self.layers.params):
-            grad = param.grad
-            if grad is not None:
-                grads.append(grad)
-                present.append(index)
-        step.grads_read = True
-        step.none_grads = len(self.layers.params) - len(grads)
-        step.grad_present = tuple(present) if step.none_grads else None
-        if grads and grads[0].requires_grad:
-            # Grads made by backward(create_graph=True): the norms must not grow a graph.
-            with torch.no_grad():
-                step.grad_norms, step.grad_order = self.norms.norms(grads)
-        elif grads:
-            step.grad_norms, step.grad_order = self.norms.norms(grads)
 
-    def _param_norms(self) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
-        if not self.layers.params:
-            return [], None
-        with torch.no_grad():
-            return self.norms.norms([p.detach() for p in self.layers.params])
+def with_closure(args: tuple[Any, ...], kwargs: dict[str, Any],
+                 closure: Callable[[], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The optimizer step's (args, kwargs) with ``closure`` in place of the caller's."""
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closure}
+    return (args[0], closure, *args[2:]), kwargs
 
-    def _check_clearing(self, step: Measurement | None) -> None:
-        """At every update: was the gradient noted at the last one cleared since? (An
-        identity and a version compared: cheap enough for every step, so a missing
-        zero_grad shows from the second update, before the growth it causes.)"""
-        if step is not None:
-            step.not_cleared = self._still_holds_last_steps_grad()
-        self._note_grad()  # for the next update
 
-    def _still_holds_last_steps_grad(self) -> bool:
-        """True when the gradient noted at the last optimizer step is the very tensor
-        now held and the only in-place change since is this step's accumulation: no
-        ``zero_grad`` ran in between (set_to_none makes a new tensor, zero_ bumps the
-        version). A clip by torch's own clip_grad_norm_ also bumps it, so this can
-        miss the bug then (ours is accounted for); it never accuses a loop that clears.
-        The optimizers of torch.optim leave the gradients' versions alone."""
-        note = self._note
-        if note is None:
-            return False
-        grad = self.layers.params[note.param_index].grad
-        return grad is not None and note.grad() is grad and (
-            grad._version == note.version + 1 + self._in_place_ops)
+class StepScope:
+    """The ``with probe.step():`` block; a class rather than a generator, for speed."""
 
-    def _note_grad(self) -> None:
-        self._note = None
-        self._in_place_ops = 0
-        if not self.check_clearing:
-            return
-        params = self.layers.params
-        first = params[0].grad  # nearly always the one; else look further
-        if first is not None:
-            self._note = _GradNote(0, weakref.ref(first), first._version)
-            return
-        for index, param in enumerate(params):
-            if param.grad is not None:
-                self._note = _GradNote(index, weakref.ref(param.grad), param.grad._version)
-                return
+    __slots__ = ("_index", "_probe")
 
-    def _append_tensor_scalars(self, step: Measurement,
-                               values: list[torch.Tensor]) -> tuple[str, ...]:
-        """Append the logged tensor scalars (and tensor LRs) to ``values``; their names.
+    def __init__(self, probe: StepBoundary, index: int | None) -> None:
+        self._probe = probe
+        self._index = index
 
-        On the CPU there is no device to wait for: they are read now (cheaper than a
-        copy, and a snapshot, since a scheduler may change a tensor LR in place)."""
-        scalars = step.tensor_scalars
-        if self.optimizer is not None and self._tensor_lrs:
-            scalars = dict(scalars)
-            for i, group in enumerate(self.optimizer.param_groups):
-                if isinstance(group.get("lr"), torch.Tensor):
-                    scalars[f"lr/{i}"] = group["lr"].detach()
-        if not scalars:
-            return ()
-        like = values[0] if values else next(iter(scalars.values()))
-        if like.device.type == "cpu":
-            for name, tensor in scalars.items():
-                if name.startswith("lr/"):
-                    step.lrs[int(name[3:])] = tensor.item()
-                elif name == CLIP_TOTAL:
-                    step.clip_total = tensor.item()
-                else:
-                    step.float_scalars[name] = tensor.item()
-            return ()
-        # The norms' float dtype; counts (activation hits) are integers, scalars are not.
-        dtype = like.dtype if values and like.is_floating_point() else torch.float32
-        for tensor in scalars.values():
-            if tensor.dtype != dtype or tensor.device != like.device or tensor.dim():
-                tensor = tensor.reshape(()).to(device=like.device, dtype=dtype,
-                                               non_blocking=True)
-            values.append(tensor)
-        return tuple(scalars)
+    def __enter__(self) -> Any:  # the probe
+        self._probe.begin_step(self._index)
+        return self._probe
 
-    def _learning_rates(self) -> list[float]:
-        if self.optimizer is None:
-            return []
-        groups = self.optimizer.param_groups
-        if not self._tensor_lrs:
-            return [float(g.get("lr", math.nan)) for g in groups]
-        # Tensor LRs travel with the batched copy (see _append_tensor_scalars).
-        return [math.nan if isinstance(g.get("lr"), torch.Tensor) else float(g.get("lr", math.nan))
-                for g in groups]
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return self._probe.end_step(exc)
+
+

@@ -22,7 +22,7 @@ def loaded_after(statement: str) -> set[str]:
     "import probes; probes.watch",
     "import probes.wire, probes.history",
     "import probes.data_checks, probes.batch_checks, probes.reports, probes.clip",
-    "import probes.control, probes.anomaly, probes.step, probes.sampled",
+    "import probes.control, probes.anomaly, probes.step, probes.measurer, probes.sampled",
     "import demo.trainer, demo.scenarios",
 ])
 def test_training_side_loads_no_ui(statement: str) -> None:

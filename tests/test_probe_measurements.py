@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import probes
+import probes.measurer
 import probes.sampled
 import probes.stats
-import probes.step
 from probes.clip import torch_clip_grad_norm_ as clip_grad_norm_of_torch
 from probes.diagnosis import Diagnoser, RunInfo
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
@@ -654,7 +654,7 @@ def boom(*args: object, **kwargs: object) -> None:
 
 
 FAILURES = [
-    (probes.step.StepMeasurer, "finish"),
+    (probes.measurer.StepMeasurer, "finish"),
     (probes.stats.NormReducer, "norms"),
     (probes.sampled.ActivationStats, "attach"),
     (probes.sampled.UpdateNorms, "after_step"),

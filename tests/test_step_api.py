@@ -356,3 +356,12 @@ def test_eval_checks_see_a_validation_that_skips_the_root_forward(
     assert (wrong["forwards"], wrong["train_mode_forwards"], wrong["grad_forwards"]) == (1, 1, 1)
     assert (right["forwards"], right["train_mode_forwards"], right["grad_forwards"]) == (2, 0, 0)
     assert math.isfinite(wrong["scalars"]["val_loss"]) and right["scalars"]["val_loss"] == 0.5
+
+
+def test_an_unknown_option_lists_the_known_ones() -> None:
+    with pytest.raises(TypeError) as error:
+        probes.watch(mlp(), sampel_every=5)
+    message = str(error.value)
+    assert "sampel_every" in message and "sample_every" in message and "\n" not in message
+    with pytest.raises(ValueError, match="every and sample_every"):
+        probes.watch(mlp(), every=0)
