@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from probes.hooks import eager
+from probes.schema import AnomalyReport
 
 _OP_PATTERN = re.compile(r"Function '(\w+)' returned nan values")
 _FRAME_PATTERN = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$')
@@ -191,7 +192,7 @@ class AnomalyStep:
 
     def _report(self, error: BaseException | None, traceback_text: str, duration: float,
                 scalars: dict[str, float], paused: bool, raise_on_anomaly: bool
-                ) -> dict[str, Any]:
+                ) -> AnomalyReport:
         frames = parse_frames(traceback_text)
         op = backward_op(error)
         outcome = "clean"
@@ -201,7 +202,7 @@ class AnomalyStep:
             outcome = "non_finite_forward"
         elif error is not None:
             outcome = "error"
-        report: dict[str, Any] = {
+        report: AnomalyReport = {
             "kind": "anomaly",
             "step": self.step,
             "time": time.time(),

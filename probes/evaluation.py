@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from probes.hooks import eager
+from probes.schema import EvalRecord
 
 
 class EvalScope:
@@ -56,7 +57,7 @@ class EvalScope:
             handle.remove()
         self._handles.clear()
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> EvalRecord:
         """The eval record: scalars (tensors read now: evaluation is over) and counts."""
         self.remove_hooks()
         scalars = {**{k: float(t) for k, t in self.tensors.items()}, **self.floats}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
 
 import torch
 from torch import nn
@@ -14,16 +13,17 @@ from probes.job import JobIdentity
 from probes.layers import LayerMap, count_parameters
 from probes.options import WatchOptions
 from probes.sampled import count_mode_sensitive
+from probes.schema import HelloRecord
 from probes.wire import TOKEN_ENV
 
 
 def hello_fields(*, run_id: str, name: str, model: nn.Module, module: nn.Module,
                  optimizer: torch.optim.Optimizer | None, layers: LayerMap,
                  activations: list[list[object]], identity: JobIdentity,
-                 sync: str | None, options: WatchOptions) -> dict[str, Any]:
+                 sync: str | None, options: WatchOptions) -> HelloRecord:
     """The hello frame's fields: the run, its place in its job, its model's layers (in
     the order of every per-layer array), and the settings the monitor reads."""
-    hello: dict[str, Any] = {
+    hello: HelloRecord = {
         "run": run_id,
         "name": name,
         "pid": os.getpid(),

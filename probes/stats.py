@@ -15,6 +15,7 @@ import math
 import torch
 
 from probes.layers import LayerMap, combine_layer_norms
+from probes.schema import StepRecord
 from probes.thinning import apply as apply_merged
 
 #: The name a clip's total norm (torch's, before clipping) travels under among a step's
@@ -102,7 +103,7 @@ class Measurement:
         """True once ``values`` can be read without waiting for the device."""
         return self.event is None or self.event.query()
 
-    def to_record(self) -> dict[str, object]:
+    def to_record(self) -> StepRecord:
         """The step record (a dict of plain numbers); waits for the copy if needed."""
         layers = self.layer_map
         values = self._values()
@@ -117,7 +118,7 @@ class Measurement:
         updates = take(self.update_count)
         params = take(self.param_count)
         counts = take(sum(1 for total in self.activation_totals if total))
-        record: dict[str, object] = {
+        record: StepRecord = {
             "kind": "step",
             "step": self.step,
             "time": self.time,

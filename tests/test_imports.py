@@ -56,9 +56,25 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     loaded = set(json.loads(out.stdout.splitlines()[-1]))
-    diagnosis = {name for name in loaded if name.startswith("probes.diagnosis.")}
-    assert diagnosis, "the diagnosis package's modules"
-    assert loaded - diagnosis == {"probes", "probes.wire", "probes.schema", "probes.diagnosis"}
+    packages = {name for name in loaded
+                if name.startswith(("probes.diagnosis.", "probes.schema."))}
+    assert packages, "the diagnosis and schema packages' modules"
+    assert loaded - packages == {"probes", "probes.wire", "probes.schema", "probes.diagnosis"}
+
+
+@pytest.mark.parametrize("module", ["probes.wire", "probes.schema", "probes.thinning",
+                                    "probes.history", "probes.diagnosis",
+                                    "probes.diagnosis.ranks"])
+def test_the_probes_stdlib_parts_never_load_torch(module: str) -> None:
+    loaded = loaded_after(f"import {module}")
+    assert not loaded & {"torch", "numpy", "textual", "rich", "typing_extensions"}
+
+
+@pytest.mark.parametrize("module", ["tui.server", "tui.state", "tui.headless", "tui.runlog",
+                                    "tui.monitor", "tui.jobs", "tui.events", "tui.sources"])
+def test_the_monitors_non_screen_modules_never_load_textual(module: str) -> None:
+    loaded = loaded_after(f"import {module}")
+    assert not loaded & {"textual", "rich", "torch"}
 
 
 FRAMEWORKS = {"transformers", "accelerate", "pytorch_lightning", "lightning"}

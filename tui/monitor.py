@@ -11,9 +11,9 @@ import itertools
 import math
 from collections.abc import Callable
 
+from probes.schema import check_frame
 from probes.wire import Frame, command_signature, make_frame
 from tui.events import MonitorEvent
-from tui.fields import check_frame
 from tui.run import RunState
 from tui.runlog import RunLogWriter
 from tui.server import Connection

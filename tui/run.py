@@ -11,8 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, as_number
-from probes.schema import validation_loss_name
+from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo
+from probes.schema import EvalView, StepView, validation_loss_name
 from probes.wire import Frame
 from tui.heatmap import GradHeatmap
 from tui.series import BucketedSeries
@@ -190,58 +190,52 @@ class RunState:
         self.end_reason = ""
         self.disconnect_reason = ""
 
-    def apply_step(self, frame: Frame) -> bool:
-        """Take a step record; False if it was already seen (a replay on reconnect)."""
-        step = int(frame["step"])
+    def apply_step(self, view: StepView) -> bool:
+        """Take a step record (parsed: ``probes.schema``); False if it was already seen
+        (a replay on reconnect)."""
+        step = view.step
         if step <= self.last_step:
             return False
         self.last_step = step
         self.step_records += 1
-        self.dropped = int(frame.get("dropped", self.dropped))
-        self._recent.append((float(frame.get("time", 0.0)), step))
-        self._note_probe_cost(frame)
-        for name, value in (frame.get("scalars") or {}).items():
-            self._series(self.scalars, name).append(step, as_number(value))
-        total = frame.get("grad_norm_total")
-        if total is not None:
-            self.grad_total.append(step, as_number(total))
-        self._apply_layer_values(frame)
-        self.learning_rates = [as_number(x) for x in frame.get("lr") or []]
-        self.none_grads = int(frame.get("none_grads", 0))
+        self.dropped = view.dropped or self.dropped
+        self._recent.append((view.time, step))
+        self._note_probe_cost(view.probe_time, view.duration)
+        for name, value in view.scalars.items():
+            self._series(self.scalars, name).append(step, value)
+        if view.grad_norm_total is not None:
+            self.grad_total.append(step, view.grad_norm_total)
+        self._apply_layer_values(view)
+        self.learning_rates = list(view.lrs)
+        self.none_grads = view.none_grads
         return True
 
-    def _note_probe_cost(self, frame: Frame) -> None:
-        probe_time, duration = frame.get("probe_time"), frame.get("duration")
+    def _note_probe_cost(self, probe_time: float | None, duration: float | None) -> None:
         if probe_time is None or duration is None:
             return
-        probe_time, duration = as_number(probe_time), as_number(duration)
         if math.isfinite(probe_time) and math.isfinite(duration) and duration > 0:
             self._probe_cost.append((max(probe_time, 0.0), duration))
 
-    def apply_eval(self, frame: Frame) -> None:
-        step = int(frame.get("step", self.last_step))
-        for name, value in (frame.get("scalars") or {}).items():
-            self._series(self.eval_scalars, name).append(step, as_number(value))
+    def apply_eval(self, view: EvalView) -> None:
+        for name, value in view.scalars.items():
+            self._series(self.eval_scalars, name).append(view.step, value)
 
-    def _apply_layer_values(self, frame: Frame) -> None:
-        grad_norms = frame.get("grad_norms")
-        if grad_norms is not None and len(grad_norms) == len(self.layers):
-            self.grad_norms = _floats(grad_norms)
+    def _apply_layer_values(self, view: StepView) -> None:
+        count = len(self.layers)
+        if len(view.grad_norms) == count and count:
+            self.grad_norms = list(view.grad_norms)
             self.grad_records.append(self.grad_norms)
-            span = frame.get("span")
-            first = int(span[0]) if isinstance(span, list) and span else None
-            self.heatmap.add(int(frame["step"]), self.grad_norms, first_step=first)
-        param_norms = frame.get("param_norms")
-        if param_norms is not None and len(param_norms) == len(self.layers):
-            self.param_norms = _floats(param_norms)
-        ratios = frame.get("update_ratios")
-        if ratios is not None and len(ratios) == len(self.layers):
-            self.update_ratios = _floats(ratios)
+            self.heatmap.add(view.step, self.grad_norms, first_step=view.first_step)
+        if view.param_norms is not None and len(view.param_norms) == count:
+            self.param_norms = list(view.param_norms)
+        if view.update_ratios is not None and len(view.update_ratios) == count:
+            self.update_ratios = list(view.update_ratios)
 
-    def diagnose(self, frame: Frame) -> list[AlertChange]:
+    def diagnose(self, view: StepView | EvalView) -> list[AlertChange]:
         """Run the diagnosis rules on a step or eval record; keep what they raise."""
-        return self._keep(self.diagnoser.observe(frame), int(frame.get("step",
-                                                                       self.last_step)))
+        changes = (self.diagnoser.observe_step(view) if isinstance(view, StepView)
+                   else self.diagnoser.observe_eval(view))
+        return self._keep(changes, view.step)
 
     def finish_diagnosis(self) -> list[AlertChange]:
         """The run ended: what the diagnoser still held back (a consequence that waited
@@ -297,14 +291,3 @@ class RunState:
 
 def _int(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-FLOATS_OR_NONE = frozenset({float, type(None)})
-
-
-def _floats(values: list[Any]) -> list[float | None]:
-    """A frame's checked numbers as floats: a list of floats (and None), as nearly all
-    are, is kept as it is (its types gathered in C); others are converted."""
-    if set(map(type, values)) <= FLOATS_OR_NONE:
-        return values
-    return [v if type(v) is float else (None if v is None else as_number(v)) for v in values]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from probes.diagnosis import Alert, AlertChange, Diagnoser, Thresholds
+from probes.schema import EvalView, StepView
 from probes.wire import Frame
 from tui.events import (
     AckReceived,
@@ -62,14 +63,16 @@ class MonitorState:
         if not self._fresh(run, frame):
             return []
         if kind == "step":
-            if not run.apply_step(frame):
+            view = StepView.from_record(frame)  # parsed once, for the state and diagnosis
+            if not run.apply_step(view):
                 return [self.reject(run.name, f"step {frame['step']} is not after step "
                                               f"{run.last_step}: dropped")]
-            changes = run.diagnose(frame)
+            changes = run.diagnose(view)
             return self._job_incidents(run) + self._alert_events(run, changes)
         if kind == "eval":
-            run.apply_eval(frame)
-            return self._alert_events(run, run.diagnose(frame))
+            eval_view = EvalView.from_record(frame)
+            run.apply_eval(eval_view)
+            return self._alert_events(run, run.diagnose(eval_view))
         if kind == "alert":
             return self._probe_alert(run, frame)
         if kind == "ack":

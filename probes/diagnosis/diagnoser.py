@@ -90,18 +90,25 @@ class Diagnoser:
         """Take one step or eval record; return the alerts raised or cleared by it."""
         kind = record.get("kind")
         if kind == "step":
-            view = self.last_view = StepView.from_record(record)
-            self.history.add_step(view, keep_first=self.thresholds.smoothing_steps)
-            for index, rule in enumerate(self.rules):
-                self._update(index, rule.on_step(self.history, view))
-            return self._settle(view.first, view.step)
+            return self.observe_step(StepView.from_record(record))
         if kind == "eval":
-            eval_view = EvalView.from_record(record)
-            self.history.evals.append(eval_view)
-            for index, rule in enumerate(self.rules):
-                self._update(index, rule.on_eval(self.history, eval_view))
-            return self._settle(eval_view.step, eval_view.step)
+            return self.observe_eval(EvalView.from_record(record))
         return []
+
+    def observe_step(self, view: StepView) -> list[AlertChange]:
+        """Take one step record, parsed (``probes.schema``: the monitor parses once)."""
+        self.last_view = view
+        self.history.add_step(view, keep_first=self.thresholds.smoothing_steps)
+        for index, rule in enumerate(self.rules):
+            self._update(index, rule.on_step(self.history, view))
+        return self._settle(view.first, view.step)
+
+    def observe_eval(self, view: EvalView) -> list[AlertChange]:
+        """Take one eval record, parsed."""
+        self.history.evals.append(view)
+        for index, rule in enumerate(self.rules):
+            self._update(index, rule.on_eval(self.history, view))
+        return self._settle(view.step, view.step)
 
     def note_probe_alert(self, alert: Alert) -> None:
         """An alert raised in the training process (a structural or data check, the

@@ -46,10 +46,10 @@ if __package__ in (None, ""):  # run as a script: this checkout unless PYTHONPAT
 import torch
 
 import probes
+from probes.schema import check_frame
 from tests.bench.diagnosis_cases import CASES, Case
 from tests.collector import FrameCollector
 from tui.events import AlertRaised
-from tui.fields import check_frame
 from tui.state import MonitorState
 
 try:

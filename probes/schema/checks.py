@@ -1,4 +1,4 @@
-"""Check the fields the monitor reads from a frame, before any of them reaches the state.
+"""The field checks the monitor runs on every frame, before any of it reaches its state.
 
 A frame that decoded may still carry a string where a step number belongs, an
 ``Infinity`` step, a hello with two layers of one name. ``check_frame`` raises
