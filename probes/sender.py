@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from probes import thinning
-from probes.history import StepHistory, thin
+from probes.replay import ReplayHistory, thin
 from probes.wire import (
     Address,
     Frame,
@@ -156,7 +156,7 @@ class Sender:
         queue_size: entries the training thread may queue before the oldest are dropped.
         flush_interval: seconds between sends.
         max_steps_per_s: step records kept per second at most; faster runs are thinned
-            (``probes.history.thin``), never losing the first non-finite step.
+            (``probes.replay.thin``), never losing the first non-finite step.
         history_capacity: step records kept for replay to a late monitor.
         on_command: called on the sender thread with each command frame received.
         connected: the event to set while a monitor is connected (made if None).
@@ -187,7 +187,7 @@ class Sender:
         self._queue_size = queue_size
         self._flush_interval = flush_interval
         self._max_steps_per_s = max_steps_per_s
-        self._history = StepHistory(history_capacity)
+        self._history = ReplayHistory(history_capacity)
         self._merge = PendingMerge(anchor_every)
         self._on_command = on_command
         self._waiting: deque[PendingRecord] = deque()  # popped but not ready yet
@@ -257,7 +257,7 @@ class Sender:
 
         Step measurements beyond ``max_steps_per_s`` are thinned here, before they are
         turned into records, so a fast run costs the sender little per step; thinning
-        keeps a non-finite step over its neighbours (see ``probes.history.thin``).
+        keeps a non-finite step over its neighbours (see ``probes.replay.thin``).
         """
         queue = self._queue
         while queue:  # popleft and append are atomic: no lock with the training thread

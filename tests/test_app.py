@@ -7,7 +7,7 @@ import asyncio
 from probes.wire import FrameError
 from tests.frames import LAYERS, hello, short_run, step
 from tui.app import make_app
-from tui.sources import FramesSource
+from tui.sources import FrameListSource
 from tui.widgets import LayerTable, LossChart, RunList, StatusLine
 
 
@@ -39,7 +39,7 @@ async def settle(pilot, app, predicate, timeout: float = 5.0) -> None:
 
 
 async def test_frames_show_in_status_chart_and_layer_table() -> None:
-    app = make_app(FramesSource(short_run(30)))
+    app = make_app(FrameListSource(short_run(30)))
     async with app.run_test(size=(120, 40)) as pilot:
         status = app.query_one(StatusLine)
         await settle(pilot, app, lambda: "step 29" in status.text)
@@ -60,7 +60,7 @@ async def test_frames_show_in_status_chart_and_layer_table() -> None:
 
 async def test_non_finite_values_are_shown_as_such() -> None:
     frames = [*short_run(5), step(5, loss=float("nan"), grad_norms=[1.0, float("inf"), None])]
-    app = make_app(FramesSource(frames))
+    app = make_app(FrameListSource(frames))
     async with app.run_test(size=(100, 30)) as pilot:
         chart = app.query_one(LossChart)
         await settle(pilot, app, lambda: chart.first_non_finite is not None)
@@ -73,7 +73,7 @@ async def test_non_finite_values_are_shown_as_such() -> None:
 
 async def test_several_runs_get_a_run_list_and_r_switches() -> None:
     frames = [*short_run(10, run="run-a", name="first"), *short_run(20, run="run-b", name="second")]
-    app = make_app(FramesSource(frames))
+    app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         status = app.query_one(StatusLine)
         await settle(pilot, app, lambda: "2 runs" in status.text)
@@ -86,7 +86,7 @@ async def test_several_runs_get_a_run_list_and_r_switches() -> None:
 
 async def test_rejected_frames_are_counted_not_fatal() -> None:
     frames = [*short_run(3), FrameError("malformed frame: boom"), step(3)]
-    app = make_app(FramesSource(frames))
+    app = make_app(FrameListSource(frames))
     async with app.run_test() as pilot:
         status = app.query_one(StatusLine)
         await settle(pilot, app, lambda: "step 3" in status.text)
@@ -113,7 +113,7 @@ async def test_views_redraw_at_frame_rate_not_per_record(monkeypatch) -> None:
 
 
 async def test_q_quits() -> None:
-    app = make_app(FramesSource(short_run(3)))
+    app = make_app(FrameListSource(short_run(3)))
     async with app.run_test() as pilot:
         await pilot.press("q")
         await pilot.pause(0.1)
@@ -130,7 +130,7 @@ def test_ema_is_bias_corrected_and_smooths() -> None:
 
 
 async def test_s_toggles_smoothing_of_the_train_loss() -> None:
-    app = make_app(FramesSource(short_run(30)))
+    app = make_app(FrameListSource(short_run(30)))
     async with app.run_test(size=(120, 40)) as pilot:
         chart = app.query_one(LossChart)
         await settle(pilot, app, lambda: len(chart.plotted.get("train loss", [])) == 30)
@@ -166,7 +166,7 @@ async def test_alert_detail_shows_evidence_and_next_experiments() -> None:
     from tui.screens.alert_detail import AlertDetail
     from tui.widgets import AlertsPanel
 
-    app = make_app(FramesSource(exploding_run()))
+    app = make_app(FrameListSource(exploding_run()))
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.query_one(AlertsPanel)
         await settle(pilot, app, lambda: bool(panel.entries))
@@ -188,7 +188,7 @@ async def test_alert_detail_shows_evidence_and_next_experiments() -> None:
 async def test_alert_markers_on_the_chart_step_axis() -> None:
     from tui.widgets.loss_chart import _alert_markers
 
-    app = make_app(FramesSource(exploding_run()))
+    app = make_app(FrameListSource(exploding_run()))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app, lambda: bool(app.current_run and app.current_run.alerts))
         assert _alert_markers(app.current_run) == [(11, "red")]  # 100x its window low
@@ -196,7 +196,7 @@ async def test_alert_markers_on_the_chart_step_axis() -> None:
 
 async def test_l_cycles_the_loss_scale() -> None:
     frames = [*short_run(3)] + [step(i, loss=10.0 ** -i) for i in range(3, 9)]  # 8 decades
-    app = make_app(FramesSource(frames))
+    app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         chart = app.query_one(LossChart)
         await settle(pilot, app, lambda: len(chart.plotted.get("train loss", [])) == 9)
@@ -216,7 +216,7 @@ async def test_l_cycles_the_loss_scale() -> None:
 
 async def test_a_flood_of_bad_frames_makes_few_toasts() -> None:
     frames = [*short_run(3), *(FrameError(f"bad line {i}") for i in range(500))]
-    app = make_app(FramesSource(frames))
+    app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         status = app.query_one(StatusLine)
         await settle(pilot, app, lambda: "rejected 500" in status.text)  # all counted
@@ -226,18 +226,18 @@ async def test_a_flood_of_bad_frames_makes_few_toasts() -> None:
 
 async def test_an_anomaly_report_from_history_does_not_pop_up() -> None:
     from probes.wire import make_frame
-    from tui.screens.anomaly_report import AnomalyReport
+    from tui.screens.anomaly_report import AnomalyReportScreen
 
     report = make_frame("anomaly", run="run-a", step=2, outcome="clean", duration=0.01,
                         time=1000.0, seq=1)
     for replayed, pops_up in ((True, False), (False, True)):
         frame = {**report, "replayed": True} if replayed else report
-        app = make_app(FramesSource([*short_run(3), frame]))
+        app = make_app(FrameListSource([*short_run(3), frame]))
         async with app.run_test(size=(120, 40)) as pilot:
             await settle(pilot, app, lambda app=app: bool(
                 app.current_run and app.current_run.anomaly_reports))
             await pilot.pause(0.1)
-            assert isinstance(app.screen, AnomalyReport) is pops_up
+            assert isinstance(app.screen, AnomalyReportScreen) is pops_up
 
 
 async def test_a_model_with_thousands_of_layers_fills_rows_as_they_scroll_into_view() -> None:
@@ -247,7 +247,7 @@ async def test_a_model_with_thousands_of_layers_fills_rows_as_they_scroll_into_v
              for i in range(2000)]
     frames = [hello(layers=names), step(0, grad_norms=[float(i) for i in range(2000)],
                                         layers=2000)]
-    app = make_app(FramesSource(frames))
+    app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         table = app.query_one(LayerTable)
         await settle(pilot, app, lambda: table.row_count == 2000
@@ -278,7 +278,7 @@ async def test_an_incident_shows_its_layers_and_what_folded_under_it() -> None:
     from tui.screens.alert_detail import AlertDetail
     from tui.widgets import AlertsPanel
 
-    app = make_app(FramesSource(vanishing_stack_run()))
+    app = make_app(FrameListSource(vanishing_stack_run()))
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.query_one(AlertsPanel)
         await settle(pilot, app, lambda: bool(panel.entries and panel.entries[0].alert.folded))

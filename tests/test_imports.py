@@ -20,7 +20,7 @@ def loaded_after(statement: str) -> set[str]:
 @pytest.mark.parametrize("statement", [
     "import probes",
     "import probes; probes.watch",
-    "import probes.wire, probes.history",
+    "import probes.wire, probes.replay",
     "import probes.data_checks, probes.batch_checks, probes.reports, probes.clip",
     "import probes.control, probes.anomaly, probes.step, probes.measurer, probes.sampled",
     "import demo.trainer, demo.scenarios",
@@ -63,7 +63,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
 
 
 @pytest.mark.parametrize("module", ["probes.wire", "probes.schema", "probes.thinning",
-                                    "probes.history", "probes.diagnosis",
+                                    "probes.replay", "probes.diagnosis",
                                     "probes.diagnosis.ranks"])
 def test_the_probes_stdlib_parts_never_load_torch(module: str) -> None:
     loaded = loaded_after(f"import {module}")

@@ -14,7 +14,7 @@ from probes.wire import Address
 from tui.app import make_app
 from tui.monitor import Monitor
 from tui.run import RunState
-from tui.screens.anomaly_report import AnomalyReport
+from tui.screens.anomaly_report import AnomalyReportScreen
 from tui.server import MonitorServer
 from tui.sources import ServerSource
 
@@ -81,7 +81,7 @@ async def test_pause_step_anomaly_resume_from_the_keyboard(
         await until(lambda: bool(run().anomaly_reports), 20, pilot.pause)
         report = run().anomaly_reports[-1]
         assert report["outcome"] == "clean" and report["step"] == stopped_at + 2
-        await until(lambda: isinstance(app.screen, AnomalyReport), 5, pilot.pause)
+        await until(lambda: isinstance(app.screen, AnomalyReportScreen), 5, pilot.pause)
         await pilot.press("escape")
         await until(lambda: run().last_step == stopped_at + 2, 10, pilot.pause)
         assert run().control.get("paused") is True

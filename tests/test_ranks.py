@@ -288,11 +288,11 @@ def test_headless_lines_name_job_and_rank() -> None:
 async def test_the_app_shows_the_job_its_ranks_and_k_picks_one() -> None:
     from tests.test_app import settle
     from tui.app import make_app
-    from tui.sources import FramesSource
+    from tui.sources import FrameListSource
     from tui.widgets import LayerTable, RanksPanel, RunList
     from tui.widgets.run_list import list_items
 
-    app = make_app(FramesSource(job_frames()))
+    app = make_app(FrameListSource(job_frames()))
     app.notify = lambda *args, **kwargs: None  # type: ignore[method-assign]
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.query_one(RanksPanel)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from probes.history import thin
+from probes.replay import thin
 from probes.sender import _is_step, _merge_pending
 
 

@@ -24,7 +24,7 @@ from tests.frames import (
 )
 from tests.test_app import exploding_run
 from tui.app import make_app
-from tui.sources import FramesSource
+from tui.sources import FrameListSource
 from tui.widgets import AlertsPanel, LossChart
 
 SIZE = (120, 40)
@@ -57,7 +57,7 @@ def quiet(app: App) -> App:
 
 
 def app_on(frames: list) -> App:
-    return quiet(make_app(FramesSource(frames)))
+    return quiet(make_app(FrameListSource(frames)))
 
 
 def replay_over(app: App) -> bool:
@@ -140,7 +140,7 @@ def test_run_list(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
 def test_anomaly_report(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     app = app_on([*short_run(48), anomaly_report(48)])  # a live report opens by itself
     assert snap_compare(app, terminal_size=size, run_before=until(
-        lambda app: type(app.screen).__name__ == "AnomalyReport"))
+        lambda app: type(app.screen).__name__ == "AnomalyReportScreen"))
 
 
 @SIZES

@@ -16,7 +16,7 @@ from tests.frames import (
 from tests.test_app import exploding_run, settle
 from tui.app import make_app
 from tui.format import number
-from tui.sources import FramesSource
+from tui.sources import FrameListSource
 from tui.widgets import AlertsPanel, GradHeatmapView, LayerTable, LossChart, StatusLine
 
 
@@ -31,7 +31,7 @@ def replay_over(app) -> bool:
 
 
 async def test_at_80x24_the_status_line_is_whole_and_alerts_come_before_layers() -> None:
-    app = quiet(make_app(FramesSource(deep_run(80, probe_share=0.012))))
+    app = quiet(make_app(FrameListSource(deep_run(80, probe_share=0.012))))
     async with app.run_test(size=(80, 24)) as pilot:
         panel = app.query_one(AlertsPanel)
         await settle(pilot, app, lambda: replay_over(app) and len(panel.entries) >= 1)
@@ -50,7 +50,7 @@ async def test_at_80x24_the_status_line_is_whole_and_alerts_come_before_layers()
 
 
 async def test_the_probe_share_is_hidden_when_records_lack_it() -> None:
-    app = quiet(make_app(FramesSource(short_run(20))))
+    app = quiet(make_app(FrameListSource(short_run(20))))
     async with app.run_test(size=(160, 40)) as pilot:
         status = app.query_one(StatusLine)
         await settle(pilot, app, lambda: "step 19" in status.text)
@@ -62,7 +62,7 @@ async def test_status_counts_active_and_raised_and_the_panel_follows_the_checkli
               probe_alert("leakage", "warning", 18, seq=1),
               probe_alert("duplicates", "warning", 12, seq=2),
               probe_alert("broadcast_in_loss", "error", 19, seq=3)]
-    app = quiet(make_app(FramesSource(frames)))
+    app = quiet(make_app(FrameListSource(frames)))
     async with app.run_test(size=(160, 40)) as pilot:
         panel, status = app.query_one(AlertsPanel), app.query_one(StatusLine)
         await settle(pilot, app, lambda: replay_over(app) and len(panel.entries) == 4)
@@ -83,7 +83,7 @@ async def test_status_counts_active_and_raised_and_the_panel_follows_the_checkli
 async def test_h_toggles_the_heatmap_of_the_whole_run() -> None:
     frames = deep_run(60, layers=5)
     frames.append(step(60, "run-deep", grad_norms=[1e-5, math.nan, 1e-3, 0.0, 1.0], layers=5))
-    app = quiet(make_app(FramesSource(frames)))
+    app = quiet(make_app(FrameListSource(frames)))
     async with app.run_test(size=(100, 30)) as pilot:
         heat, table = app.query_one(GradHeatmapView), app.query_one(LayerTable)
         await settle(pilot, app, lambda: replay_over(app))
@@ -108,7 +108,7 @@ async def test_a_deep_model_heatmap_scrolls() -> None:
     names = [f"block{i}" for i in range(60)]
     frames = [hello(layers=names), *(step(i, grad_norms=[1.0 + j for j in range(60)],
                                           layers=60) for i in range(10))]
-    app = quiet(make_app(FramesSource(frames)))
+    app = quiet(make_app(FrameListSource(frames)))
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app, lambda: replay_over(app))
         await pilot.press("h")
@@ -124,7 +124,7 @@ async def test_m_compares_two_runs_with_losses_overlaid_and_ratios() -> None:
     from tui.screens.compare import ComparePicker, CompareScreen
     from tui.widgets.loss_overlay import LossOverlay
 
-    app = quiet(make_app(FramesSource(fixed_and_exploding(40))))
+    app = quiet(make_app(FrameListSource(fixed_and_exploding(40))))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app, lambda: replay_over(app) and len(app.state.runs) == 2)
         await pilot.press("m")
@@ -152,7 +152,7 @@ async def test_m_compares_two_runs_with_losses_overlaid_and_ratios() -> None:
 async def test_replay_of_several_logs_opens_on_their_comparison() -> None:
     from tui.screens.compare import CompareScreen
 
-    app = quiet(make_app(FramesSource(fixed_and_exploding(10)), mode="replay",
+    app = quiet(make_app(FrameListSource(fixed_and_exploding(10)), mode="replay",
                          compare_on_start=True))
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app, lambda: isinstance(app.screen, CompareScreen))
@@ -160,7 +160,7 @@ async def test_replay_of_several_logs_opens_on_their_comparison() -> None:
 
 
 async def test_m_with_one_run_says_how_to_compare() -> None:
-    app = make_app(FramesSource(short_run(5)))
+    app = make_app(FrameListSource(short_run(5)))
     async with app.run_test() as pilot:
         await settle(pilot, app, lambda: replay_over(app))
         await pilot.press("m")
@@ -183,7 +183,7 @@ async def test_the_demo_app_shows_the_demo_help() -> None:
 
     from tests.test_app import plain
 
-    app = make_app(FramesSource(short_run(3)), mode="demo")
+    app = make_app(FrameListSource(short_run(3)), mode="demo")
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("question_mark")
         await settle(pilot, app, lambda: type(app.screen).__name__ == "HelpScreen")
@@ -193,7 +193,7 @@ async def test_the_demo_app_shows_the_demo_help() -> None:
 async def test_the_alert_detail_scrolls_to_its_end_at_80x24() -> None:
     from textual.containers import VerticalScroll
 
-    app = quiet(make_app(FramesSource(exploding_run())))
+    app = quiet(make_app(FrameListSource(exploding_run())))
     async with app.run_test(size=(80, 24)) as pilot:
         panel = app.query_one(AlertsPanel)
         await settle(pilot, app, lambda: bool(panel.entries))

@@ -17,6 +17,7 @@ from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, OptionList
 
+from tui.dispatch import dispatch
 from tui.events import (
     AckReceived,
     AlertRaised,
@@ -31,7 +32,7 @@ from tui.layout import plan_rows
 from tui.monitor import Monitor
 from tui.run import RunState
 from tui.screens.alert_detail import AlertDetail
-from tui.screens.anomaly_report import AnomalyReport
+from tui.screens.anomaly_report import AnomalyReportScreen
 from tui.screens.checks import ChecksScreen
 from tui.screens.compare import ComparePicker, CompareScreen
 from tui.screens.confirm import Confirm
@@ -60,7 +61,7 @@ class TraintopApp(App[int]):
 
     Args:
         source: where frames come from (a ``ServerSource``, a ``ReplaySource``, or
-            a ``FramesSource`` in tests).
+            a ``FrameListSource`` in tests).
         record_path: append every received frame to this run log.
         mode: ``live`` (a socket), ``demo`` (q stops the trainer) or ``replay``; the
             help says what q and the commands do in each.
@@ -225,34 +226,50 @@ class TraintopApp(App[int]):
                 self.call_after_refresh(self.redraw, True)  # fitted to the new size
 
     def _on_monitor_events(self, events: list[MonitorEvent]) -> None:
-        for event in events:
-            if isinstance(event, RunConnected):
-                if self.selected_run is None or self._rank0_of_shown_job(event.run):
-                    self.selected_run = event.run.run_id
-                self.notify(f"{event.run.name} connected", timeout=3)
-            elif isinstance(event, RunDisconnected):
-                self.notify(f"{event.run.name}: {event.reason}", timeout=4)
-            elif isinstance(event, FrameRejected):
-                self._toast("rejected", event.message, title="frame rejected",
-                            severity="warning", timeout=5)
-            elif isinstance(event, AckReceived) and event.run.run_id == self.selected_run:
-                ack = event.ack
-                self.notify(str(ack.get("result", "")), title=f"{ack.get('command')}",
-                            severity="information" if ack.get("ok") else "warning", timeout=4)
-            elif isinstance(event, AnomalyReported) and event.run.run_id == self.selected_run:
-                live = not event.report.get("replayed")  # not an old one, sent on connect
-                if live and not isinstance(self.screen, AnomalyReport):
-                    self.push_screen(AnomalyReport(event.report))
-            elif isinstance(event, ProbeSwitchedOff):
-                self.notify(f"{event.run.name}: the probe switched itself off: "
-                            f"{event.message}", severity="error", timeout=10)
-            elif isinstance(event, AlertRaised) and event.run.run_id == self.selected_run:
-                alert = event.alert
-                self._toast("alert", f"{alert.kind} at step {alert.step:,}"
-                            + (f" on {alert.subject}" if alert.subject else ""),
-                            title=alert.severity,
-                            severity="error" if alert.severity == "error" else "warning",
-                            timeout=6)
+        dispatch(events, self)  # to the handle_... methods below (tui.dispatch)
+
+    def handle_run_connected(self, event: RunConnected) -> None:
+        if self.selected_run is None or self._rank0_of_shown_job(event.run):
+            self.selected_run = event.run.run_id
+        self.notify(f"{event.run.name} connected", timeout=3)
+
+    def handle_run_disconnected(self, event: RunDisconnected) -> None:
+        self.notify(f"{event.run.name}: {event.reason}", timeout=4)
+
+    def handle_frame_rejected(self, event: FrameRejected) -> None:
+        self._toast("rejected", event.message, title="frame rejected", severity="warning",
+                    timeout=5)
+
+    def handle_ack_received(self, event: AckReceived) -> None:
+        if event.run.run_id == self.selected_run:  # (a job's ranks all ack: one toast)
+            ack = event.ack
+            self.notify(str(ack.get("result", "")), title=f"{ack.get('command')}",
+                        severity="information" if ack.get("ok") else "warning", timeout=4)
+
+    def handle_anomaly_reported(self, event: AnomalyReported) -> None:
+        live = not event.report.get("replayed")  # not an old one, sent on connect
+        if (self._shown_or_its_job(event.run) and live
+                and not isinstance(self.screen, AnomalyReportScreen)):
+            self.push_screen(AnomalyReportScreen(event.report))
+
+    def handle_probe_switched_off(self, event: ProbeSwitchedOff) -> None:
+        self.notify(f"{event.run.name}: the probe switched itself off: {event.message}",
+                    severity="error", timeout=10)
+
+    def handle_alert_raised(self, event: AlertRaised) -> None:
+        if not self._shown_or_its_job(event.run):
+            return
+        alert = event.alert
+        self._toast("alert", f"{alert.kind} at step {alert.step:,}"
+                    + (f" on {alert.subject}" if alert.subject else ""),
+                    title=alert.severity,
+                    severity="error" if alert.severity == "error" else "warning", timeout=6)
+
+    def _shown_or_its_job(self, run: RunState) -> bool:
+        """The run the views show, or another rank of its job."""
+        shown = self.current_run
+        return shown is not None and (shown.run_id == run.run_id
+                                      or (run.job is not None and shown.job == run.job))
 
     def _toast(self, topic: str, message: str, **options: Any) -> None:
         """A toast, at most one per topic every ``TOAST_GAP_S``: a run raising alerts
@@ -334,7 +351,7 @@ class TraintopApp(App[int]):
         if run is None or not run.anomaly_reports:
             self.notify("no anomaly report yet: press a to run a step under anomaly mode")
             return
-        self.push_screen(AnomalyReport(run.anomaly_reports[-1]))
+        self.push_screen(AnomalyReportScreen(run.anomaly_reports[-1]))
 
     def action_view_checks(self) -> None:
         run = self.current_run

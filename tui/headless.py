@@ -18,13 +18,13 @@ from typing import TextIO
 
 from probes.diagnosis import RUNGS, at_least
 from probes.wire import Frame
+from tui.dispatch import dispatch
 from tui.events import (
     AckReceived,
     AlertCleared,
     AlertRaised,
     AnomalyReported,
     FrameRejected,
-    MonitorEvent,
     ProbeSwitchedOff,
     RunConnected,
     RunDisconnected,
@@ -41,8 +41,17 @@ ALERT_EXIT_STATUS = 3  # --fail-on: an alert of that severity or worse fired
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the monitor as Ctrl-C does
 
 
-class HeadlessMonitor(Monitor):
-    """A ``Monitor`` that prints what happens instead of drawing it."""
+class HeadlessMonitor:
+    """The monitor without a screen: a ``Monitor`` (composed, not extended) whose events
+    are printed, one line each; it is the sink a frame source feeds.
+
+    Args:
+        out: where lines go (None: ``sys.stdout`` at the time of each line).
+        summary_every: a summary line per run every this many steps.
+        record_path: write every received frame to this run log.
+        fail_on: stop (status 3) once an alert this severe or worse is raised.
+        state: the monitor state to feed (its thresholds, in the CLI).
+    """
 
     def __init__(
         self,
@@ -53,7 +62,8 @@ class HeadlessMonitor(Monitor):
         fail_on: str | None = None,
         state: MonitorState | None = None,
     ) -> None:
-        super().__init__(state, record_path=record_path, on_events=self._print_events)
+        self.monitor = Monitor(state, record_path=record_path,
+                               on_events=lambda events: dispatch(events, self))
         self.out = out  # None: whatever sys.stdout is when a line is printed
         self.summary_every = max(1, summary_every)
         self.fail_on = fail_on
@@ -63,17 +73,83 @@ class HeadlessMonitor(Monitor):
         self._summarised: dict[str, int] = {}
         self._replaying = False  # the frame being applied is history sent on connect
 
+    # --- the frame sink (what sources feed), passed on to the monitor ------------------
+
+    @property
+    def state(self) -> MonitorState:
+        return self.monitor.state
+
+    @property
+    def token(self) -> str | None:
+        return self.monitor.token
+
+    @token.setter
+    def token(self, token: str | None) -> None:
+        self.monitor.token = token
+
     def frame_received(self, conn: Connection, frame: Frame) -> None:
         # A monitor that connects late gets the run's history first: its pauses, acks
         # and anomaly reports are printed as history, and an old pause is not resumed.
         self._replaying = bool(frame.get("replayed"))
-        super().frame_received(conn, frame)
+        self.monitor.frame_received(conn, frame)
         if frame["kind"] == "step":
             run = self.state.runs.get(str(frame.get("run"))) or self.state.run_for(conn.id)
             if run is not None:
                 self._maybe_summarise(run)
 
-    def _resume(self, event: RunPaused) -> None:
+    def frame_rejected(self, conn: Connection, message: str) -> None:
+        self.monitor.frame_rejected(conn, message)
+
+    def connection_closed(self, conn: Connection, reason: str) -> None:
+        self.monitor.connection_closed(conn, reason)
+
+    def source_ended(self, reason: str) -> None:
+        self.monitor.source_ended(reason)
+
+    def send_command(self, run_id: str, command: str, **args: object) -> str | None:
+        return self.monitor.send_command(run_id, command, **args)
+
+    def tick(self) -> None:
+        self.monitor.tick()
+
+    def close(self) -> None:
+        self.monitor.close()
+
+    # --- what is printed -------------------------------------------------------------
+
+    def _maybe_summarise(self, run: RunState) -> None:
+        bucket = run.last_step // self.summary_every
+        if bucket > self._summarised.get(run.run_id, -1):
+            self._summarised[run.run_id] = bucket
+            self._line(summary_line(run))
+
+    def handle_run_connected(self, event: RunConnected) -> None:
+        meta = event.run.meta
+        self._line(f"connected run={event.run.name}{job_words(event.run)} "
+                   f"host={meta.get('host')} id={event.run.run_id} "
+                   f"pid={meta.get('pid')} layers={len(event.run.layers)}")
+        if event.run.control.get("paused"):  # paused before we came: take the wheel
+            self._line(f"PAUSED (when this monitor connected); resuming (headless) "
+                       f"run={event.run.name}")
+            self.send_command(event.run.run_id, "resume")
+
+    def handle_run_disconnected(self, event: RunDisconnected) -> None:
+        if event.run.alerts:
+            self._line(causes_line(event.run))
+        self._line(summary_line(event.run))
+        self._line(f"disconnected run={event.run.name}{job_words(event.run)} "
+                   f"reason={event.reason}")
+        if not any(run.connected for run in self.state.runs.values()):
+            self.all_done.set()
+
+    def handle_frame_rejected(self, event: FrameRejected) -> None:
+        self._line(f"rejected frame from={event.peer}: {event.message}")
+
+    def handle_alert_raised(self, event: AlertRaised) -> None:
+        self._line(f"{event.alert.line()} run={event.run.name}")
+        self._check_fail_on(event)
+
+    def handle_run_paused(self, event: RunPaused) -> None:
         """A headless monitor takes no keys: say why the run paused, and resume it."""
         if self._replaying:
             self._line(f"(history) PAUSED step={event.step} reason={event.reason!r} "
@@ -83,51 +159,20 @@ class HeadlessMonitor(Monitor):
                    f"run={event.run.name}")
         self.send_command(event.run.run_id, "resume")
 
-    def _maybe_summarise(self, run: RunState) -> None:
-        bucket = run.last_step // self.summary_every
-        if bucket > self._summarised.get(run.run_id, -1):
-            self._summarised[run.run_id] = bucket
-            self._line(summary_line(run))
+    def handle_probe_switched_off(self, event: ProbeSwitchedOff) -> None:
+        self._line(f"PROBE OFF run={event.run.name}: {event.message}")
 
-    def _print_events(self, events: list[MonitorEvent]) -> None:
-        for event in events:
-            if isinstance(event, RunConnected):
-                meta = event.run.meta
-                self._line(f"connected run={event.run.name}{job_words(event.run)} "
-                           f"host={meta.get('host')} id={event.run.run_id} "
-                           f"pid={meta.get('pid')} layers={len(event.run.layers)}")
-                if event.run.control.get("paused"):  # paused before we came: take the wheel
-                    self._line(f"PAUSED (when this monitor connected); resuming (headless) "
-                               f"run={event.run.name}")
-                    self.send_command(event.run.run_id, "resume")
-            elif isinstance(event, RunDisconnected):
-                if event.run.alerts:
-                    self._line(causes_line(event.run))
-                self._line(summary_line(event.run))
-                self._line(f"disconnected run={event.run.name}{job_words(event.run)} "
-                           f"reason={event.reason}")
-                if not any(run.connected for run in self.state.runs.values()):
-                    self.all_done.set()
-            elif isinstance(event, FrameRejected):
-                self._line(f"rejected frame from={event.peer}: {event.message}")
-            elif isinstance(event, AlertRaised):
-                self._line(f"{event.alert.line()} run={event.run.name}")
-                self._check_fail_on(event)
-            elif isinstance(event, RunPaused):
-                self._resume(event)
-            elif isinstance(event, ProbeSwitchedOff):
-                self._line(f"PROBE OFF run={event.run.name}: {event.message}")
-            elif isinstance(event, AnomalyReported):
-                self._line(self._history_mark() + anomaly_line(event.report)
-                           + f" run={event.run.name}")
-            elif isinstance(event, AckReceived):
-                ack = event.ack
-                self._line(f"{self._history_mark()}ACK {ack.get('command')} ok={ack.get('ok')} "
-                           f"step={ack.get('step')} "
-                           f"{ack.get('result', '')} run={event.run.name}")
-            elif isinstance(event, AlertCleared):
-                self._line(f"CLEARED {event.alert.kind} step={event.step} "
-                           f"subject={event.alert.subject or '-'} run={event.run.name}")
+    def handle_anomaly_reported(self, event: AnomalyReported) -> None:
+        self._line(self._history_mark() + anomaly_line(event.report) + f" run={event.run.name}")
+
+    def handle_ack_received(self, event: AckReceived) -> None:
+        ack = event.ack
+        self._line(f"{self._history_mark()}ACK {ack.get('command')} ok={ack.get('ok')} "
+                   f"step={ack.get('step')} {ack.get('result', '')} run={event.run.name}")
+
+    def handle_alert_cleared(self, event: AlertCleared) -> None:
+        self._line(f"CLEARED {event.alert.kind} step={event.step} "
+                   f"subject={event.alert.subject or '-'} run={event.run.name}")
 
     def _history_mark(self) -> str:
         return "(history) " if self._replaying else ""
@@ -229,6 +274,13 @@ def summary_line(run: RunState) -> str:
     return " ".join(parts)
 
 
+async def _tick_forever(monitor: HeadlessMonitor, every_s: float = 1.0) -> None:
+    """Let time pass in the monitor's state, once a second (it never returns)."""
+    while True:
+        await asyncio.sleep(every_s)
+        monitor.tick()
+
+
 async def run_headless(
     source: FrameSource,
     monitor: HeadlessMonitor,
@@ -259,6 +311,7 @@ async def run_headless(
         waiters.add(asyncio.create_task(monitor.all_done.wait()))
     if companion is not None:
         waiters.add(asyncio.create_task(_companion_gone(companion, monitor)))
+    waiters.add(asyncio.create_task(_tick_forever(monitor)))  # ranks gone quiet
     try:
         done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         if feeding in done and feeding.exception() is not None:

@@ -46,7 +46,7 @@ class ServerSource:
             await self.server.close()
 
 
-class FramesSource:
+class FrameListSource:
     """Feed a fixed sequence of frames (a test, a snapshot), then stay idle."""
 
     def __init__(self, frames: Iterable[Frame | FrameError], description: str = "frames") -> None:

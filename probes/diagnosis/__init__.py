@@ -31,7 +31,7 @@ from probes.diagnosis.catalog import CATALOG, RUNGS, rung_of
 from probes.diagnosis.diagnoser import RULES, Diagnoser
 from probes.diagnosis.rule import Findings, Rule
 from probes.diagnosis.thresholds import Thresholds
-from probes.diagnosis.views import EvalView, RunHistory, RunInfo, StepView, as_number, mean
+from probes.diagnosis.views import EvalView, RecentPast, RunInfo, StepView, as_number, mean
 
 __all__ = [
     "CATALOG",
@@ -43,8 +43,8 @@ __all__ = [
     "Diagnoser",
     "EvalView",
     "Findings",
+    "RecentPast",
     "Rule",
-    "RunHistory",
     "RunInfo",
     "Severity",
     "StepView",

@@ -30,7 +30,7 @@ from probes.diagnosis.update import (
     UpdatesNotApplied,
 )
 from probes.diagnosis.values import NonFinite
-from probes.diagnosis.views import EvalView, RunHistory, RunInfo, StepView
+from probes.diagnosis.views import EvalView, RecentPast, RunInfo, StepView
 
 Record = Mapping[str, Any]
 
@@ -67,7 +67,7 @@ class Diagnoser:
     def __init__(self, info: RunInfo | None = None,
                  thresholds: Thresholds | None = None) -> None:
         self.thresholds = thresholds or Thresholds()
-        self.history = RunHistory(info or RunInfo())
+        self.history = RecentPast(info or RunInfo())
         layer_rules = self.history.info.layer_rules
         self.rules = [rule(self.thresholds) for rule in RULES
                       if layer_rules or rule not in LAYER_RULES]

@@ -7,7 +7,7 @@ import math
 
 from probes.diagnosis.rule import Findings, Rule
 from probes.diagnosis.thresholds import Thresholds
-from probes.diagnosis.views import EvalView, RunHistory
+from probes.diagnosis.views import EvalView, RecentPast
 
 
 class EvalMode(Rule):
@@ -16,7 +16,7 @@ class EvalMode(Rule):
 
     kind = "eval_in_train_mode"
 
-    def on_eval(self, history: RunHistory, view: EvalView) -> Findings:
+    def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
         findings = []
         if view.train_mode_forwards:
             sensitive = history.info.mode_sensitive
@@ -41,7 +41,7 @@ class OverfittingSignal(Rule):
         super().__init__(thresholds)
         self._train_at: dict[int, float | None] = {}  # smoothed train loss at each eval
 
-    def on_eval(self, history: RunHistory, view: EvalView) -> Findings:
+    def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
         self._train_at.setdefault(
             view.step, history.smoothed_loss(view.step, self.t.smoothing_steps))
         if len(self._train_at) > 2 * (history.evals.maxlen or 256):  # keep what evals keep

@@ -19,7 +19,7 @@ from probes.diagnosis.rule import (
     spread,
 )
 from probes.diagnosis.thresholds import Thresholds
-from probes.diagnosis.views import RunHistory, RunInfo, StepView
+from probes.diagnosis.views import RecentPast, RunInfo, StepView
 from probes.schema import INPUT_SUFFIX
 
 
@@ -47,7 +47,7 @@ class ExplodingGradient(Rule):
         return value > self.t.exploding_norm or (
             growth >= self.t.exploding_growth and value > self.t.exploding_growth_floor)
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         # Growth matters only above its floor (and the bound alone above that): most
         # norms are below both, and their window needs no scan.
         floor = min(self.t.exploding_growth_floor, self.t.exploding_norm)
@@ -111,7 +111,7 @@ class VanishingGradient(Rule):
         self._streaks = Streaks()
         self._last_params: Sequence[float | None] | None = None
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.param_norms is not None:
             self._last_params = view.param_norms
         peaks = view.peak_grads
@@ -165,7 +165,7 @@ class NoneGradients(Rule):
         self._since: int | None = None
         self._missing: tuple[int, ...] = ()
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         missing = tuple(view.none_grad_params)
         if not missing or missing != self._missing:
             self._since = view.first if missing else None
@@ -202,7 +202,7 @@ class Activations(Rule):
         self._samples: dict[int, int] = {}
         self._since: dict[int, int] = {}
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.activations is None:
             return None
         info = history.info

@@ -13,7 +13,7 @@ from collections import deque
 from probes.diagnosis.alert import Severity
 from probes.diagnosis.rule import Findings, Rule
 from probes.diagnosis.thresholds import Thresholds
-from probes.diagnosis.views import RunHistory, StepView
+from probes.diagnosis.views import RecentPast, StepView
 
 WARM_UP_STEPS = 10  # the first steps pay one-time costs (imports, allocation): not counted
 
@@ -33,7 +33,7 @@ class ProbeOverhead(Rule):
         self._probe_sum = 0.0  # of the window, kept as it slides (read every record)
         self._step_sum = 0.0
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         probe, duration = view.probe_time, view.duration
         if probe is None or duration is None or not (
                 math.isfinite(probe) and math.isfinite(duration)) or duration <= 0:
@@ -63,7 +63,7 @@ class ProbeOverhead(Rule):
             "probe_ms_per_step": 1000 * probe_sum / covered,
             "setting": self._setting(history, share)})]
 
-    def _setting(self, history: RunHistory, share: float) -> str:
+    def _setting(self, history: RecentPast, share: float) -> str:
         """The setting that would bring the share under the threshold: measure fewer
         steps (``every``) when plain steps cost too much, else sample less often."""
         plain = [w for w in self._window if not w[4]]

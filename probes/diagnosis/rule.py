@@ -9,7 +9,7 @@ from typing import Any
 from probes.diagnosis.alert import Alert, Severity
 from probes.diagnosis.catalog import entry
 from probes.diagnosis.thresholds import Thresholds
-from probes.diagnosis.views import EvalView, RunHistory, StepView
+from probes.diagnosis.views import EvalView, RecentPast, StepView
 
 Findings = list[Alert] | None  # None: this record says nothing new to this rule
 
@@ -24,10 +24,10 @@ class Rule:
     def __init__(self, thresholds: Thresholds) -> None:
         self.t = thresholds
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         return None
 
-    def on_eval(self, history: RunHistory, view: EvalView) -> Findings:
+    def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
         return None
 
     def alert(self, step: int, subject: str, evidence: dict[str, Any], *,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from probes.diagnosis.rule import Findings, Rule
 from probes.diagnosis.thresholds import Thresholds
-from probes.diagnosis.views import RunHistory, StepView, weighted_mean
+from probes.diagnosis.views import RecentPast, StepView, weighted_mean
 
 
 class FlatLoss(Rule):
@@ -23,7 +23,7 @@ class FlatLoss(Rule):
         self._flat = False
         self._began: tuple[int, int, float | None] | None = None  # (records, last step, loss)
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.step < self.t.flat_after_steps:
             return None
         # Counted in steps: a thinned run's first records stand for more steps each.

@@ -22,7 +22,7 @@ from probes.diagnosis.rule import (
     spread,
 )
 from probes.diagnosis.thresholds import Thresholds
-from probes.diagnosis.views import RunHistory, StepView
+from probes.diagnosis.views import RecentPast, StepView
 
 
 class GradNotCleared(Rule):
@@ -36,7 +36,7 @@ class GradNotCleared(Rule):
         super().__init__(thresholds)
         self._since: int | None = None
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if history.info.grad_accumulation:
             return []
         if not view.optimizer_stepped:
@@ -67,7 +67,7 @@ class UpdateRatio(Rule):
         self._since: dict[int, int] = {}
         self._side: dict[int, str] = {}
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.update_ratios is None:
             return None  # not a sampled step: no news
         found: dict[int, float] = {}
@@ -114,7 +114,7 @@ class UpdatesNotApplied(Rule):
         self._why: dict[int, str] = {}
         self._versions_trusted = True  # until a sampled step contradicts them
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if not view.optimizer_stepped or history.info.every > 1:
             return None
         versions = history.info.update_check and self._versions_trusted
@@ -176,7 +176,7 @@ class _UpdateStreak(Rule):
     def threshold(self) -> int:
         raise NotImplementedError
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if history.info.every > 1:
             return []  # the unmeasured steps may be the ones that update
         if view.optimizer_stepped or view.non_finite_grads != self.non_finite:
@@ -226,7 +226,7 @@ class LossSpike(Rule):
         self._start: float | None = None  # the first finite loss: the run's scale
         self._first_step: int | None = None
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         loss = view.loss_max
         if loss is None:
             return []

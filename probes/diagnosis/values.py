@@ -11,7 +11,7 @@ import math
 from probes.diagnosis.alert import Alert, Severity
 from probes.diagnosis.rule import Findings, Rule
 from probes.diagnosis.thresholds import Thresholds
-from probes.diagnosis.views import EvalView, RunHistory, RunInfo, StepView
+from probes.diagnosis.views import EvalView, RecentPast, RunInfo, StepView
 
 
 class NonFinite(Rule):
@@ -26,14 +26,14 @@ class NonFinite(Rule):
         self._step_found: tuple[str, float] | None = None
         self._eval_found: tuple[str, float] | None = None
 
-    def on_step(self, history: RunHistory, view: StepView) -> Findings:
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
         self._step_found = _first_non_finite_step_field(view, history.info)
         # A record standing for several steps says at which one the first appeared.
         step = view.first_non_finite_step if view.first_non_finite_step is not None else (
             view.step)
         return self._hold(step, self._step_found or self._eval_found)
 
-    def on_eval(self, history: RunHistory, view: EvalView) -> Findings:
+    def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
         bad = next((k for k, v in view.scalars.items() if not math.isfinite(v)), None)
         # an eval's verdict holds until the next eval, a step's until the next step
         self._eval_found = None if bad is None else (f"eval.{bad}", view.scalars[bad])

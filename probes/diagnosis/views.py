@@ -15,8 +15,16 @@ from typing import ClassVar
 
 from probes.schema.views import EvalView, Record, RunInfo, StepView, as_number
 
-__all__ = ["EvalView", "Record", "RunHistory", "RunInfo", "StepView", "as_number", "mean",
-           "weighted_mean"]
+__all__ = [
+    "EvalView",
+    "RecentPast",
+    "Record",
+    "RunInfo",
+    "StepView",
+    "as_number",
+    "mean",
+    "weighted_mean",
+]
 
 
 def mean(values: Sequence[float]) -> float:
@@ -26,7 +34,7 @@ def mean(values: Sequence[float]) -> float:
 
 
 @dataclass
-class RunHistory:
+class RecentPast:
     """The bounded recent past the rules look at."""
 
     info: RunInfo

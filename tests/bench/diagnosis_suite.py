@@ -60,7 +60,7 @@ except ImportError:  # an older monitor
 try:
     from probes.thinning import thin_records
 except ImportError:  # an older probes: its own thinning (keep the last of each group)
-    from probes.history import merge_steps, thin
+    from probes.replay import merge_steps, thin
 
     def thin_records(records: list[dict[str, Any]], group: int, *,
                      keep_first: bool = True) -> list[dict[str, Any]]:

@@ -23,12 +23,12 @@ OUTCOME_TEXT = {
 }
 
 
-class AnomalyReport(PanelScreen):
+class AnomalyReportScreen(PanelScreen):
     """Modal view of one anomaly report; Escape or q closes it."""
 
     BINDINGS = [Binding("escape,q,v", "dismiss", "Close")]
     DEFAULT_CSS = """
-    AnomalyReport > VerticalScroll {
+    AnomalyReportScreen > VerticalScroll {
         width: 95%;
         max-width: 130;
         max-height: 95%;

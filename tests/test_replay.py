@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from probes.history import StepHistory, has_non_finite, merge_steps, span_of, thin
+from probes.replay import ReplayHistory, has_non_finite, merge_steps, span_of, thin
 
 Record = dict[str, Any]
 
@@ -188,18 +188,18 @@ def test_thin_keep_first() -> None:
     assert span_of(without[0])[1] > 0
 
 
-# --- StepHistory -------------------------------------------------------------------------
+# --- ReplayHistory -------------------------------------------------------------------------
 
 
 def test_capacity_too_small() -> None:
     for capacity in (-1, 0, 3):
         with pytest.raises(ValueError):
-            StepHistory(capacity)
-    assert StepHistory(4).capacity == 4
+            ReplayHistory(capacity)
+    assert ReplayHistory(4).capacity == 4
 
 
 def test_history_small_run_kept_exactly() -> None:
-    history = StepHistory(capacity=64)
+    history = ReplayHistory(capacity=64)
     records = [step(i) for i in range(30)]
     for record in records:
         history.add(record)
@@ -209,7 +209,7 @@ def test_history_small_run_kept_exactly() -> None:
 
 def test_history_long_run_bounded() -> None:
     capacity = 64
-    history = StepHistory(capacity=capacity)
+    history = ReplayHistory(capacity=capacity)
     records = [step(i) for i in range(10_000)]
     for record in records:
         history.add(record)
@@ -232,7 +232,7 @@ def test_history_long_run_bounded() -> None:
 
 
 def test_history_replay_order() -> None:
-    history = StepHistory(capacity=8)
+    history = ReplayHistory(capacity=8)
     added_others: list[Record] = []
     added_evals: list[Record] = []
     for i in range(50):
@@ -273,7 +273,7 @@ def test_history_replay_order() -> None:
 
 
 def test_history_keeps_non_finite_after_heavy_thinning() -> None:
-    history = StepHistory(capacity=16)
+    history = ReplayHistory(capacity=16)
     for i in range(5_000):
         history.add(step(i, math.nan if i == 5 else None))
     replay = history.replay()
@@ -287,7 +287,7 @@ def test_history_keeps_non_finite_after_heavy_thinning() -> None:
 
 
 def test_history_first_step_non_finite() -> None:
-    history = StepHistory(capacity=4)
+    history = ReplayHistory(capacity=4)
     history.add(step(0, math.inf))
     for i in range(1, 200):
         history.add(step(i))
@@ -298,7 +298,7 @@ def test_history_first_step_non_finite() -> None:
 
 
 def test_merged_history_records_updated_if_any_step_did() -> None:
-    from probes.history import merge_steps
+    from probes.replay import merge_steps
 
     records = [{"kind": "step", "step": n, "optimizer_step": False} for n in range(3)]
     assert merge_steps(records)["optimizer_step"] is False

@@ -96,7 +96,7 @@ def thin(
     return out
 
 
-class StepHistory:
+class ReplayHistory:
     """A run's history for replay, in bounded memory.
 
     Step records: the first is kept as is; the rest at full resolution while they fit in
