@@ -16,10 +16,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("scenario", nargs="?", help="which scenario (see --list)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    parser.add_argument("--steps", type=int, help="train this many steps (default: the "
-                        "scenario's own)")
-    parser.add_argument("--delay", type=float, help="seconds to sleep between steps "
-                        "(default: the scenario's pace for watching; 0 for full speed)")
+    parser.add_argument(
+        "--steps", type=int, help="train this many steps (default: the scenario's own)"
+    )
+    parser.add_argument(
+        "--delay",
+        type=float,
+        help="seconds to sleep between steps "
+        "(default: the scenario's pace for watching; 0 for full speed)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fixed", action="store_true", help="run the corrected version")
     args = parser.parse_args(argv)
@@ -58,8 +63,11 @@ def run_job_scenario(args: argparse.Namespace) -> int:
 
     name = args.scenario + (" (fixed)" if args.fixed else "")
     delay = 0.02 if args.delay is None else max(args.delay, 0.0)
-    run_job(JobOptions(name=name, steps=args.steps or 300, delay=delay,
-                       desync=not args.fixed, seed=args.seed))
+    run_job(
+        JobOptions(
+            name=name, steps=args.steps or 300, delay=delay, desync=not args.fixed, seed=args.seed
+        )
+    )
     return 0
 
 

@@ -21,52 +21,88 @@ class ScenarioInfo:
 SCENARIOS: dict[str, ScenarioInfo] = {
     "healthy": ScenarioInfo(
         "a small MLP learns a synthetic task; train and validation loss fall together",
-        (), view="loss chart", fixable=False),
+        (),
+        view="loss chart",
+        fixable=False,
+    ),
     "exploding": ScenarioInfo(
         "learning rate far too high: per-layer gradient norms climb until non-finite",
-        ("exploding_gradient", "non_finite"), view="layer table, alerts"),
+        ("exploding_gradient", "non_finite"),
+        view="layer table, alerts",
+    ),
     "vanishing": ScenarioInfo(
         "a deep sigmoid stack: the first layers' gradients are 1e-4 to 1e-8 of the last's",
-        ("vanishing_gradient",), subject="0", view="layer table (yellow rows)"),
+        ("vanishing_gradient",),
+        subject="0",
+        view="layer table (yellow rows)",
+    ),
     "nan-forward": ScenarioInfo(
         "-log(1 - sigmoid(z)) hits log(0) once the score saturates: an inf is born in "
         "a named module's forward",
-        ("guard_skipped_update", "non_finite"), view="guard pause, then a: anomaly report"),
+        ("guard_skipped_update", "non_finite"),
+        view="guard pause, then a: anomaly report",
+    ),
     "nan-backward": ScenarioInfo(
         "a hand-written norm, sqrt(sum(h**2)), at h = 0: finite forward, NaN gradient "
         "(PowBackward0)",
-        ("guard_skipped_update", "non_finite"), view="guard pause, then a: anomaly report"),
+        ("guard_skipped_update", "non_finite"),
+        view="guard pause, then a: anomaly report",
+    ),
     "overfit": ScenarioInfo(
         "a big MLP on 48 examples: training loss falls while validation loss rises",
-        ("overfitting_signal",), view="loss chart (diverging curves), alerts"),
+        ("overfitting_signal",),
+        view="loss chart (diverging curves), alerts",
+    ),
     "flat-loss": ScenarioInfo(
         "labels shuffled: the training loss stays where it started",
-        ("flat_loss",), view="loss chart, alerts"),
+        ("flat_loss",),
+        view="loss chart, alerts",
+    ),
     "dead-relu": ScenarioInfo(
         "a ReLU layer initialised with bias -10: its outputs are all exactly zero",
-        ("dead_activations",), subject="act1", view="layer table (grey row), alerts"),
+        ("dead_activations",),
+        subject="act1",
+        view="layer table (grey row), alerts",
+    ),
     "no-zero-grad": ScenarioInfo(
         "optimizer.zero_grad() forgotten: gradients accumulate across steps",
-        ("grad_not_cleared",), view="alerts, growing grad norms"),
+        ("grad_not_cleared",),
+        view="alerts, growing grad norms",
+    ),
     "eval-mode": ScenarioInfo(
         "validation with dropout on and gradients recorded",
-        ("eval_in_train_mode", "eval_with_grad"), view="alerts"),
+        ("eval_in_train_mode", "eval_with_grad"),
+        view="alerts",
+    ),
     "none-grad": ScenarioInfo(
         "a branch detached from the loss: its parameters never get a gradient",
-        ("none_gradients",), subject="aux", view="layer table (magenta rows), alerts"),
+        ("none_gradients",),
+        subject="aux",
+        view="layer table (magenta rows), alerts",
+    ),
     "leakage": ScenarioInfo(
         "normalisation statistics fitted on train, validation and test together",
-        ("leakage",), subject="mean", view="checks view (c), alerts"),
+        ("leakage",),
+        subject="mean",
+        view="checks view (c), alerts",
+    ),
     "shape-bug": ScenarioInfo(
         "MSELoss given outputs [B, 1] and targets [B]: it broadcasts to [B, B]",
-        ("broadcast_in_loss",), subject="targets", view="checks view (c), alerts"),
+        ("broadcast_in_loss",),
+        subject="targets",
+        view="checks view (c), alerts",
+    ),
     "lr-too-low": ScenarioInfo(
         "Adam at lr 1e-7: updates are a millionth of the weights, the loss barely moves",
-        ("update_ratio",), view="layer table (update/w), alerts"),
+        ("update_ratio",),
+        view="layer table (update/w), alerts",
+    ),
     "ddp-desync": ScenarioInfo(
         "a 2-rank DDP job that calls the inner module on every other step: those steps "
         "skip the all-reduce and the replicas drift apart while every loss looks fine",
-        ("replicas_diverged",), view="job view (ranks), alerts"),
+        ("replicas_diverged",),
+        view="job view (ranks), alerts",
+    ),
 }
 
 #: Scenarios that are jobs of several ranks (``demo.ddp``), not one training loop.
@@ -85,8 +121,12 @@ def listing(width: int = 79) -> str:
         alert = f"-> {', '.join(info.alerts)}" if info.alerts else "-> no alert"
         # the arrow and the first alert stay together (a no-break space while wrapping)
         text = f"{info.summary} {alert.replace(' ', NBSP, 1)}"
-        wrapped = [line.replace(NBSP, " ") for line in textwrap.wrap(
-            text, width=max(width - names - 2, 20), break_on_hyphens=False)]
+        wrapped = [
+            line.replace(NBSP, " ")
+            for line in textwrap.wrap(
+                text, width=max(width - names - 2, 20), break_on_hyphens=False
+            )
+        ]
         lines.append(f"{name:<{names}}  {wrapped[0]}")
         lines += [" " * (names + 2) + more for more in wrapped[1:]]
     return "\n".join(lines)

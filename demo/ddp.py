@@ -64,12 +64,22 @@ def run_job(options: JobOptions) -> None:
 
 
 def _rank_main(rank: int, options: JobOptions, port: int) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "RANK": str(rank), "LOCAL_RANK": str(rank),
-                       "WORLD_SIZE": str(options.world_size)})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(options.world_size),
+        }
+    )
     torch.set_num_threads(1)  # tiny models; ranks share the machine
-    dist.init_process_group("gloo", rank=rank, world_size=options.world_size,
-                            timeout=timedelta(seconds=options.timeout_s))
+    dist.init_process_group(
+        "gloo",
+        rank=rank,
+        world_size=options.world_size,
+        timeout=timedelta(seconds=options.timeout_s),
+    )
     try:
         _train(rank, options)
     finally:
@@ -79,12 +89,13 @@ def _rank_main(rank: int, options: JobOptions, port: int) -> None:
 
 def _train(rank: int, options: JobOptions) -> None:
     torch.manual_seed(options.seed)  # the same initial weights on every rank
-    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
-                          nn.Linear(64, 1))
+    model = nn.Sequential(
+        nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)
+    )
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     train, _ = teacher_regression(2048, 256, seed=options.seed)
-    shard = type(train)(train.x[rank::options.world_size], train.y[rank::options.world_size])
+    shard = type(train)(train.x[rank :: options.world_size], train.y[rank :: options.world_size])
     batches = Batches(shard, 32, seed=options.seed + rank)
     loss_fn = nn.MSELoss()
     with probes.watch(ddp, optimizer, run=options.name) as probe:
@@ -92,8 +103,11 @@ def _train(rank: int, options: JobOptions) -> None:
             if options.die is not None and options.die == (rank, step):
                 os._exit(3)  # as a killed process: no goodbye, no flush
             x, y = batches.next()
-            if options.bad_shard is not None and rank == options.bad_shard[0] and (
-                    step >= options.bad_shard[1]):
+            if (
+                options.bad_shard is not None
+                and rank == options.bad_shard[0]
+                and (step >= options.bad_shard[1])
+            ):
                 x, y = x * 1e3, y * 1e3
             with probe.step():
                 optimizer.zero_grad(set_to_none=True)

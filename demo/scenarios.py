@@ -66,8 +66,9 @@ def healthy(fixed: bool = False) -> Setup:
     """
     train, val = teacher_regression(2048, 512)
     model = mlp(16, 64, 2)
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
-                 train, val, steps=1500)
+    return Setup(
+        model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(), train, val, steps=1500
+    )
 
 
 def exploding(fixed: bool = False) -> Setup:
@@ -79,8 +80,15 @@ def exploding(fixed: bool = False) -> Setup:
     train, val = teacher_regression(2048, 512)
     model = mlp(16, 64, 2)
     lr = 0.05 if fixed else 0.7
-    return Setup(model, torch.optim.SGD(model.parameters(), lr=lr), nn.MSELoss(),
-                 train, val, steps=200, watch_delay=0.1)
+    return Setup(
+        model,
+        torch.optim.SGD(model.parameters(), lr=lr),
+        nn.MSELoss(),
+        train,
+        val,
+        steps=200,
+        watch_delay=0.1,
+    )
 
 
 class LogComplement(nn.Module):
@@ -102,14 +110,28 @@ def nan_forward(fixed: bool = False) -> Setup:
     (``--fixed``): ``nn.Softplus()``, which is computed stably.
     """
     train, val = teacher_regression(2048, 512)
-    head: list[tuple[str, nn.Module]] = [("softplus", nn.Softplus())] if fixed else [
-        ("prob", nn.Sigmoid()), ("log_complement", LogComplement())]
-    model = nn.Sequential(OrderedDict([
-        ("encoder", nn.Linear(16, 32)), ("act", nn.Tanh()), ("score", nn.Linear(32, 1)),
-        *head]))
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-2), nn.MSELoss(),
-                 train, val, steps=400, watch_delay=0.05, guard=True,
-                 target_scale=2.0, target_shift=18.0)
+    head: list[tuple[str, nn.Module]] = (
+        [("softplus", nn.Softplus())]
+        if fixed
+        else [("prob", nn.Sigmoid()), ("log_complement", LogComplement())]
+    )
+    model = nn.Sequential(
+        OrderedDict(
+            [("encoder", nn.Linear(16, 32)), ("act", nn.Tanh()), ("score", nn.Linear(32, 1)), *head]
+        )
+    )
+    return Setup(
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-2),
+        nn.MSELoss(),
+        train,
+        val,
+        steps=400,
+        watch_delay=0.05,
+        guard=True,
+        target_scale=2.0,
+        target_shift=18.0,
+    )
 
 
 class Magnitude(nn.Module):
@@ -123,7 +145,7 @@ class Magnitude(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.stable:
             return torch.linalg.vector_norm(h, dim=1, keepdim=True)  # gradient 0 at 0
-        return torch.sqrt((h ** 2).sum(dim=1, keepdim=True))
+        return torch.sqrt((h**2).sum(dim=1, keepdim=True))
 
 
 def nan_backward(fixed: bool = False) -> Setup:
@@ -140,11 +162,26 @@ def nan_backward(fixed: bool = False) -> Setup:
     gen = torch.Generator().manual_seed(1)
     zero_rows = torch.randperm(len(train), generator=gen)[:2]
     train.x[zero_rows] = 0.0
-    model = nn.Sequential(OrderedDict([
-        ("encoder", nn.Linear(16, 32, bias=False)), ("act", nn.Tanh()),
-        ("magnitude", Magnitude(stable=fixed)), ("head", nn.Linear(1, 1))]))
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
-                 train, val, steps=400, watch_delay=0.05, guard=True)
+    model = nn.Sequential(
+        OrderedDict(
+            [
+                ("encoder", nn.Linear(16, 32, bias=False)),
+                ("act", nn.Tanh()),
+                ("magnitude", Magnitude(stable=fixed)),
+                ("head", nn.Linear(1, 1)),
+            ]
+        )
+    )
+    return Setup(
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        nn.MSELoss(),
+        train,
+        val,
+        steps=400,
+        watch_delay=0.05,
+        guard=True,
+    )
 
 
 def vanishing(fixed: bool = False) -> Setup:
@@ -156,8 +193,9 @@ def vanishing(fixed: bool = False) -> Setup:
     """
     train, val = teacher_regression(2048, 512)
     model = mlp(16, 32, 10, activation=nn.ReLU if fixed else nn.Sigmoid)
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
-                 train, val, steps=600)
+    return Setup(
+        model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(), train, val, steps=600
+    )
 
 
 def overfit(fixed: bool = False) -> Setup:
@@ -169,8 +207,16 @@ def overfit(fixed: bool = False) -> Setup:
     """
     train, val = teacher_regression(2048 if fixed else 48, 512, noise=0.3)
     model = mlp(16, 256, 3)
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
-                 train, val, steps=300, batch_size=48 if not fixed else 64, eval_every=20)
+    return Setup(
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        nn.MSELoss(),
+        train,
+        val,
+        steps=300,
+        batch_size=48 if not fixed else 64,
+        eval_every=20,
+    )
 
 
 def flat_loss(fixed: bool = False) -> Setup:
@@ -188,8 +234,14 @@ def flat_loss(fixed: bool = False) -> Setup:
     with torch.no_grad():  # start from uniform predictions: the loss starts at ln 4
         model[0].weight.zero_()
         model[0].bias.zero_()
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-2),
-                 nn.CrossEntropyLoss(), train, val, steps=500)
+    return Setup(
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-2),
+        nn.CrossEntropyLoss(),
+        train,
+        val,
+        steps=500,
+    )
 
 
 def dead_relu(fixed: bool = False) -> Setup:
@@ -200,14 +252,23 @@ def dead_relu(fixed: bool = False) -> Setup:
     the layer ``hidden1`` before it shows no gradient. Fix (``--fixed``): bias 0.
     """
     train, val = teacher_regression(2048, 512)
-    model = nn.Sequential(OrderedDict([
-        ("hidden1", nn.Linear(16, 64)), ("act1", nn.ReLU()),
-        ("hidden2", nn.Linear(64, 64)), ("act2", nn.ReLU()), ("out", nn.Linear(64, 1))]))
+    model = nn.Sequential(
+        OrderedDict(
+            [
+                ("hidden1", nn.Linear(16, 64)),
+                ("act1", nn.ReLU()),
+                ("hidden2", nn.Linear(64, 64)),
+                ("act2", nn.ReLU()),
+                ("out", nn.Linear(64, 1)),
+            ]
+        )
+    )
     if not fixed:
         with torch.no_grad():
             model.hidden1.bias.fill_(-10.0)
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
-                 train, val, steps=300)
+    return Setup(
+        model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(), train, val, steps=300
+    )
 
 
 def no_zero_grad(fixed: bool = False) -> Setup:
@@ -219,8 +280,15 @@ def no_zero_grad(fixed: bool = False) -> Setup:
     """
     train, val = teacher_regression(2048, 512)
     model = mlp(16, 64, 2)
-    return Setup(model, torch.optim.SGD(model.parameters(), lr=1e-2), nn.MSELoss(),
-                 train, val, steps=300, zero_grad=fixed)
+    return Setup(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1e-2),
+        nn.MSELoss(),
+        train,
+        val,
+        steps=300,
+        zero_grad=fixed,
+    )
 
 
 def eval_mode(fixed: bool = False) -> Setup:
@@ -233,8 +301,16 @@ def eval_mode(fixed: bool = False) -> Setup:
     """
     train, val = teacher_regression(2048, 512)
     model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Dropout(0.3), nn.Linear(64, 1))
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
-                 train, val, steps=200, eval_mode=fixed, eval_no_grad=fixed)
+    return Setup(
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        nn.MSELoss(),
+        train,
+        val,
+        steps=200,
+        eval_mode=fixed,
+        eval_no_grad=fixed,
+    )
 
 
 class Branches(nn.Module):
@@ -260,8 +336,9 @@ def none_grad(fixed: bool = False) -> Setup:
     """
     train, val = teacher_regression(2048, 512)
     model = Branches(detach_aux=not fixed)
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
-                 train, val, steps=200)
+    return Setup(
+        model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(), train, val, steps=200
+    )
 
 
 def leakage(fixed: bool = False) -> Setup:
@@ -286,8 +363,15 @@ def leakage(fixed: bool = False) -> Setup:
         probes.check_preprocessing({"mean": mean, "std": std}, train.x, every, probe=probe)
 
     model = mlp(16, 64, 2)
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
-                 standardise(train), standardise(val), steps=200, before_training=check)
+    return Setup(
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        nn.MSELoss(),
+        standardise(train),
+        standardise(val),
+        steps=200,
+        before_training=check,
+    )
 
 
 def shape_bug(fixed: bool = False) -> Setup:
@@ -307,8 +391,15 @@ def shape_bug(fixed: bool = False) -> Setup:
         probes.check_batch(setup.model, batch, setup.loss_fn, probe=probe)
 
     model = mlp(16, 64, 2)
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3), nn.MSELoss(),
-                 train, val, steps=300, before_training=check)
+    return Setup(
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        nn.MSELoss(),
+        train,
+        val,
+        steps=300,
+        before_training=check,
+    )
 
 
 def lr_too_low(fixed: bool = False) -> Setup:
@@ -319,8 +410,14 @@ def lr_too_low(fixed: bool = False) -> Setup:
     """
     train, val = teacher_regression(2048, 512)
     model = mlp(16, 64, 2)
-    return Setup(model, torch.optim.Adam(model.parameters(), lr=1e-3 if fixed else 1e-7),
-                 nn.MSELoss(), train, val, steps=300)
+    return Setup(
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-3 if fixed else 1e-7),
+        nn.MSELoss(),
+        train,
+        val,
+        steps=300,
+    )
 
 
 BUILDERS: dict[str, Callable[[bool], Setup]] = {

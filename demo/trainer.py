@@ -56,8 +56,7 @@ def train(
             if step % setup.eval_every == 0 or step == steps - 1:
                 val_loss = validate(setup, probe)
                 if step % print_every == 0 or step == steps - 1:
-                    print(f"step {step} loss {loss.item():.4g} val_loss {val_loss:.4g}",
-                          flush=True)
+                    print(f"step {step} loss {loss.item():.4g} val_loss {val_loss:.4g}", flush=True)
             if delay:
                 time.sleep(delay)
     return steps

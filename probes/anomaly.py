@@ -50,8 +50,12 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
     }
     values = data[finite]
     if values.numel():
-        stats.update(min=float(values.min()), max=float(values.max()),
-                     mean=float(values.mean()), abs_max=float(values.abs().max()))
+        stats.update(
+            min=float(values.min()),
+            max=float(values.max()),
+            mean=float(values.mean()),
+            abs_max=float(values.abs().max()),
+        )
     return stats
 
 
@@ -66,8 +70,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(t.detach()).all()) for t in tensors
-               if t.is_floating_point() or t.is_complex())
+    return all(
+        bool(torch.isfinite(t.detach()).all())
+        for t in tensors
+        if t.is_floating_point() or t.is_complex()
+    )
 
 
 @dataclass
@@ -171,8 +178,14 @@ class AnomalyStep:
             output=tensor_stats(next(t for t in outputs if not _all_finite([t]))),
         )
 
-    def finish(self, error: BaseException | None, *, scalars: dict[str, float],
-               paused: bool, raise_on_anomaly: bool) -> dict[str, Any]:
+    def finish(
+        self,
+        error: BaseException | None,
+        *,
+        scalars: dict[str, float],
+        paused: bool,
+        raise_on_anomaly: bool,
+    ) -> dict[str, Any]:
         """Turn everything off and return the anomaly report (a record)."""
         duration = time.perf_counter() - self.started
         self._restore_backward()
@@ -190,9 +203,15 @@ class AnomalyStep:
         _reemit_other_warnings(caught)
         return self._report(error, traceback_text, duration, scalars, paused, raise_on_anomaly)
 
-    def _report(self, error: BaseException | None, traceback_text: str, duration: float,
-                scalars: dict[str, float], paused: bool, raise_on_anomaly: bool
-                ) -> AnomalyReport:
+    def _report(
+        self,
+        error: BaseException | None,
+        traceback_text: str,
+        duration: float,
+        scalars: dict[str, float],
+        paused: bool,
+        raise_on_anomaly: bool,
+    ) -> AnomalyReport:
         frames = parse_frames(traceback_text)
         op = backward_op(error)
         outcome = "clean"
@@ -210,8 +229,11 @@ class AnomalyStep:
             "duration": duration,
             "backward_op": op,
             "message": "" if error is None else f"{type(error).__name__}: {error}"[:2000],
-            "forward_traceback": [f for f in frames if not _TORCH_PATH.search(f["file"])
-                                  and not f["file"].startswith("<")],
+            "forward_traceback": [
+                f
+                for f in frames
+                if not _TORCH_PATH.search(f["file"]) and not f["file"].startswith("<")
+            ],
             "first_non_finite": None if self.first is None else self.first.__dict__,
             "module_of_backward_op": locate_module(self.model, frames),
             "update_skipped": op is not None or error is not None,
@@ -246,8 +268,7 @@ def _reemit_other_warnings(caught: list[warnings.WarningMessage]) -> None:
         text = str(message.message)
         if "Anomaly Detection has been enabled" in text or "Traceback of forward call" in text:
             continue
-        warnings.warn_explicit(message.message, message.category, message.filename,
-                               message.lineno)
+        warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
 
 
 def parse_frames(traceback_text: str) -> list[dict[str, Any]]:
@@ -260,8 +281,14 @@ def parse_frames(traceback_text: str) -> list[dict[str, Any]]:
             continue
         following = lines[index + 1] if index + 1 < len(lines) else ""
         code = "" if _FRAME_PATTERN.match(following) else following.strip()
-        frames.append({"file": match.group(1), "line": int(match.group(2)),
-                       "function": match.group(3), "code": code})
+        frames.append(
+            {
+                "file": match.group(1),
+                "line": int(match.group(2)),
+                "function": match.group(3),
+                "code": code,
+            }
+        )
     return frames
 
 

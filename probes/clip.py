@@ -57,8 +57,13 @@ def clip_grad_norm_(
     watching = _probes_watching_any(params)
     for probe in watching:
         probe._clipping(float(max_norm), float(norm_type))
-    total = torch_clip_grad_norm_(params, max_norm, norm_type=norm_type,
-                                  error_if_nonfinite=error_if_nonfinite, foreach=foreach)
+    total = torch_clip_grad_norm_(
+        params,
+        max_norm,
+        norm_type=norm_type,
+        error_if_nonfinite=error_if_nonfinite,
+        foreach=foreach,
+    )
     for probe in watching:
         probe._clipped(total)
     return total

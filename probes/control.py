@@ -40,8 +40,7 @@ class ControlState:
     guard: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {"paused": self.paused, "anomaly_armed": self.anomaly_armed,
-                "guard": self.guard}
+        return {"paused": self.paused, "anomaly_armed": self.anomaly_armed, "guard": self.guard}
 
 
 class Control:
@@ -56,9 +55,17 @@ class Control:
         run_id: this run's id (part of the signed message).
     """
 
-    def __init__(self, *, connected: threading.Event, send: Callable[[Frame], None],
-                 scale_lr: Callable[[float], list[float]] | None, grace_s: float,
-                 token: str | None, run_id: str, guard: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        connected: threading.Event,
+        send: Callable[[Frame], None],
+        scale_lr: Callable[[float], list[float]] | None,
+        grace_s: float,
+        token: str | None,
+        run_id: str,
+        guard: bool = False,
+    ) -> None:
         self.state = ControlState(guard=guard)
         self._inbox: deque[Frame] = deque()
         self._scheduled: list[Frame] = []  # commands for a later step (training thread)
@@ -135,8 +142,9 @@ class Control:
     def _resume_orphaned(self) -> None:
         self.state.paused = False
         self.state.steps_allowed = 0
-        message = (f"no monitor connected while the run was paused; resumed after "
-                   f"{self._grace_s:g} s")
+        message = (
+            f"no monitor connected while the run was paused; resumed after {self._grace_s:g} s"
+        )
         warn(message)
         self._event("resumed", reason=message)
 
@@ -152,9 +160,15 @@ class Control:
         self._scheduled = later
         for frame in due:
             ok, result = self._apply(frame)
-            ack = {"kind": "ack", "id": frame.get("id"), "command": frame.get("command"),
-                   "ok": ok, "result": result, "step": self._step,
-                   "state": self.state.as_dict()}
+            ack = {
+                "kind": "ack",
+                "id": frame.get("id"),
+                "command": frame.get("command"),
+                "ok": ok,
+                "result": result,
+                "step": self._step,
+                "state": self.state.as_dict(),
+            }
             at = _at_step(frame)
             if at >= 0:
                 ack["at_step"] = at
@@ -182,8 +196,9 @@ class Control:
             command_id = int(frame.get("id", 0))
         except (TypeError, ValueError):
             return False
-        expected = command_signature(self._token, self._run_id, command_id, command,
-                                     frame.get("args") or {})
+        expected = command_signature(
+            self._token, self._run_id, command_id, command, frame.get("args") or {}
+        )
         return hmac.compare_digest(str(frame.get("auth", "")), expected)
 
     def _do_pause(self, args: dict[str, Any]) -> tuple[bool, str]:
@@ -223,7 +238,8 @@ class Control:
         self.state.guard = bool(args.get("on", not self.state.guard))
         self._event("guard", on=self.state.guard)
         return True, "guard on: non-finite gradients skip the update and pause" if (
-            self.state.guard) else "guard off"
+            self.state.guard
+        ) else "guard off"
 
     def _do_lr_scale(self, args: dict[str, Any]) -> tuple[bool, str]:
         factor = float(args.get("factor", 0))
@@ -236,8 +252,16 @@ class Control:
         return True, f"learning rate x{factor:g}: now {', '.join(f'{x:.3g}' for x in new)}"
 
     def _event(self, name: str, **fields: Any) -> None:
-        self._send({"kind": "event", "name": name, "step": self._step, "time": time.time(),
-                    "state": self.state.as_dict(), **fields})
+        self._send(
+            {
+                "kind": "event",
+                "name": name,
+                "step": self._step,
+                "time": time.time(),
+                "state": self.state.as_dict(),
+                **fields,
+            }
+        )
 
 
 def _at_step(frame: Frame) -> int:

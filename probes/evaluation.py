@@ -39,7 +39,8 @@ class EvalScope:
         self._counts: list[list[int]] = [[0, 0, 0] for _ in modules]
         self._handles: list[RemovableHandle] = [
             module.register_forward_pre_hook(eager(self._counter(i)))
-            for i, module in enumerate(modules)]
+            for i, module in enumerate(modules)
+        ]
 
     def _counter(self, index: int) -> Callable[[nn.Module, Any], None]:
         counts = self._counts[index]
@@ -49,6 +50,7 @@ class EvalScope:
             counts[0] += 1
             counts[1] += int(module.training)
             counts[2] += int(torch.is_grad_enabled())
+
         return count
 
     def remove_hooks(self) -> None:

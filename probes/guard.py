@@ -50,8 +50,7 @@ def find_non_finite(step: Measurement, layers: LayerMap) -> GuardTrip | None:
     return GuardTrip(step.step, ordered, [bad_layers[name] for name in ordered])
 
 
-def skip_update(params: Iterable[torch.Tensor],
-                optimizer: torch.optim.Optimizer | None) -> None:
+def skip_update(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> None:
     """Make the coming ``optimizer.step()`` change nothing: drop every gradient (the
     watched parameters', and those of the optimizer's groups)."""
     for param in params:
@@ -66,13 +65,21 @@ def guard_alert(trip: GuardTrip) -> Alert:
     """The alert the guard raises when it skips an update."""
     layers = ", ".join(trip.layers[:6])
     return Alert(
-        "guard_skipped_update", "error", trip.step, trip.layers[0] if trip.layers else "",
-        {"non_finite_layers": len(trip.layers), "layers": layers,
-         "first_value": trip.norms[0] if trip.norms else float("nan")},
+        "guard_skipped_update",
+        "error",
+        trip.step,
+        trip.layers[0] if trip.layers else "",
+        {
+            "non_finite_layers": len(trip.layers),
+            "layers": layers,
+            "first_value": trip.norms[0] if trip.norms else float("nan"),
+        },
         "Non-finite gradients reached optimizer.step(): the guard skipped this update, as "
         "GradScaler does, so the weights stay finite, and paused the run. It hides the "
         "symptom once; it does not remove the cause.",
-        ("Run the next step under anomaly detection (press a) to find the op and layer.",
-         "Lower the learning rate alone (x0.5) and resume.",
-         "Inspect this step's batch for extreme or non-finite inputs."),
+        (
+            "Run the next step under anomaly detection (press a) to find the op and layer.",
+            "Lower the learning rate alone (x0.5) and resume.",
+            "Inspect this step's batch for extreme or non-finite inputs.",
+        ),
     )

@@ -17,10 +17,19 @@ from probes.schema import HelloRecord
 from probes.wire import TOKEN_ENV
 
 
-def hello_fields(*, run_id: str, name: str, model: nn.Module, module: nn.Module,
-                 optimizer: torch.optim.Optimizer | None, layers: LayerMap,
-                 activations: list[list[object]], identity: JobIdentity,
-                 sync: str | None, options: WatchOptions) -> HelloRecord:
+def hello_fields(
+    *,
+    run_id: str,
+    name: str,
+    model: nn.Module,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    layers: LayerMap,
+    activations: list[list[object]],
+    identity: JobIdentity,
+    sync: str | None,
+    options: WatchOptions,
+) -> HelloRecord:
     """The hello frame's fields: the run, its place in its job, its model's layers (in
     the order of every per-layer array), and the settings the monitor reads."""
     hello: HelloRecord = {
@@ -40,9 +49,12 @@ def hello_fields(*, run_id: str, name: str, model: nn.Module, module: nn.Module,
         "params": list(layers.param_names),
         "activations": activations,
         "mode_sensitive_modules": count_mode_sensitive(model),
-        "config": {"every": options.every, "sample_every": options.sample_every,
-                   "grad_accumulation": options.grad_accumulation,
-                   "update_check": optimizer is not None},
+        "config": {
+            "every": options.every,
+            "sample_every": options.sample_every,
+            "grad_accumulation": options.grad_accumulation,
+            "update_check": optimizer is not None,
+        },
     }
     token = os.environ.get(TOKEN_ENV)
     if token:

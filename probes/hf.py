@@ -66,8 +66,15 @@ class TraintopCallback(TrainerCallback):  # type: ignore[misc]
 
     # --- the Trainer's events ------------------------------------------------------------
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                       optimizer: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
         trainer = _calling_trainer()
         if trainer is not None:
             model, optimizer = trainer.model, trainer.optimizer
@@ -82,8 +89,10 @@ class TraintopCallback(TrainerCallback):  # type: ignore[misc]
             options.setdefault("data_parallel", _sync_of(trainer))
         self.probe = watch(model, optimizer, run=name, **options)
         if trainer is None:
-            warn("TraintopCallback: the Trainer was not found on the call stack; the "
-                 "step's loss and the eval-mode checks are not recorded")
+            warn(
+                "TraintopCallback: the Trainer was not found on the call stack; the "
+                "step's loss and the eval-mode checks are not recorded"
+            )
             return
         self._wrap(trainer, "training_step", self._training_step)
         self._wrap(trainer, "evaluate", self._evaluate)
@@ -93,8 +102,7 @@ class TraintopCallback(TrainerCallback):  # type: ignore[misc]
             self._loss = None
             self.probe.begin_step(int(state.global_step))
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any,
-                              **kwargs: Any) -> None:
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.probe is not None:
             self.probe.gradients_final()  # read already, unless nothing clipped or stepped
 
@@ -107,8 +115,9 @@ class TraintopCallback(TrainerCallback):  # type: ignore[misc]
             self._loss = None
         probe.end_step()
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None,
-                    **kwargs: Any) -> None:
+    def on_evaluate(
+        self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any
+    ) -> None:
         probe = self.probe
         if probe is None or probe.closed:
             return
@@ -130,6 +139,7 @@ class TraintopCallback(TrainerCallback):  # type: ignore[misc]
                 loss = loss.detach()  # (it is already; a subclass's may not be)
                 self._loss = loss if self._loss is None else self._loss + loss
             return loss
+
         return training_step
 
     def _evaluate(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -141,10 +151,15 @@ class TraintopCallback(TrainerCallback):  # type: ignore[misc]
             finally:
                 if opened and probe is not None and probe.evaluating:
                     probe.end_evaluation()  # on_evaluate never came (an error)
+
         return evaluate
 
-    def _wrap(self, trainer: object, name: str,
-              wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def _wrap(
+        self,
+        trainer: object,
+        name: str,
+        wrapper: Callable[[Callable[..., Any]], Callable[..., Any]],
+    ) -> None:
         setattr(trainer, name, wrapper(getattr(trainer, name)))
         self._wrapped.append((trainer, name))
 
@@ -178,5 +193,8 @@ def _numbers(metrics: Any) -> dict[str, float]:
     """The numeric entries of an evaluation's metrics (``eval_runtime`` included)."""
     if not isinstance(metrics, dict):
         return {}
-    return {str(k): float(v) for k, v in metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {
+        str(k): float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }

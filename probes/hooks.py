@@ -22,8 +22,12 @@ Hook = TypeVar("Hook", bound=Callable[..., object])
 
 # Attribute under which each wrapper keeps the module it wraps: torch.compile's
 # OptimizedModule, DistributedDataParallel / DataParallel (and FSDP's wrapper).
-_WRAPPED = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module",
-            "DataParallel": "module", "FullyShardedDataParallel": "_fsdp_wrapped_module"}
+_WRAPPED = {
+    "OptimizedModule": "_orig_mod",
+    "DistributedDataParallel": "module",
+    "DataParallel": "module",
+    "FullyShardedDataParallel": "_fsdp_wrapped_module",
+}
 
 
 def compiling_possible() -> bool:
@@ -72,19 +76,24 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer | None:
         return None
     current = optimizer
     for _ in range(8):  # wrappers of wrappers, but never a cycle
-        inner = next((getattr(current, name) for name in _OPTIMIZER_ATTRIBUTES
-                      if isinstance(getattr(current, name, None), torch.optim.Optimizer)),
-                      None)
+        inner = next(
+            (
+                getattr(current, name)
+                for name in _OPTIMIZER_ATTRIBUTES
+                if isinstance(getattr(current, name, None), torch.optim.Optimizer)
+            ),
+            None,
+        )
         if inner is None:
             break
         current = inner
-    if isinstance(current, torch.optim.Optimizer) and hasattr(
-            current, "_optimizer_step_pre_hooks"):
+    if isinstance(current, torch.optim.Optimizer) and hasattr(current, "_optimizer_step_pre_hooks"):
         return current
     raise TypeError(
         "watch() takes the optimizer as its second argument: a torch.optim.Optimizer, or "
         "a wrapper that holds one (accelerate's, Lightning's); got "
-        f"{_describe(optimizer)}")
+        f"{_describe(optimizer)}"
+    )
 
 
 def _describe(value: object) -> str:

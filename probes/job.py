@@ -31,8 +31,13 @@ class JobIdentity:
         return self.world_size > 1
 
     def as_hello(self) -> dict[str, Any]:
-        return {"job": self.job, "rank": self.rank, "local_rank": self.local_rank,
-                "world_size": self.world_size, "host": self.host}
+        return {
+            "job": self.job,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "host": self.host,
+        }
 
 
 def job_identity(explicit_job: str | None = None) -> JobIdentity:
@@ -47,8 +52,9 @@ def job_identity(explicit_job: str | None = None) -> JobIdentity:
     rank, world = _rank_and_world()
     local_rank = _int(environ.get("LOCAL_RANK", environ.get("SLURM_LOCALID")), 0)
     job = explicit_job or environ.get(JOB_ENV) or _launcher_job(world)
-    return JobIdentity(job=job, rank=rank, local_rank=local_rank, world_size=world,
-                       host=socket.gethostname())
+    return JobIdentity(
+        job=job, rank=rank, local_rank=local_rank, world_size=world, host=socket.gethostname()
+    )
 
 
 def _launcher_job(world: int) -> str | None:

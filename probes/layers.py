@@ -98,4 +98,3 @@ def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameter elements, shared ones counted once."""
     unique = {id(p): p for p in model.parameters() if p.requires_grad}
     return sum(p.numel() for p in unique.values() if not is_lazy(p))
-

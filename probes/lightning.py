@@ -82,11 +82,16 @@ class TraintopCallback(*_BASES):  # type: ignore[misc]
             options.setdefault("data_parallel", "fsdp")
         elif "DDP" in strategy:
             options.setdefault("data_parallel", "ddp")
-        self.probe = watch(pl_module, optimizers[0] if optimizers else None,
-                           run=self.run or type(pl_module).__name__, **options)
+        self.probe = watch(
+            pl_module,
+            optimizers[0] if optimizers else None,
+            run=self.run or type(pl_module).__name__,
+            **options,
+        )
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
         probe = self.probe
         if probe is not None and not probe.in_step:
             self._loss = None
@@ -97,8 +102,9 @@ class TraintopCallback(*_BASES):  # type: ignore[misc]
         if self.probe is not None:
             self.probe.gradients_final()  # before Lightning clips
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         probe = self.probe
         if probe is None or not probe.in_step:
             return
@@ -126,8 +132,11 @@ class TraintopCallback(*_BASES):  # type: ignore[misc]
         # The metrics this validation logged: new ones, or new values (Lightning makes
         # new tensors for what it logs; the training metrics are left as they were).
         before = self._metrics_before
-        logged = {name: value for name, value in trainer.callback_metrics.items()
-                  if before.get(name) is not value}
+        logged = {
+            name: value
+            for name, value in trainer.callback_metrics.items()
+            if before.get(name) is not value
+        }
         probe.end_evaluation(**_numbers(logged))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:

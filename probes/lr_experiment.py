@@ -31,25 +31,37 @@ class LrExperiment:
         """True if the learning rates went back near their values before the change
         (a scheduler recomputing them from its base), not on with it (StepLR's decay)."""
         return len(now) == len(self.before) and all(
-            math.isclose(n, b, rel_tol=0.25) for n, b in zip(now, self.before, strict=True))
+            math.isclose(n, b, rel_tol=0.25) for n, b in zip(now, self.before, strict=True)
+        )
 
     def alert(self, step: int, now: list[float]) -> Alert:
         return Alert(
-            "lr_experiment_undone", "info", step, "",
-            {"factor": self.factor, "lr_before": self.before[0], "lr_set": self.set_to[0],
-             "lr_now": now[0], "lasted_steps": step - self.step},
+            "lr_experiment_undone",
+            "info",
+            step,
+            "",
+            {
+                "factor": self.factor,
+                "lr_before": self.before[0],
+                "lr_set": self.set_to[0],
+                "lr_now": now[0],
+                "lasted_steps": step - self.step,
+            },
             "The learning rate went back to about where it was before the change: the loop "
             "may set it each step (a scheduler recomputing it), so the experiment may not "
             "have lasted; a decay that happens to land there looks the same. The marker on "
             "the chart shows when it began, not that it held.",
-            ("Change the scheduler's base learning rate (max_lr, base_lrs) and restart.",
-             "Or step the scheduler less often while experimenting; nothing else changes.",
-             "Compare a few hundred steps before and after, on the same data order."),
+            (
+                "Change the scheduler's base learning rate (max_lr, base_lrs) and restart.",
+                "Or step the scheduler less often while experimenting; nothing else changes.",
+                "Compare a few hundred steps before and after, on the same data order.",
+            ),
         )
 
 
-def scale_learning_rates(optimizer: torch.optim.Optimizer, factor: float,
-                         first_step: int) -> tuple[list[float], LrExperiment | None]:
+def scale_learning_rates(
+    optimizer: torch.optim.Optimizer, factor: float, first_step: int
+) -> tuple[list[float], LrExperiment | None]:
     """Multiply every param group's learning rate by ``factor``; the new rates, and the
     experiment to watch from ``first_step`` (None with tensor rates: reading one on a
     device would sync)."""
@@ -65,8 +77,9 @@ def scale_learning_rates(optimizer: torch.optim.Optimizer, factor: float,
     return new, LrExperiment(first_step, factor, before, new) if plain else None
 
 
-def check_experiment(experiment: LrExperiment, optimizer: torch.optim.Optimizer,
-                     step: int) -> tuple[LrExperiment | None, Alert | None]:
+def check_experiment(
+    experiment: LrExperiment, optimizer: torch.optim.Optimizer, step: int
+) -> tuple[LrExperiment | None, Alert | None]:
     """Did the loop (a scheduler) set the learning rate back since the experiment? The
     experiment still to watch (None once it held, or moved), and the alert to send when
     it was undone."""

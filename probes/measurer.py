@@ -46,9 +46,16 @@ class StepMeasurer:
         on_error: called with an exception raised inside a hook of ours.
     """
 
-    def __init__(self, model: nn.Module, layers: LayerMap,
-                 optimizer: torch.optim.Optimizer | None, *, grad_accumulation: bool,
-                 on_error: Callable[[Exception], None], sample_every: int = 20) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: LayerMap,
+        optimizer: torch.optim.Optimizer | None,
+        *,
+        grad_accumulation: bool,
+        on_error: Callable[[Exception], None],
+        sample_every: int = 20,
+    ) -> None:
         self.layers = layers
         self.on_error = on_error  # a hook of ours must never raise into training
         self.sample_every = sample_every
@@ -59,7 +66,8 @@ class StepMeasurer:
         self.check_clearing = not grad_accumulation and bool(layers.params)
         # Tensor learning rates (capturable schedulers) travel with the batched copy.
         self._tensor_lrs = optimizer is not None and any(
-            isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups)
+            isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups
+        )
         self._note: _GradNote | None = None  # the gradient seen at the last update
         self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
         self._post_hook: RemovableHandle | None = None
@@ -237,8 +245,11 @@ class StepMeasurer:
         if note is None:
             return False
         grad = self.layers.params[note.param_index].grad
-        return grad is not None and note.grad() is grad and (
-            grad._version == note.version + 1 + self._in_place_ops)
+        return (
+            grad is not None
+            and note.grad() is grad
+            and (grad._version == note.version + 1 + self._in_place_ops)
+        )
 
     def _note_grad(self) -> None:
         self._note = None
@@ -255,8 +266,9 @@ class StepMeasurer:
                 self._note = _GradNote(index, weakref.ref(param.grad), param.grad._version)
                 return
 
-    def _append_tensor_scalars(self, step: Measurement,
-                               values: list[torch.Tensor]) -> tuple[str, ...]:
+    def _append_tensor_scalars(
+        self, step: Measurement, values: list[torch.Tensor]
+    ) -> tuple[str, ...]:
         """Append the logged tensor scalars (and tensor LRs) to ``values``; their names.
 
         On the CPU there is no device to wait for: they are read now (cheaper than a
@@ -283,8 +295,7 @@ class StepMeasurer:
         dtype = like.dtype if values and like.is_floating_point() else torch.float32
         for tensor in scalars.values():
             if tensor.dtype != dtype or tensor.device != like.device or tensor.dim():
-                tensor = tensor.reshape(()).to(device=like.device, dtype=dtype,
-                                               non_blocking=True)
+                tensor = tensor.reshape(()).to(device=like.device, dtype=dtype, non_blocking=True)
             values.append(tensor)
         return tuple(scalars)
 
@@ -295,5 +306,7 @@ class StepMeasurer:
         if not self._tensor_lrs:
             return [float(g.get("lr", math.nan)) for g in groups]
         # Tensor LRs travel with the batched copy (see _append_tensor_scalars).
-        return [math.nan if isinstance(g.get("lr"), torch.Tensor) else float(g.get("lr", math.nan))
-                for g in groups]
+        return [
+            math.nan if isinstance(g.get("lr"), torch.Tensor) else float(g.get("lr", math.nan))
+            for g in groups
+        ]

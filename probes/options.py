@@ -66,8 +66,9 @@ class WatchOptions:
         if self.on_anomaly not in ("pause", "raise"):
             raise ValueError(f"on_anomaly must be 'pause' or 'raise', got {self.on_anomaly!r}")
         if self.data_parallel not in (None, "ddp", "fsdp", "unknown"):
-            raise ValueError("data_parallel must be 'ddp', 'fsdp' or None, got "
-                             f"{self.data_parallel!r}")
+            raise ValueError(
+                f"data_parallel must be 'ddp', 'fsdp' or None, got {self.data_parallel!r}"
+            )
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> WatchOptions:
@@ -76,6 +77,8 @@ class WatchOptions:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(f"watch() got unknown option(s) {', '.join(unknown)}; the options "
-                            f"are: {', '.join(sorted(known))}")
+            raise TypeError(
+                f"watch() got unknown option(s) {', '.join(unknown)}; the options "
+                f"are: {', '.join(sorted(known))}"
+            )
         return cls(**options)

@@ -55,8 +55,12 @@ class Probe(StepBoundary):
         options: how to watch (``WatchOptions``; ``watch`` builds them from keywords).
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Any | None = None,
-                 options: WatchOptions | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Any | None = None,
+        options: WatchOptions | None = None,
+    ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs an nn.Module, got {type(model).__name__}")
         self.options = options = options or WatchOptions()
@@ -72,21 +76,28 @@ class Probe(StepBoundary):
         self.data_parallel = options.data_parallel or sync_of(model, self.identity)
         self._param_ids = {id(p) for p in self.layers.params}
         self._init_state()
-        self._measurer = StepMeasurer(self.module, self.layers, real_optimizer,
-                                      grad_accumulation=options.grad_accumulation,
-                                      on_error=self._fail, sample_every=options.sample_every)
+        self._measurer = StepMeasurer(
+            self.module,
+            self.layers,
+            real_optimizer,
+            grad_accumulation=options.grad_accumulation,
+            on_error=self._fail,
+            sample_every=options.sample_every,
+        )
         self._next_step_scope = StepScope(self, None)
         if options.guard and real_optimizer is None:
             warn("guard=True needs the optimizer: pass it to probes.watch")
         if not self.layers.params:
-            warn(f"{self.name}: the model has no trainable parameters; only logged scalars "
-                 "will be recorded")
+            warn(
+                f"{self.name}: the model has no trainable parameters; only logged scalars "
+                "will be recorded"
+            )
         self._handles: list[RemovableHandle] = []
         if real_optimizer is not None:
-            self._handles.append(
-                real_optimizer.register_step_pre_hook(self._before_optimizer_step))
-        self._handles += structure.watch_updates(real_optimizer, self.layers,
-                                                 lambda: self._measurer.current, self._fail)
+            self._handles.append(real_optimizer.register_step_pre_hook(self._before_optimizer_step))
+        self._handles += structure.watch_updates(
+            real_optimizer, self.layers, lambda: self._measurer.current, self._fail
+        )
         self._control, self.sender = self._connect()
         clip.install()  # frameworks clip through torch's function: read before it
         lifecycle.register(self)
@@ -123,12 +134,21 @@ class Probe(StepBoundary):
             run_id=self.run_id,
             guard=options.guard and optimizer is not None,
         )
-        hello = hello_fields(run_id=self.run_id, name=self.name, model=self.model,
-                             module=self.module, optimizer=optimizer, layers=self.layers,
-                             activations=self._measurer.activations.names,
-                             identity=self.identity, sync=self.data_parallel, options=options)
+        hello = hello_fields(
+            run_id=self.run_id,
+            name=self.name,
+            model=self.model,
+            module=self.module,
+            optimizer=optimizer,
+            layers=self.layers,
+            activations=self._measurer.activations.names,
+            identity=self.identity,
+            sync=self.data_parallel,
+            options=options,
+        )
         sender = Sender(
-            self.address, hello,
+            self.address,
+            hello,
             queue_size=options.queue_size,
             history_capacity=options.history,
             max_steps_per_s=_steps_per_s(options.max_steps_per_s, self.identity.rank),
@@ -136,8 +156,9 @@ class Probe(StepBoundary):
             connected=connected,
             hello_state=control.state.as_dict,
             # Every rank of a job shows the same steps now and then, whatever its speed.
-            anchor_every=(options.sample_every * ANCHOR_SAMPLES
-                          if self.identity.distributed else 0),
+            anchor_every=(
+                options.sample_every * ANCHOR_SAMPLES if self.identity.distributed else 0
+            ),
         )
         return control, sender
 
@@ -194,8 +215,9 @@ class Probe(StepBoundary):
             elif self._index >= 0:
                 self._log_into({}, {}, scalars)  # a step not measured (every > 1): check, drop
             else:
-                warn("probe.log() before the first step is ignored; log inside "
-                     "`with probe.step():`")
+                warn(
+                    "probe.log() before the first step is ignored; log inside `with probe.step():`"
+                )
         except Exception as exc:
             self._fail(exc)
         if self._in_step:
@@ -226,8 +248,10 @@ class Probe(StepBoundary):
             return False
         try:
             layers = set(self.layers.names)
-            modules = [self.module, *(m for n, m in self.module.named_modules()
-                                      if n and n in layers)]
+            modules = [
+                self.module,
+                *(m for n, m in self.module.named_modules() if n and n in layers),
+            ]
             self._eval = EvalScope(modules, max(self._index, 0))
         except Exception as exc:
             self._fail(exc)
@@ -258,15 +282,21 @@ class Probe(StepBoundary):
 
     def arm_anomaly(self, steps: int = 1) -> None:
         """Run the next ``steps`` steps under anomaly detection (as the ``a`` key does)."""
-        self._control.receive({"command": "anomaly", "args": {"count": steps,
-                                                               "step_now": False}})
+        self._control.receive({"command": "anomaly", "args": {"count": steps, "step_now": False}})
 
     def event(self, name: str, **fields: Any) -> None:
         """Send a named event (an LR change, a restart, ...) tied to the current step."""
         if self._closed:
             return
-        self.send({"kind": "event", "name": name, "step": max(self._index, 0),
-                   "time": time.time(), **fields})
+        self.send(
+            {
+                "kind": "event",
+                "name": name,
+                "step": max(self._index, 0),
+                "time": time.time(),
+                **fields,
+            }
+        )
 
     def send(self, record: dict[str, Any]) -> None:
         """Queue a record (an alert, a check report, an event) to the monitor; never
@@ -307,8 +337,12 @@ class Probe(StepBoundary):
     def __enter__(self) -> Probe:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self._close(lifecycle.end_reason(exc))
 
     def owns(self, param: torch.Tensor) -> bool:
@@ -320,15 +354,13 @@ class Probe(StepBoundary):
     def _scale_lr(self, factor: float) -> list[float]:
         """Multiply every param group's learning rate (the monitor's LR experiment)."""
         assert self.optimizer is not None
-        new, self._lr_experiment = scale_learning_rates(self.optimizer, factor,
-                                                        self._index + 1)
+        new, self._lr_experiment = scale_learning_rates(self.optimizer, factor, self._index + 1)
         return new
 
     def _check_lr_experiment(self, step: int) -> None:
         """Did the loop (a scheduler) set the learning rate back since the experiment?"""
         assert self._lr_experiment is not None and self.optimizer is not None
-        self._lr_experiment, alert = check_experiment(self._lr_experiment, self.optimizer,
-                                                      step)
+        self._lr_experiment, alert = check_experiment(self._lr_experiment, self.optimizer, step)
         if alert is not None:
             self.send({"kind": "alert", "step": step, "alert": alert.to_dict()})
 
@@ -347,10 +379,15 @@ class Probe(StepBoundary):
                 floats[name] = float(value)
             elif name not in self._bad_scalars:
                 self._bad_scalars.add(name)
-                shape = f"a tensor of shape {tuple(value.shape)}" if isinstance(
-                    value, torch.Tensor) else type(value).__name__
-                warn(f"log({name}=...) takes a float or a one-element tensor, got {shape}; "
-                     "that value is not recorded")
+                shape = (
+                    f"a tensor of shape {tuple(value.shape)}"
+                    if isinstance(value, torch.Tensor)
+                    else type(value).__name__
+                )
+                warn(
+                    f"log({name}=...) takes a float or a one-element tensor, got {shape}; "
+                    "that value is not recorded"
+                )
 
     def _fail(self, exc: BaseException) -> None:
         """Switch the probe off after an internal error; training goes on."""
@@ -366,8 +403,16 @@ class Probe(StepBoundary):
                 self._eval.remove_hooks()
             self._eval = None
         warn(f"probe switched off after an error: {type(exc).__name__}: {exc}")
-        self.send({"kind": "event", "name": "probe_error", "step": max(self._index, 0),
-                   "time": time.time(), "message": f"{type(exc).__name__}: {exc}"})
+        self.send(
+            {
+                "kind": "event",
+                "name": "probe_error",
+                "step": max(self._index, 0),
+                "time": time.time(),
+                "message": f"{type(exc).__name__}: {exc}",
+            }
+        )
+
 
 PAUSE_GRACE_ENV = "TRAINTOP_PAUSE_GRACE"
 DEFAULT_PAUSE_GRACE_S = 10.0
@@ -396,8 +441,9 @@ def _steps_per_s(explicit: float | None, rank: int) -> float:
     return RANK0_STEPS_PER_S if rank == 0 else OTHER_RANKS_STEPS_PER_S
 
 
-def watch(model: nn.Module, optimizer: torch.optim.Optimizer | Any | None = None,
-          **options: Any) -> Probe:
+def watch(
+    model: nn.Module, optimizer: torch.optim.Optimizer | Any | None = None, **options: Any
+) -> Probe:
     """Watch a training run: per-step loss, per-layer gradient norms and more.
 
     Args:

@@ -145,4 +145,3 @@ class ReplayHistory:
         half = len(records) // 2
         half -= half % 2
         records[:half] = [merge_steps(records[i : i + 2]) for i in range(0, half, 2)]
-

@@ -36,8 +36,16 @@ class Finding:
         evidence = dict(self.evidence)
         if self.examples:
             evidence["examples"] = ", ".join(str(e) for e in self.examples[:5])
-        return Alert(self.kind, self.severity, step, self.subject, evidence,
-                     f"{self.message} {signal}".strip(), (self.fix,), per_subject=True)
+        return Alert(
+            self.kind,
+            self.severity,
+            step,
+            self.subject,
+            evidence,
+            f"{self.message} {signal}".strip(),
+            (self.fix,),
+            per_subject=True,
+        )
 
 
 @dataclass
@@ -75,10 +83,18 @@ class CheckReport:
         if probe is None or probe.closed:
             return self
         step = max(probe.step_index, 0)
-        probe.send({"kind": "event", "name": "check_report", "step": step,
-                          "check": self.check, "ok": self.ok, "summary": _plain(self.summary),
-                          "findings": [f.line() for f in self.findings],
-                          "text": str(self)})
+        probe.send(
+            {
+                "kind": "event",
+                "name": "check_report",
+                "step": step,
+                "check": self.check,
+                "ok": self.ok,
+                "summary": _plain(self.summary),
+                "findings": [f.line() for f in self.findings],
+                "text": str(self),
+            }
+        )
         for finding in self.findings:
             alert = finding.to_alert(step, self.signal)
             probe.send({"kind": "alert", "step": step, "alert": _plain(alert.to_dict())})

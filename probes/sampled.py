@@ -31,7 +31,8 @@ SIGMOID_SATURATED = 0.01  # sigmoid below this or above 1 - this
 # Layers whose input is counted for exact zeros (a ReLU written as F.relu before them).
 INPUT_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.modules.conv._ConvNd)
 MODE_SENSITIVE_TYPES: tuple[type[nn.Module], ...] = (
-    nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm,
+    nn.modules.dropout._DropoutNd,
+    nn.modules.batchnorm._BatchNorm,
 )
 
 
@@ -62,9 +63,10 @@ def _inputs_known(model: nn.Module, layers: set[str]) -> set[str]:
         children = list(parent.named_children())
         names = [f"{parent_name}.{child}" if parent_name else child for child, _ in children]
         for i, name in enumerate(names):
-            if (i == 0 and parent is model) or (i > 0 and (
-                    activation_family(children[i - 1][1]) is not None
-                    or names[i - 1] in layers)):
+            if (i == 0 and parent is model) or (
+                i > 0
+                and (activation_family(children[i - 1][1]) is not None or names[i - 1] in layers)
+            ):
                 known.add(name)
     return known
 
@@ -86,8 +88,12 @@ class ActivationStats:
     model's own (the data).
     """
 
-    def __init__(self, model: nn.Module, layer_names: tuple[str, ...] = (),
-                 on_error: Callable[[Exception], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layer_names: tuple[str, ...] = (),
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
         self.on_error = on_error  # a failing count must not raise into the forward
         # (name, family, module, index of the layer feeding it: the last layer before
         # it in module order, so the monitor can colour that layer's row)
@@ -97,8 +103,11 @@ class ActivationStats:
         feeding: int | None = None
         for name, module in model.named_modules():
             key = name or "(root)"
-            if (key in layer_index and isinstance(module, INPUT_TYPES)
-                    and key not in fed_by_sequential):
+            if (
+                key in layer_index
+                and isinstance(module, INPUT_TYPES)
+                and key not in fed_by_sequential
+            ):
                 self.modules.append((f"{key}{INPUT_SUFFIX}", "input", module, feeding))
             feeding = layer_index.get(key, feeding)
             family = activation_family(module)
@@ -108,8 +117,9 @@ class ActivationStats:
         self._model_inputs: set[int] = set()  # ids of this step's inputs to the model
         self._handles: list[RemovableHandle] = []
         self._tallies: list[_Tally] = []
-        self._plain_hooks = [self._hook(i, family) for i, (_, family, _, _)
-                             in enumerate(self.modules)]
+        self._plain_hooks = [
+            self._hook(i, family) for i, (_, family, _, _) in enumerate(self.modules)
+        ]
         self._plain_inputs_hook = self._note_model_inputs
         self._eager_hooks: list[Callable[..., None]] | None = None
         self._eager_inputs_hook: Callable[..., None] | None = None
@@ -128,8 +138,11 @@ class ActivationStats:
         if any(family == "input" for _, family, _, _ in self.modules):
             self._handles.append(self._model.register_forward_pre_hook(inputs_hook))
         for (_, family, module, _), hook in zip(self.modules, hooks, strict=True):
-            register = (module.register_forward_pre_hook if family == "input"
-                        else module.register_forward_hook)
+            register = (
+                module.register_forward_pre_hook
+                if family == "input"
+                else module.register_forward_hook
+            )
             self._handles.append(register(hook))
 
     def _hooks_now(self) -> tuple[list[Callable[..., None]], Callable[..., None]]:
@@ -172,8 +185,11 @@ class ActivationStats:
         def count_input(module: nn.Module, args: object) -> None:
             try:
                 first = args[0] if isinstance(args, tuple) and args else None
-                if (isinstance(first, torch.Tensor) and first.is_floating_point()
-                        and id(first) not in self._model_inputs):
+                if (
+                    isinstance(first, torch.Tensor)
+                    and first.is_floating_point()
+                    and id(first) not in self._model_inputs
+                ):
                     tally(module, first)
             except Exception as exc:
                 if self.on_error is not None:
@@ -195,6 +211,7 @@ class ActivationStats:
             tally = self._tallies[index]
             tally.hits = hits if tally.hits is None else tally.hits + hits
             tally.total += output.numel()
+
         return count_input if family == "input" else count
 
 
@@ -210,8 +227,9 @@ class UpdateNorms:
     ratio |dw|/|w| well (exactly for tensors of up to that many elements).
     """
 
-    def __init__(self, params: tuple[nn.Parameter, ...], norms: NormReducer,
-                 sample: int = UPDATE_SAMPLE) -> None:
+    def __init__(
+        self, params: tuple[nn.Parameter, ...], norms: NormReducer, sample: int = UPDATE_SAMPLE
+    ) -> None:
         self.params = list(params)
         self._norms = norms
         self._sample = sample

@@ -83,11 +83,17 @@ class PendingMerge:
     def __call__(self, group: list[PendingRecord]) -> list[PendingRecord]:
         values = [m.peak_values() for m in group]
         every = self.anchor_every
-        members = [thinning.Member.of(non_finite=m.has_non_finite(),
-                                      keep=bool(m.sampled or m.update_norms),
-                                      total=total, scalars=scalars, grads=grads,
-                                      anchor=bool(every) and m.sampled and m.step % every == 0)
-                   for m, (grads, total, scalars) in zip(group, values, strict=True)]
+        members = [
+            thinning.Member.of(
+                non_finite=m.has_non_finite(),
+                keep=bool(m.sampled or m.update_norms),
+                total=total,
+                scalars=scalars,
+                grads=grads,
+                anchor=bool(every) and m.sampled and m.step % every == 0,
+            )
+            for m, (grads, total, scalars) in zip(group, values, strict=True)
+        ]
         kept = []
         for start, end, rep in thinning.plan(members, self.reference):
             representative = group[rep]
@@ -96,11 +102,18 @@ class PendingMerge:
                 for i in range(start, end + 1):
                     m = group[i]
                     grads, total, scalars = values[i]
-                    peaks.add(step=m.step, grads=grads, total=total, scalars=scalars,
-                              non_finite=members[i].non_finite, duration=m.duration,
-                              probe_time=getattr(m, "probe_time", None),
-                              optimizer_step=m.optimizer_step, not_cleared=m.not_cleared,
-                              not_stepped=m.not_stepped)
+                    peaks.add(
+                        step=m.step,
+                        grads=grads,
+                        total=total,
+                        scalars=scalars,
+                        non_finite=members[i].non_finite,
+                        duration=m.duration,
+                        probe_time=getattr(m, "probe_time", None),
+                        optimizer_step=m.optimizer_step,
+                        not_cleared=m.not_cleared,
+                        not_stepped=m.not_stepped,
+                    )
                 representative.span = (_first(group[start]), group[end].step)
                 representative.merged = peaks.fields()
                 if peaks.updated:  # an accumulation loop's last step need not update
@@ -120,8 +133,11 @@ class PendingMerge:
                 total, scalars = merged.get("grad_norm_total_max"), merged.get("scalars_max")
             else:
                 grads, total, scalars = item.peak_values()
-            members.append(thinning.Member.of(non_finite=False, keep=False, total=total,
-                                              scalars=scalars or {}, grads=grads))  # type: ignore[arg-type]
+            members.append(
+                thinning.Member.of(
+                    non_finite=False, keep=False, total=total, scalars=scalars or {}, grads=grads
+                )
+            )  # type: ignore[arg-type]
         if members:
             self.reference = thinning.ceiling(members)
 
@@ -274,8 +290,13 @@ class Sender:
         self._last_collect = now
         if not self._first_step_seen:  # sent alone: the first group is judged against it
             self._merge.note_sent(_steps(ready)[:1])
-        kept = thin(ready, budget, is_step=_is_step, merge=self._merge,  # type: ignore[arg-type]
-                    keep_first=not self._first_step_seen)
+        kept = thin(
+            ready,
+            budget,
+            is_step=_is_step,
+            merge=self._merge,  # type: ignore[arg-type]
+            keep_first=not self._first_step_seen,
+        )
         self._merge.note_sent(_steps(kept))
         connected = self._sock is not None
         for item in kept:
@@ -338,8 +359,10 @@ class Sender:
         except OSError:
             return  # no folder, no monitor: connect fails as usual
         if info.st_uid != os.getuid() or info.st_mode & 0o022:
-            problem = (f"{folder} belongs to uid {info.st_uid} or is writable by others; "
-                       "not connecting to a monitor there")
+            problem = (
+                f"{folder} belongs to uid {info.st_uid} or is writable by others; "
+                "not connecting to a monitor there"
+            )
             self._warn_once("unsafe-folder", problem)
             raise OSError(problem)
 
@@ -430,8 +453,7 @@ class Sender:
 #: A step record's per-layer lists: float32 values (the norms are computed in float32),
 #: sent with the 9 significant digits that carry a float32 exactly. Python's 17-digit
 #: floats made a record of 200 layers cost the monitor 100 us to parse; 9 digits, 40.
-PER_LAYER_FIELDS = ("grad_norms", "grad_norms_max", "param_norms", "update_ratios",
-                    "activations")
+PER_LAYER_FIELDS = ("grad_norms", "grad_norms_max", "param_norms", "update_ratios", "activations")
 
 
 def _wire_float(value: object) -> object:

@@ -32,13 +32,40 @@ class Measurement:
     """
 
     __slots__ = (
-        "_host", "activation_totals", "clip_norm_type", "clip_total", "clipped", "duration",
-        "event", "float_scalars",
-        "grad_count", "grad_norms", "grad_order", "grad_present", "grads_read",
-        "late_scalars", "layer_map", "lrs", "merged", "none_grads", "not_cleared",
-        "not_stepped", "optimizer_step", "param_count", "param_order", "probe_time",
-        "sampled", "span", "step", "tensor_scalar_names", "tensor_scalars", "time",
-        "update_count", "update_norms", "update_order", "values",
+        "_host",
+        "activation_totals",
+        "clip_norm_type",
+        "clip_total",
+        "clipped",
+        "duration",
+        "event",
+        "float_scalars",
+        "grad_count",
+        "grad_norms",
+        "grad_order",
+        "grad_present",
+        "grads_read",
+        "late_scalars",
+        "layer_map",
+        "lrs",
+        "merged",
+        "none_grads",
+        "not_cleared",
+        "not_stepped",
+        "optimizer_step",
+        "param_count",
+        "param_order",
+        "probe_time",
+        "sampled",
+        "span",
+        "step",
+        "tensor_scalar_names",
+        "tensor_scalars",
+        "time",
+        "update_count",
+        "update_norms",
+        "update_order",
+        "values",
     )
 
     def __init__(self, layer_map: LayerMap, step: int, time: float, sampled: bool) -> None:
@@ -132,8 +159,7 @@ class Measurement:
         }
         if self.grad_present is not None and self.none_grads:
             present = set(self.grad_present)
-            record["none_grad_params"] = [i for i in range(len(layers.params))
-                                          if i not in present]
+            record["none_grad_params"] = [i for i in range(len(layers.params)) if i not in present]
         if self.param_count:
             record["param_norms"] = combine_layer_norms(params, self.param_order, layers)
         if self.update_count:
@@ -159,11 +185,18 @@ class Measurement:
         keeps the peaks of (``probes.thinning``). Waits for the copy if needed."""
         values = self._values()
         grads = values[: self.grad_count]
-        at = self.grad_count + self.update_count + self.param_count + sum(
-            1 for total in self.activation_totals if total)
+        at = (
+            self.grad_count
+            + self.update_count
+            + self.param_count
+            + sum(1 for total in self.activation_totals if total)
+        )
         layers = combine_layer_norms(grads, self.grad_present, self.layer_map)
-        scalars = (self._scalars(values[at:]) if self.tensor_scalar_names or self.late_scalars
-                   else self.float_scalars)
+        scalars = (
+            self._scalars(values[at:])
+            if self.tensor_scalar_names or self.late_scalars
+            else self.float_scalars
+        )
         return layers, _total(grads), scalars
 
     def _update_ratios(self, updates: list[float]) -> list[float | None]:
@@ -193,13 +226,19 @@ class Measurement:
         after = None
         if total is not None:
             after = total * min(1.0, max_norm / (total + 1e-6)) if math.isfinite(total) else total
-        return {"max_norm": max_norm, "norm_type": self.clip_norm_type,
-                "total_before": total, "total_after": after}
+        return {
+            "max_norm": max_norm,
+            "norm_type": self.clip_norm_type,
+            "total_before": total,
+            "total_after": after,
+        }
 
     def _scalars(self, tail: list[float]) -> dict[str, float]:
-        scalars = {name: value for name, value in zip(self.tensor_scalar_names, tail,
-                                                      strict=True)
-                   if not name.startswith(("lr/", "clip/"))}
+        scalars = {
+            name: value
+            for name, value in zip(self.tensor_scalar_names, tail, strict=True)
+            if not name.startswith(("lr/", "clip/"))
+        }
         scalars.update(self.float_scalars)
         scalars.update({name: float(t) for name, t in self.late_scalars.items()})
         return _loss_first(scalars)
@@ -275,7 +314,7 @@ class NormReducer:
         )
         norms: list[torch.Tensor] = []
         order: list[int] = []
-        for ([group], indices) in grouped.values():
+        for [group], indices in grouped.values():
             group_norms = torch._foreach_norm(group, 2, dtype=wide)
             if group[0].device != first.device:
                 group_norms = [n.to(first.device, non_blocking=True) for n in group_norms]

@@ -145,10 +145,14 @@ class StepBoundary:
         if self._control.state.anomaly_armed and self._control.take_anomaly_step():
             # In a multi-rank job a backward stopped on one rank would leave the others
             # waiting in DDP's all-reduce: anomaly mode then only records, never stops.
-            self._anomaly = AnomalyStep(self.module, next_index, on_error=self._fail,
-                                        on_caught=self._anomaly_caught,
-                                        catch=self.options.on_anomaly == "pause",
-                                        check_nan=not self.identity.distributed)
+            self._anomaly = AnomalyStep(
+                self.module,
+                next_index,
+                on_error=self._fail,
+                on_caught=self._anomaly_caught,
+                catch=self.options.on_anomaly == "pause",
+                check_nan=not self.identity.distributed,
+            )
             self._anomaly.start()
         if next_index % self.options.every == 0:
             sampled = next_index % self.options.sample_every == 0
@@ -178,8 +182,12 @@ class StepBoundary:
         error = error if error is not None else anomaly.caught
         caught = backward_op(error) is not None
         pause = caught and self.options.on_anomaly == "pause"
-        report = anomaly.finish(error, scalars=scalars, paused=pause,
-                                raise_on_anomaly=self.options.on_anomaly == "raise")
+        report = anomaly.finish(
+            error,
+            scalars=scalars,
+            paused=pause,
+            raise_on_anomaly=self.options.on_anomaly == "raise",
+        )
         if caught:
             self._skip_update()  # partial sums of the failed backward must not leak on
         if pause:
@@ -212,8 +220,9 @@ class StepBoundary:
         if anomaly is not None:
             anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
 
-    def _before_optimizer_step(self, optimizer: Any, args: tuple[Any, ...],
-                               kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+    def _before_optimizer_step(
+        self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, Any] | None:
         """The optimizer's step pre-hook. With a closure, the gradients are those the
         closure makes: it is wrapped, and they are read after its backward."""
         if self._in_step and not self._disabled:
@@ -242,6 +251,7 @@ class StepBoundary:
                 first = False
                 self._gradients_ready()
             return loss
+
         return closure_then_read
 
     def _gradients_ready(self) -> None:
@@ -297,8 +307,9 @@ class StepBoundary:
             self.sender.put(record)
 
 
-def with_closure(args: tuple[Any, ...], kwargs: dict[str, Any],
-                 closure: Callable[[], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def with_closure(
+    args: tuple[Any, ...], kwargs: dict[str, Any], closure: Callable[[], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The optimizer step's (args, kwargs) with ``closure`` in place of the caller's."""
     if "closure" in kwargs:
         return args, {**kwargs, "closure": closure}
@@ -325,5 +336,3 @@ class StepScope:
         tb: TracebackType | None,
     ) -> bool:
         return self._probe.end_step(exc)
-
-

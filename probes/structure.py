@@ -33,13 +33,17 @@ from probes.layers import LayerMap
 
 MOSTLY_FROZEN = 0.9  # this fraction of the parameter elements frozen: mostly frozen
 NORM_TYPES: tuple[type[nn.Module], ...] = (
-    nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm,
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
 )
 NAMES_SHOWN = 6
 
 
-def watch_time_alerts(model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                      layers: LayerMap) -> list[Alert]:
+def watch_time_alerts(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, layers: LayerMap
+) -> list[Alert]:
     """What is wrong with how the model and its optimizer fit together, as alerts."""
     alerts = _frozen(model, layers)
     if optimizer is not None:
@@ -47,37 +51,62 @@ def watch_time_alerts(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     return alerts
 
 
-def _alert(kind: str, severity: str, subject: str, evidence: dict[str, Any],
-           layers: Sequence[str]) -> Alert:
+def _alert(
+    kind: str, severity: str, subject: str, evidence: dict[str, Any], layers: Sequence[str]
+) -> Alert:
     described = entry(kind)
-    return Alert(kind, severity, 0, subject, evidence, described.signal,  # type: ignore[arg-type]
-                 described.experiments, layers=tuple(layers))
+    return Alert(
+        kind,
+        severity,
+        0,
+        subject,
+        evidence,
+        described.signal,  # type: ignore[arg-type]
+        described.experiments,
+        layers=tuple(layers),
+    )
 
 
-def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer,
-               layers: LayerMap) -> list[Alert]:
+def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: LayerMap) -> list[Alert]:
     held = [p for group in optimizer.param_groups for p in group["params"]]
     held_ids = {id(p) for p in held}
     model_ids = {id(p) for p in model.parameters()}
     missing = [i for i, p in enumerate(layers.params) if id(p) not in held_ids]
     foreign = [p for p in held if id(p) not in model_ids]
     missing_layers = list(dict.fromkeys(layers.names[layers.param_layer[i]] for i in missing))
-    if foreign and missing and (len(missing) == len(layers.params) or _shapes_cover(
-            [layers.params[i] for i in missing], foreign)):
-        return [_alert("optimizer_not_for_model", "error", "", {
-            "foreign_params": len(foreign), "model_params_held": len(layers.params) - len(
-                missing), "model_params": len(layers.params),
-            "same_shapes": _shapes_cover([layers.params[i] for i in missing], foreign)},
-            missing_layers)]
+    if (
+        foreign
+        and missing
+        and (
+            len(missing) == len(layers.params)
+            or _shapes_cover([layers.params[i] for i in missing], foreign)
+        )
+    ):
+        return [
+            _alert(
+                "optimizer_not_for_model",
+                "error",
+                "",
+                {
+                    "foreign_params": len(foreign),
+                    "model_params_held": len(layers.params) - len(missing),
+                    "model_params": len(layers.params),
+                    "same_shapes": _shapes_cover([layers.params[i] for i in missing], foreign),
+                },
+                missing_layers,
+            )
+        ]
     if not missing:
         return []
     names = [layers.param_names[i] for i in missing]
     evidence: dict[str, Any] = {"params": len(names), "names": ", ".join(names[:NAMES_SHOWN])}
     if len(missing_layers) > 1:
-        evidence.update(layers_affected=len(missing_layers),
-                        range=f"{missing_layers[0]}..{missing_layers[-1]}")
-    return [_alert("params_not_in_optimizer", "warning", missing_layers[0], evidence,
-                   missing_layers)]
+        evidence.update(
+            layers_affected=len(missing_layers), range=f"{missing_layers[0]}..{missing_layers[-1]}"
+        )
+    return [
+        _alert("params_not_in_optimizer", "warning", missing_layers[0], evidence, missing_layers)
+    ]
 
 
 def _shapes_cover(missing: Sequence[torch.Tensor], foreign: Sequence[torch.Tensor]) -> bool:
@@ -96,11 +125,23 @@ def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
     modules = dict(model.named_modules())
     training = list(layers.names)
     only_norms = all(isinstance(modules.get(name), NORM_TYPES) for name in training) or all(
-        name.rpartition(".")[2] == "bias" for name in layers.param_names)
-    return [_alert("mostly_frozen", "warning" if only_norms else "info", "", {
-        "frozen_fraction": frozen / total, "trainable_params": total - frozen,
-        "training": ", ".join(training[:NAMES_SHOWN]) or "none",
-        "training_layers": len(training), "only_normalisation": only_norms}, training)]
+        name.rpartition(".")[2] == "bias" for name in layers.param_names
+    )
+    return [
+        _alert(
+            "mostly_frozen",
+            "warning" if only_norms else "info",
+            "",
+            {
+                "frozen_fraction": frozen / total,
+                "trainable_params": total - frozen,
+                "training": ", ".join(training[:NAMES_SHOWN]) or "none",
+                "training_layers": len(training),
+                "only_normalisation": only_norms,
+            },
+            training,
+        )
+    ]
 
 
 def _numel(param: torch.Tensor) -> int:
@@ -135,9 +176,12 @@ class UpdateCheck:
         return [i for i in range(self.layer_count) if i not in changed]
 
 
-def watch_updates(optimizer: torch.optim.Optimizer | None, layers: LayerMap,
-                  current: Callable[[], Any], on_error: Callable[[Exception], None],
-                  ) -> list[RemovableHandle]:
+def watch_updates(
+    optimizer: torch.optim.Optimizer | None,
+    layers: LayerMap,
+    current: Callable[[], Any],
+    on_error: Callable[[Exception], None],
+) -> list[RemovableHandle]:
     """Hooks around ``optimizer.step()`` that note, in the measured step (``current()``),
     the layers the step left untouched (``not_stepped``)."""
     if optimizer is None or not layers.params:
@@ -167,5 +211,4 @@ def watch_updates(optimizer: torch.optim.Optimizer | None, layers: LayerMap,
         except Exception as exc:
             on_error(exc)
 
-    return [optimizer.register_step_pre_hook(before),
-            optimizer.register_step_post_hook(after)]
+    return [optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)]

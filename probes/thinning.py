@@ -53,9 +53,16 @@ class Member:
     anchor: bool = False  # always shown: a step every rank of a job shows (cross-rank checks)
 
     @classmethod
-    def of(cls, *, non_finite: bool, keep: bool, total: float | None,
-           scalars: Mapping[str, Any], grads: Sequence[float | None] = (),
-           anchor: bool = False) -> Member:
+    def of(
+        cls,
+        *,
+        non_finite: bool,
+        keep: bool,
+        total: float | None,
+        scalars: Mapping[str, Any],
+        grads: Sequence[float | None] = (),
+        anchor: bool = False,
+    ) -> Member:
         """A member from its scalars (the loss, else the first), total norm and
         per-layer norms; what is missing or not finite counts as 0."""
         loss = scalars.get("loss", next(iter(scalars.values()), None)) if scalars else None
@@ -114,7 +121,7 @@ def _top(a: Ceiling, b: Ceiling) -> Ceiling:
     if len(a) == len(b):
         return tuple(map(max, a, b))
     longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
-    return tuple(max(x, y) for x, y in zip(longer, shorter, strict=False)) + longer[len(shorter):]
+    return tuple(max(x, y) for x, y in zip(longer, shorter, strict=False)) + longer[len(shorter) :]
 
 
 def ceiling(members: Iterable[Member]) -> Ceiling:
@@ -140,24 +147,39 @@ class Peaks:
         self.not_cleared: bool | None = None  # every updating step held old gradients
         self.not_stepped: set[int] | None = None  # layers no update of the span touched
 
-    def add(self, *, step: int, grads: Sequence[float | None], total: float | None,
-            scalars: Mapping[str, float], non_finite: bool, duration: float | None,
-            probe_time: float | None, optimizer_step: bool | None, not_cleared: bool,
-            not_stepped: Iterable[int] | None, scalars_min: Mapping[str, float] | None = None,
-            first_bad: int | None = None) -> None:
+    def add(
+        self,
+        *,
+        step: int,
+        grads: Sequence[float | None],
+        total: float | None,
+        scalars: Mapping[str, float],
+        non_finite: bool,
+        duration: float | None,
+        probe_time: float | None,
+        optimizer_step: bool | None,
+        not_cleared: bool,
+        not_stepped: Iterable[int] | None,
+        scalars_min: Mapping[str, float] | None = None,
+        first_bad: int | None = None,
+    ) -> None:
         """One step (or a merged record: pass its own peaks as ``grads``, ``total``,
         ``scalars`` and ``scalars_min``, and its ``first_bad``)."""
         acc = self.grads
-        if (not non_finite and acc is not None and len(acc) == len(grads)
-                and None not in grads and None not in acc):
+        if (
+            not non_finite
+            and acc is not None
+            and len(acc) == len(grads)
+            and None not in grads
+            and None not in acc
+        ):
             self.grads = list(map(max, acc, grads))  # type: ignore[arg-type]  # in C
         else:
             self.grads = _max_each(acc, grads)
         self.total = _max(self.total, total)
         if non_finite or scalars_min is not None:
             _fold_scalars(self.scalars_max, scalars, max)
-            _fold_scalars(self.scalars_min, scalars if scalars_min is None else scalars_min,
-                          min)
+            _fold_scalars(self.scalars_min, scalars if scalars_min is None else scalars_min, min)
         else:  # finite floats: the common case, without the checks
             highs, lows = self.scalars_max, self.scalars_min
             for name, value in scalars.items():
@@ -168,16 +190,16 @@ class Peaks:
                 elif value < lows[name]:
                     lows[name] = value
         if self.first_bad is None:
-            self.first_bad = first_bad if first_bad is not None else (
-                step if non_finite else None)
+            self.first_bad = first_bad if first_bad is not None else (step if non_finite else None)
         if duration is not None and math.isfinite(duration):
             self.duration += duration
         if probe_time is not None and math.isfinite(probe_time):
             self.probe_time = (self.probe_time or 0.0) + probe_time
         if optimizer_step is not False:  # True, or None (no optimizer watched)
             self.updated = self.updated or optimizer_step is True
-            self.not_cleared = not_cleared if self.not_cleared is None else (
-                self.not_cleared and not_cleared)
+            self.not_cleared = (
+                not_cleared if self.not_cleared is None else (self.not_cleared and not_cleared)
+            )
             if self.not_stepped is None:
                 self.not_stepped = set(not_stepped or ())
             elif self.not_stepped:
@@ -186,18 +208,20 @@ class Peaks:
     def add_record(self, record: Mapping[str, Any]) -> None:
         """A step record, plain or merged."""
         scalars = record.get("scalars") or {}
-        self.add(step=int(record.get("step", 0)),
-                 grads=record.get("grad_norms_max") or record.get("grad_norms") or (),
-                 total=_first_number(record.get("grad_norm_total_max"),
-                                     record.get("grad_norm_total")),
-                 scalars=record.get("scalars_max") or scalars,
-                 scalars_min=record.get("scalars_min") or scalars,
-                 non_finite=_has_non_finite(record),
-                 first_bad=record.get("first_non_finite_step"),
-                 duration=record.get("duration"), probe_time=record.get("probe_time"),
-                 optimizer_step=record.get("optimizer_step", True),
-                 not_cleared=bool(record.get("grads_not_cleared")),
-                 not_stepped=record.get("not_stepped"))
+        self.add(
+            step=int(record.get("step", 0)),
+            grads=record.get("grad_norms_max") or record.get("grad_norms") or (),
+            total=_first_number(record.get("grad_norm_total_max"), record.get("grad_norm_total")),
+            scalars=record.get("scalars_max") or scalars,
+            scalars_min=record.get("scalars_min") or scalars,
+            non_finite=_has_non_finite(record),
+            first_bad=record.get("first_non_finite_step"),
+            duration=record.get("duration"),
+            probe_time=record.get("probe_time"),
+            optimizer_step=record.get("optimizer_step", True),
+            not_cleared=bool(record.get("grads_not_cleared")),
+            not_stepped=record.get("not_stepped"),
+        )
 
     def fields(self) -> Record:
         """The merged record's fields (they replace the representative's own)."""
@@ -273,11 +297,13 @@ def thin_records(records: list[Record], group: int, *, keep_first: bool = True) 
 def member_of(record: Mapping[str, Any]) -> Member:
     return Member.of(
         non_finite=_has_non_finite(record),
-        keep=any(record.get(name) is not None
-                 for name in ("param_norms", "update_ratios", "activations")),
+        keep=any(
+            record.get(name) is not None for name in ("param_norms", "update_ratios", "activations")
+        ),
         total=_first_number(record.get("grad_norm_total_max"), record.get("grad_norm_total")),
         scalars=record.get("scalars_max") or record.get("scalars") or {},
-        grads=record.get("grad_norms_max") or record.get("grad_norms") or ())
+        grads=record.get("grad_norms_max") or record.get("grad_norms") or (),
+    )
 
 
 def _merged(records: list[Record], kept: Record) -> Record:
@@ -332,8 +358,7 @@ def _max(a: float | None, b: float | None) -> float | None:
     return b if a is None else max(a, b)
 
 
-def _max_each(acc: list[float | None] | None,
-              values: Sequence[float | None]) -> list[float | None]:
+def _max_each(acc: list[float | None] | None, values: Sequence[float | None]) -> list[float | None]:
     if acc is None:
         return [v if v is not None and math.isfinite(v) else None for v in values]
     if len(acc) != len(values):

@@ -156,8 +156,9 @@ class FrameReader:
         return FrameError(f"frame exceeds the limit of {self._max} bytes; skipped")
 
 
-def command_signature(token: str, run: str, command_id: int, command: str,
-                      args: Mapping[str, Any] | None = None) -> str:
+def command_signature(
+    token: str, run: str, command_id: int, command: str, args: Mapping[str, Any] | None = None
+) -> str:
     """HMAC-SHA256 proving a command, its arguments included, comes from a monitor that
     holds the shared token (required by probes whose address is not loopback)."""
     canonical = json.dumps(dict(args or {}), sort_keys=True, separators=(",", ":"))

@@ -28,8 +28,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 # the marker line, the opening fence, the block's lines (maybe none), the closing fence
-MARK = re.compile(r"(<!-- capture: (?P<name>[\w.-]+) -->\n```[^\n]*\n)"
-                  r"(?P<body>(?:[^\n]*\n)*?)(```)")
+MARK = re.compile(
+    r"(<!-- capture: (?P<name>[\w.-]+) -->\n```[^\n]*\n)"
+    r"(?P<body>(?:[^\n]*\n)*?)(```)"
+)
 TOAST = "▌"  # the left edge of a Textual toast: wait until none covers the screen
 
 
@@ -48,12 +50,25 @@ class Window:
     def __init__(self, command: str, width: int, height: int) -> None:
         self.socket = f"traintop-readme-{os.getpid()}-{time.monotonic_ns()}"
         env = " ".join(f"{k}={v}" for k, v in (("PYTHONPATH", REPO), ("OMP_NUM_THREADS", 1)))
-        self._tmux("new-session", "-d", "-s", "w", "-x", str(width), "-y", str(height),
-                   f"cd {REPO} && exec env {env} {command}")
+        self._tmux(
+            "new-session",
+            "-d",
+            "-s",
+            "w",
+            "-x",
+            str(width),
+            "-y",
+            str(height),
+            f"cd {REPO} && exec env {env} {command}",
+        )
 
     def _tmux(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.socket, "-f", "/dev/null", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
 
     def text(self) -> str:
         return self._tmux("capture-pane", "-p", "-t", "w").rstrip("\n")
@@ -83,8 +98,13 @@ def step_at_least(count: int) -> Callable[[str], bool]:
     return reached
 
 
-def screen_of(command: str, size: tuple[int, int], until: Callable[[str], bool], what: str,
-              then: list[tuple[tuple[str, ...], Callable[[str], bool]]] | None = None) -> str:
+def screen_of(
+    command: str,
+    size: tuple[int, int],
+    until: Callable[[str], bool],
+    what: str,
+    then: list[tuple[tuple[str, ...], Callable[[str], bool]]] | None = None,
+) -> str:
     """Run ``command`` in a window, wait, press keys (each group followed by its own
     wait), and return the last screen."""
     window = Window(command, *size)
@@ -103,8 +123,14 @@ def finished(screen: str) -> bool:
 
 
 def headless(*args: str, keep: Callable[[str], bool] = lambda line: True) -> str:
-    done = subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=REPO,
-                          env=environment(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tui.cli", *args],
+        cwd=REPO,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return "\n".join(line for line in done.stdout.splitlines() if keep(line))
 
 
@@ -127,35 +153,60 @@ def captures(recordings: Recordings) -> dict[str, Callable[[], str]]:
     def comparison() -> str:
         fixed = recordings.log("exploding", "--fixed")
         broken = recordings.log("exploding")
-        return screen_of(traintop("replay", str(fixed), str(broken)), (80, 24),
-                         lambda s: "ref ●" in s and "peak x ref" in s, "the comparison")
+        return screen_of(
+            traintop("replay", str(fixed), str(broken)),
+            (80, 24),
+            lambda s: "ref ●" in s and "peak x ref" in s,
+            "the comparison",
+        )
 
     return {
-        "healthy-120x40": lambda: screen_of(traintop("demo", "healthy"), (120, 40),
-                                            step_at_least(900), "healthy at step 900"),
-        "main-80x24": lambda: screen_of(traintop("demo", "vanishing"), (80, 24), finished,
-                                        "vanishing, finished"),
+        "healthy-120x40": lambda: screen_of(
+            traintop("demo", "healthy"), (120, 40), step_at_least(900), "healthy at step 900"
+        ),
+        "main-80x24": lambda: screen_of(
+            traintop("demo", "vanishing"), (80, 24), finished, "vanishing, finished"
+        ),
         "heatmap-80x24": lambda: screen_of(
-            traintop("demo", "vanishing"), (80, 24), finished, "vanishing, finished",
-            then=[(("h",), lambda s: "grad norm ▁▂▃▄▅▆▇█" in s)]),
-        "vanishing-120x40": lambda: screen_of(traintop("demo", "vanishing"), (120, 40),
-                                              finished, "vanishing, finished"),
+            traintop("demo", "vanishing"),
+            (80, 24),
+            finished,
+            "vanishing, finished",
+            then=[(("h",), lambda s: "grad norm ▁▂▃▄▅▆▇█" in s)],
+        ),
+        "vanishing-120x40": lambda: screen_of(
+            traintop("demo", "vanishing"), (120, 40), finished, "vanishing, finished"
+        ),
         "nan-forward-120x40": lambda: screen_of(
-            traintop("demo", "nan-forward"), (120, 40), lambda s: "paused+guard" in s,
+            traintop("demo", "nan-forward"),
+            (120, 40),
+            lambda s: "paused+guard" in s,
             "the guard's pause",
-            then=[(("a",), lambda s: "Escape closes." in s)]),
+            then=[(("a",), lambda s: "Escape closes." in s)],
+        ),
         "compare-80x24": comparison,
         # where it listens (the private folder's random name as it was), the connect,
         # a summary every 100 steps, the end
-        "headless-healthy": lambda: headless("demo", "healthy", "--headless", "--steps",
-                                             "300", "--summary-every", "100"),
+        "headless-healthy": lambda: headless(
+            "demo", "healthy", "--headless", "--steps", "300", "--summary-every", "100"
+        ),
         "alert-line": lambda: headless(
-            "demo", "exploding", "--headless", "--fail-on", "error",
-            keep=lambda line: line.startswith("ALERT error exploding_gradient")),
+            "demo",
+            "exploding",
+            "--headless",
+            "--fail-on",
+            "error",
+            keep=lambda line: line.startswith("ALERT error exploding_gradient"),
+        ),
         # a run's ALERT lines, and its root causes in checklist order when it goes
         "causes-line": lambda: headless(
-            "demo", "exploding", "--headless", "--steps", "60",
-            keep=lambda line: line.startswith(("ALERT", "causes"))),
+            "demo",
+            "exploding",
+            "--headless",
+            "--steps",
+            "60",
+            keep=lambda line: line.startswith(("ALERT", "causes")),
+        ),
     }
 
 
@@ -196,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         text, missing = rewrite(README.read_text(), produced)
         README.write_text(text)
         for name in missing:
-            print(f"readme_captures: no '<!-- capture: {name} -->' block in README.md",
-                  file=sys.stderr)
+            print(
+                f"readme_captures: no '<!-- capture: {name} -->' block in README.md",
+                file=sys.stderr,
+            )
         return 1 if missing else 0
     finally:
         shutil.rmtree(recordings.folder, ignore_errors=True)

@@ -93,18 +93,17 @@ class FrameCollector:
                             conn.sendall(encode_frame(frame))
 
 
-def watch_unthinned(model: Any, optimizer: Any, collector: FrameCollector,
-                    **options: Any) -> Any:
+def watch_unthinned(model: Any, optimizer: Any, collector: FrameCollector, **options: Any) -> Any:
     """A probe that sends every step as its own frame (no rate thinning)."""
     import probes  # late: the collector itself needs no torch
 
-    return probes.watch(model, optimizer, address=collector.address, max_steps_per_s=1e9,
-                        **options)
+    return probes.watch(model, optimizer, address=collector.address, max_steps_per_s=1e9, **options)
 
 
 def wait_for_bye(collector: FrameCollector) -> None:
-    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames)), \
+    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames)), (
         "the probe never said bye"
+    )
 
 
 def wait_connected(probe: Any) -> None:
@@ -158,8 +157,9 @@ class LiveMonitor:
             finally:
                 ticking.cancel()
 
-        self._thread = threading.Thread(target=self._loop.run_until_complete,
-                                        args=(serve(),), daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_until_complete, args=(serve(),), daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not source.listening.is_set() and time.monotonic() < deadline:

@@ -18,8 +18,14 @@ def run_scenario(name: str, collector: FrameCollector, steps: int | None = None)
     """Run a scenario in-process, every record kept, and diagnose it as the monitor does."""
     torch.manual_seed(0)
     setup = BUILDERS[name](False)
-    train(setup, run=name, steps=steps, address=collector.address, max_steps_per_s=1e9,
-          print_every=10**9)
+    train(
+        setup,
+        run=name,
+        steps=steps,
+        address=collector.address,
+        max_steps_per_s=1e9,
+        print_every=10**9,
+    )
     assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames))
     state = MonitorState()
     for frame in collector.frames:
@@ -50,8 +56,13 @@ def test_exploding_names_a_layer_before_any_non_finite(collector: FrameCollector
 
 def test_fixed_exploding_raises_no_alert(collector: FrameCollector) -> None:
     torch.manual_seed(0)
-    train(BUILDERS["exploding"](True), run="fixed", address=collector.address,
-          max_steps_per_s=1e9, print_every=10**9)
+    train(
+        BUILDERS["exploding"](True),
+        run="fixed",
+        address=collector.address,
+        max_steps_per_s=1e9,
+        print_every=10**9,
+    )
     assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames))
     state = MonitorState()
     for frame in collector.frames:
@@ -61,9 +72,23 @@ def test_fixed_exploding_raises_no_alert(collector: FrameCollector) -> None:
 
 
 def headless_demo(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tui.cli", "demo", *args, "--headless",
-                           "--delay", "0", "--summary-every", "100000"],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tui.cli",
+            "demo",
+            *args,
+            "--headless",
+            "--delay",
+            "0",
+            "--summary-every",
+            "100000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def alert_lines(output: str) -> list[str]:

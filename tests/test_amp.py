@@ -18,9 +18,15 @@ from probes.diagnosis import Diagnoser
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 
 
-def train_with_scaler(model: nn.Module, collector: FrameCollector, steps: int,
-                      init_scale: float, *, target_scale: float = 1.0,
-                      nan_in_backward: bool = False) -> list[Frame]:
+def train_with_scaler(
+    model: nn.Module,
+    collector: FrameCollector,
+    steps: int,
+    init_scale: float,
+    *,
+    target_scale: float = 1.0,
+    nan_in_backward: bool = False,
+) -> list[Frame]:
     torch.manual_seed(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
@@ -57,8 +63,7 @@ def test_an_overflowing_first_step_is_skipped_quietly(collector: FrameCollector)
     model = small_model()
     before = [p.detach().clone() for p in model.parameters()]
     # 2**127 times gradients of ~10 overflows float32: the first update is skipped.
-    records = train_with_scaler(model, collector, steps=8, init_scale=2.0**127,
-                                target_scale=10.0)
+    records = train_with_scaler(model, collector, steps=8, init_scale=2.0**127, target_scale=10.0)
     first, rest = records[0], records[1:]
     assert first["optimizer_step"] is False
     assert not math.isfinite(first["grad_norm_total"])
@@ -68,12 +73,12 @@ def test_an_overflowing_first_step_is_skipped_quietly(collector: FrameCollector)
     assert not all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
 
 
-def test_gradients_non_finite_at_any_scale_raise_skipped_updates(
-        collector: FrameCollector) -> None:
+def test_gradients_non_finite_at_any_scale_raise_skipped_updates(collector: FrameCollector) -> None:
     model = small_model()
     before = [p.detach().clone() for p in model.parameters()]
-    records = train_with_scaler(model, collector, steps=12, init_scale=2.0**16,
-                                nan_in_backward=True)
+    records = train_with_scaler(
+        model, collector, steps=12, init_scale=2.0**16, nan_in_backward=True
+    )
     assert all(r["optimizer_step"] is False for r in records)
     diagnoser = diagnose(records)
     assert set(diagnoser.raised_count) == {"skipped_updates"}
@@ -105,8 +110,9 @@ def plain_loop(collector: FrameCollector, step_inside: bool, accumulate: int = 1
 
 
 @pytest.mark.parametrize("step_inside", [True, False])
-def test_a_step_that_updates_is_never_marked_skipped(collector: FrameCollector,
-                                                     step_inside: bool) -> None:
+def test_a_step_that_updates_is_never_marked_skipped(
+    collector: FrameCollector, step_inside: bool
+) -> None:
     records = plain_loop(collector, step_inside)
     assert [r["step"] for r in records] == list(range(6))
     assert all("optimizer_step" not in r for r in records), records

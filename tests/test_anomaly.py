@@ -23,8 +23,9 @@ def first_failure(reports: list[dict]) -> dict:
     return next(r for r in reports if r["outcome"] != "clean")
 
 
-def run_under_anomaly(name: str, collector: FrameCollector, steps: int,
-                      monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+def run_under_anomaly(
+    name: str, collector: FrameCollector, steps: int, monkeypatch: pytest.MonkeyPatch
+) -> list[dict]:
     """Every step of a scenario under anomaly mode (as 999a would), the stand-in
     monitor resuming each pause."""
     torch.manual_seed(0)
@@ -36,14 +37,21 @@ def run_under_anomaly(name: str, collector: FrameCollector, steps: int,
         self.arm_anomaly(10**6)
 
     monkeypatch.setattr(Probe, "__init__", arming_init)
-    train(setup, run=name, steps=steps, address=collector.address, max_steps_per_s=1e9,
-          print_every=10**9)
+    train(
+        setup,
+        run=name,
+        steps=steps,
+        address=collector.address,
+        max_steps_per_s=1e9,
+        print_every=10**9,
+    )
     assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames))
     return anomaly_reports(collector)
 
 
 def test_nan_forward_report_names_the_module_where_the_inf_is_born(
-        resuming_collector: FrameCollector, monkeypatch: pytest.MonkeyPatch) -> None:
+    resuming_collector: FrameCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
     reports = run_under_anomaly("nan-forward", resuming_collector, 52, monkeypatch)
     assert [r["outcome"] for r in reports[:47]] == ["clean"] * 47
     report = first_failure(reports)
@@ -59,7 +67,8 @@ def test_nan_forward_report_names_the_module_where_the_inf_is_born(
 
 
 def test_nan_backward_report_names_the_op_and_its_module(
-        resuming_collector: FrameCollector, monkeypatch: pytest.MonkeyPatch) -> None:
+    resuming_collector: FrameCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
     reports = run_under_anomaly("nan-backward", resuming_collector, 6, monkeypatch)
     report = first_failure(reports)
     assert report["outcome"] == "non_finite_backward"
@@ -67,7 +76,7 @@ def test_nan_backward_report_names_the_op_and_its_module(
     assert report["module_of_backward_op"] == "magnitude"
     assert report["first_non_finite"] is None  # the forward was finite throughout
     code = [frame["code"] for frame in report["forward_traceback"]]
-    assert "return torch.sqrt((h ** 2).sum(dim=1, keepdim=True))" in code
+    assert "return torch.sqrt((h**2).sum(dim=1, keepdim=True))" in code
     assert all("/torch/" not in frame["file"] for frame in report["forward_traceback"])
 
 
@@ -88,8 +97,7 @@ def every_hook(model: nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
-def test_anomaly_step_is_scoped_and_skips_the_update(
-        resuming_collector: FrameCollector) -> None:
+def test_anomaly_step_is_scoped_and_skips_the_update(resuming_collector: FrameCollector) -> None:
     model = magnitude_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     probe = probes.watch(model, opt, address=resuming_collector.address)
@@ -106,8 +114,7 @@ def test_anomaly_step_is_scoped_and_skips_the_update(
             opt.zero_grad()
             loss.backward()
             opt.step()
-        unchanged = all(torch.equal(a, b) for a, b in zip(weights, model.parameters(),
-                                                          strict=True))
+        unchanged = all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
         assert unchanged == (i == 1)  # the anomaly step's update was skipped
         assert not torch.is_anomaly_enabled()
         assert every_hook(model) == 0
@@ -117,14 +124,20 @@ def test_anomaly_step_is_scoped_and_skips_the_update(
     # step 0 is a sampled step: the Tanh's activation hook, the last Linear's input hook
     # and the model's (its own input is data, not counted); step 1 hooks every module
     assert hooks_inside == [3, len(list(model.modules())), 0]
-    [report] = anomaly_reports(resuming_collector) if resuming_collector.wait_for(
-        lambda frames: bool([f for f in frames if f["kind"] == "anomaly"])) else [None]
+    [report] = (
+        anomaly_reports(resuming_collector)
+        if resuming_collector.wait_for(
+            lambda frames: bool([f for f in frames if f["kind"] == "anomaly"])
+        )
+        else [None]
+    )
     assert report["step"] == 1 and report["backward_op"] == "PowBackward0"
     assert report["paused"] is True
 
 
 def test_a_clean_anomaly_step_reports_clean_with_its_duration(
-        resuming_collector: FrameCollector) -> None:
+    resuming_collector: FrameCollector,
+) -> None:
     model = magnitude_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with probes.watch(model, opt, address=resuming_collector.address) as probe:
@@ -135,22 +148,18 @@ def test_a_clean_anomaly_step_reports_clean_with_its_duration(
             opt.zero_grad()
             loss.backward()
             opt.step()
-        assert not all(torch.equal(a, b) for a, b in zip(weights, model.parameters(),
-                                                         strict=True))
+        assert not all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
         assert not probe.control.paused
-    assert resuming_collector.wait_for(
-        lambda frames: any(f["kind"] == "anomaly" for f in frames))
+    assert resuming_collector.wait_for(lambda frames: any(f["kind"] == "anomaly" for f in frames))
     [report] = anomaly_reports(resuming_collector)
     assert report["outcome"] == "clean" and report["duration"] > 0
     assert not report["update_skipped"] and report["backward_op"] is None
 
 
-def test_on_anomaly_raise_reraises_into_the_loop(
-        resuming_collector: FrameCollector) -> None:
+def test_on_anomaly_raise_reraises_into_the_loop(resuming_collector: FrameCollector) -> None:
     model = magnitude_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with probes.watch(model, opt, address=resuming_collector.address,
-                      on_anomaly="raise") as probe:
+    with probes.watch(model, opt, address=resuming_collector.address, on_anomaly="raise") as probe:
         probe.arm_anomaly()
         with pytest.raises(RuntimeError, match="PowBackward0"), probe.step():
             model(batch(True)).sum().backward()
@@ -158,8 +167,7 @@ def test_on_anomaly_raise_reraises_into_the_loop(
         assert not probe.control.paused
 
 
-def test_guard_keeps_every_weight_finite_and_unchanged(
-        resuming_collector: FrameCollector) -> None:
+def test_guard_keeps_every_weight_finite_and_unchanged(resuming_collector: FrameCollector) -> None:
     model = magnitude_model()
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     probe = probes.watch(model, opt, address=resuming_collector.address, guard=True)
@@ -171,8 +179,7 @@ def test_guard_keeps_every_weight_finite_and_unchanged(
             loss = model(x).sum()
             opt.zero_grad()
             loss.backward()
-            assert any(not torch.isfinite(p.grad).all() for p in model.parameters()) == (
-                i == 2)
+            assert any(not torch.isfinite(p.grad).all() for p in model.parameters()) == (i == 2)
             opt.step()
         after = list(model.parameters())
         assert all(torch.isfinite(p).all() for p in after)
@@ -180,8 +187,7 @@ def test_guard_keeps_every_weight_finite_and_unchanged(
         assert same == (i == 2), f"step {i}"
         assert probe.update_skipped == (i == 2)
     probe.close()
-    assert resuming_collector.wait_for(
-        lambda frames: any(f["kind"] == "alert" for f in frames))
+    assert resuming_collector.wait_for(lambda frames: any(f["kind"] == "alert" for f in frames))
     [alert_frame] = resuming_collector.kinds("alert")
     alert = alert_frame["alert"]
     assert alert["kind"] == "guard_skipped_update" and alert["severity"] == "error"

@@ -195,7 +195,7 @@ async def test_alert_markers_on_the_chart_step_axis() -> None:
 
 
 async def test_l_cycles_the_loss_scale() -> None:
-    frames = [*short_run(3)] + [step(i, loss=10.0 ** -i) for i in range(3, 9)]  # 8 decades
+    frames = [*short_run(3)] + [step(i, loss=10.0**-i) for i in range(3, 9)]  # 8 decades
     app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         chart = app.query_one(LossChart)
@@ -228,14 +228,18 @@ async def test_an_anomaly_report_from_history_does_not_pop_up() -> None:
     from probes.wire import make_frame
     from tui.screens.anomaly_report import AnomalyReportScreen
 
-    report = make_frame("anomaly", run="run-a", step=2, outcome="clean", duration=0.01,
-                        time=1000.0, seq=1)
+    report = make_frame(
+        "anomaly", run="run-a", step=2, outcome="clean", duration=0.01, time=1000.0, seq=1
+    )
     for replayed, pops_up in ((True, False), (False, True)):
         frame = {**report, "replayed": True} if replayed else report
         app = make_app(FrameListSource([*short_run(3), frame]))
         async with app.run_test(size=(120, 40)) as pilot:
-            await settle(pilot, app, lambda app=app: bool(
-                app.current_run and app.current_run.anomaly_reports))
+            await settle(
+                pilot,
+                app,
+                lambda app=app: bool(app.current_run and app.current_run.anomaly_reports),
+            )
             await pilot.pause(0.1)
             assert isinstance(app.screen, AnomalyReportScreen) is pops_up
 
@@ -243,15 +247,17 @@ async def test_an_anomaly_report_from_history_does_not_pop_up() -> None:
 async def test_a_model_with_thousands_of_layers_fills_rows_as_they_scroll_into_view() -> None:
     from tests.frames import hello
 
-    names = [f"backbone.stage{i // 100}.block{i % 100}.attention.output.dense.projection.{i}"
-             for i in range(2000)]
-    frames = [hello(layers=names), step(0, grad_norms=[float(i) for i in range(2000)],
-                                        layers=2000)]
+    names = [
+        f"backbone.stage{i // 100}.block{i % 100}.attention.output.dense.projection.{i}"
+        for i in range(2000)
+    ]
+    frames = [hello(layers=names), step(0, grad_norms=[float(i) for i in range(2000)], layers=2000)]
     app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         table = app.query_one(LayerTable)
-        await settle(pilot, app, lambda: table.row_count == 2000
-                     and table.row_text(names[0])[1] != "-")
+        await settle(
+            pilot, app, lambda: table.row_count == 2000 and table.row_text(names[0])[1] != "-"
+        )
         first = table.row_text(names[0])[0]
         assert len(first) == 40 and first.startswith("backbone") and first.endswith(".0")
         assert table.row_text(names[-1])[1] == "-"  # off screen: not drawn yet
@@ -287,7 +293,11 @@ async def test_an_incident_shows_its_layers_and_what_folded_under_it() -> None:
         assert row[3] == "l0 +2" and row[4].startswith("+1 folded: update_ratio")
         table = app.query_one(LayerTable)
         assert [table.row_text(name)[5] for name in ("l0", "l1", "l2", "l3")] == [
-            "vanishing", "vanishing", "vanishing", ""]
+            "vanishing",
+            "vanishing",
+            "vanishing",
+            "",
+        ]
         panel.focus()
         await pilot.press("enter")
         await settle(pilot, app, lambda: isinstance(app.screen, AlertDetail))

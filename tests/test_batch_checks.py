@@ -201,8 +201,7 @@ def test_bce_with_logits_on_sigmoid_outputs() -> None:
 
 
 def test_bce_with_logits_on_logits_is_clean() -> None:
-    report = check_batch(wide_logits_model(), (inputs(), binary_targets()),
-                         nn.BCEWithLogitsLoss())
+    report = check_batch(wide_logits_model(), (inputs(), binary_targets()), nn.BCEWithLogitsLoss())
 
     assert report.findings == []
     assert report.ok
@@ -213,8 +212,9 @@ def test_bce_with_logits_on_logits_is_clean() -> None:
 
 def bn_dropout_model() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5),
-                         nn.Linear(16, 1))
+    return nn.Sequential(
+        nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 1)
+    )
 
 
 def set_mode(model: nn.Sequential, mode: str) -> None:
@@ -366,8 +366,9 @@ def test_overfit_honours_a_custom_optimizer() -> None:
         made.append(optimizer)
         return optimizer
 
-    report = overfit_batch(small_mlp(), regression_batch(), nn.MSELoss(),
-                           optimizer=frozen_sgd, steps=20)
+    report = overfit_batch(
+        small_mlp(), regression_batch(), nn.MSELoss(), optimizer=frozen_sgd, steps=20
+    )
 
     assert len(made) == 1
     assert report.kinds == ["cannot_overfit"]
@@ -376,8 +377,7 @@ def test_overfit_honours_a_custom_optimizer() -> None:
 
 
 def test_overfit_explicit_target_is_the_goal() -> None:
-    report = overfit_batch(small_mlp(), regression_batch(), nn.MSELoss(), steps=3,
-                           target=1e-12)
+    report = overfit_batch(small_mlp(), regression_batch(), nn.MSELoss(), steps=3, target=1e-12)
 
     assert report.summary["goal"] == 1e-12
     assert report.kinds == ["cannot_overfit"]
@@ -391,14 +391,12 @@ def test_overfit_zero_steps_is_a_value_error() -> None:
 # --- with a probe ------------------------------------------------------------------------
 
 
-def test_overfit_streams_its_curve_and_reports_to_the_monitor(
-        collector: FrameCollector) -> None:
+def test_overfit_streams_its_curve_and_reports_to_the_monitor(collector: FrameCollector) -> None:
     model = small_mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     with probes.watch(model, optimizer, address=collector.address) as probe:
-        report = overfit_batch(model, regression_batch(), nn.MSELoss(), steps=100,
-                               probe=probe)
+        report = overfit_batch(model, regression_batch(), nn.MSELoss(), steps=100, probe=probe)
 
     assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames))
     events = collector.kinds("event")

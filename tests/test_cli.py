@@ -14,8 +14,9 @@ from tui.cli import main
 
 
 def traintop(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_demo_list_names_each_scenario_within_80_columns(capsys) -> None:
@@ -39,8 +40,19 @@ def test_unknown_scenario_is_one_clear_line(capsys) -> None:
 
 def test_headless_demo_records_and_replays(tmp_path) -> None:
     log = tmp_path / "run.ndjson"
-    done = traintop("demo", "healthy", "--headless", "--steps", "120", "--delay", "0",
-                    "--record", str(log), "--summary-every", "50")
+    done = traintop(
+        "demo",
+        "healthy",
+        "--headless",
+        "--steps",
+        "120",
+        "--delay",
+        "0",
+        "--record",
+        str(log),
+        "--summary-every",
+        "50",
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("listening on unix:") and lines[0].endswith("/monitor.sock")
@@ -76,19 +88,27 @@ def test_summary_shows_the_validation_loss_with_its_own_step() -> None:
     from tui.state import MonitorState
 
     state = MonitorState()
-    for frame in (hello(), step(0), evaluation(0, val_loss=7.474, seq=1),
-                  *(step(i) for i in range(1, 120)), evaluation(100, val_loss=0.1587, seq=2)):
+    for frame in (
+        hello(),
+        step(0),
+        evaluation(0, val_loss=7.474, seq=1),
+        *(step(i) for i in range(1, 120)),
+        evaluation(100, val_loss=0.1587, seq=2),
+    ):
         state.apply(1, frame)
     line = summary_line(state.runs["run-a"])
     assert " step=119 " in line and " val_loss=0.1587@100 " in line
 
 
-@pytest.mark.parametrize("body", [b"", b"\n\n", b"# traintop\n\nA live, interactive...\n",
-                                  b'{"v":1,"kind":"step","step":0}\n'],
-                         ids=["empty", "blank", "markdown", "no-hello"])
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"\n\n", b"# traintop\n\nA live, interactive...\n", b'{"v":1,"kind":"step","step":0}\n'],
+    ids=["empty", "blank", "markdown", "no-hello"],
+)
 @pytest.mark.parametrize("headless", [True, False], ids=["headless", "screen"])
-def test_a_file_that_is_not_a_run_log_is_refused_in_one_line(tmp_path, capsys, body: bytes,
-                                                              headless: bool) -> None:
+def test_a_file_that_is_not_a_run_log_is_refused_in_one_line(
+    tmp_path, capsys, body: bytes, headless: bool
+) -> None:
     log = tmp_path / "notes.md"
     log.write_bytes(body)
     args = ["replay", str(log)] + (["--headless"] if headless else [])
@@ -112,8 +132,7 @@ def test_replay_of_several_logs_shows_each_run(tmp_path, capsys) -> None:
     first, second = tmp_path / "a.ndjson", tmp_path / "b.ndjson"
     first.write_bytes(b"".join(encode_frame(f) for f in short_run(12, run="a", name="one")))
     second.write_bytes(b"".join(encode_frame(f) for f in short_run(8, run="b", name="two")))
-    assert main(["replay", str(first), str(second), "--headless", "--summary-every",
-                 "1000"]) == 0
+    assert main(["replay", str(first), str(second), "--headless", "--summary-every", "1000"]) == 0
     out = capsys.readouterr().out
     assert "connected run=one " in out and "connected run=two " in out
     assert "run=one step=11 " in out and "run=two step=7 " in out
@@ -172,8 +191,7 @@ def test_a_lower_threshold_changes_what_fires(tmp_path) -> None:
     assert "ALERT error exploding_gradient step=0 subject=encoder.2" in lowered.stdout
 
 
-def test_headless_demo_stops_when_the_trainer_dies_before_connecting(
-        monkeypatch, capsys) -> None:
+def test_headless_demo_stops_when_the_trainer_dies_before_connecting(monkeypatch, capsys) -> None:
     import tui.launcher
 
     def broken_trainer(args, address, log_path):
@@ -194,8 +212,13 @@ def test_sigterm_stops_a_headless_monitor_and_removes_its_socket(socket_path: st
     import time
 
     env = {**os.environ, "TRAINTOP_ADDRESS": f"unix:{socket_path}"}
-    monitor = subprocess.Popen([sys.executable, "-m", "tui.cli", "--headless"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    monitor = subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", "--headless"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not os.path.exists(socket_path):
         assert time.monotonic() < deadline and monitor.poll() is None, monitor.communicate()

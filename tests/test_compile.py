@@ -35,7 +35,8 @@ def compiled_in_place(model: nn.Module) -> nn.Module:
 
 @pytest.mark.parametrize("compile_model", [compiled_wrapper, compiled_in_place])
 def test_sampled_steps_measure_afresh_under_torch_compile(
-        collector: FrameCollector, compile_model: Callable[[nn.Module], nn.Module]) -> None:
+    collector: FrameCollector, compile_model: Callable[[nn.Module], nn.Module]
+) -> None:
     torch._dynamo.reset()
     model = dead_relu_model()
     compiled = compile_model(model)
@@ -58,8 +59,11 @@ def test_sampled_steps_measure_afresh_under_torch_compile(
     sampled = {f["step"]: f["activations"] for f in collector.kinds("step") if "activations" in f}
     assert sampled == {0: [1.0], 10: [1.0], 20: [1.0], 30: [1.0]}
     evaluation = collector.kinds("eval")[0]
-    assert (evaluation["forwards"], evaluation["train_mode_forwards"],
-            evaluation["grad_forwards"]) == (1, 1, 1)
+    assert (
+        evaluation["forwards"],
+        evaluation["train_mode_forwards"],
+        evaluation["grad_forwards"],
+    ) == (1, 1, 1)
 
 
 def test_data_parallel_layer_names_are_the_modules_own(collector: FrameCollector) -> None:

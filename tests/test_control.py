@@ -27,13 +27,20 @@ class Sent(list):
         return [r for r in self if r["kind"] == "event" and r["name"] == name]
 
 
-def make_control(*, token: str | None = None, grace: float = 10.0,
-                 scale_lr=None) -> tuple[Control, Sent, threading.Event]:
+def make_control(
+    *, token: str | None = None, grace: float = 10.0, scale_lr=None
+) -> tuple[Control, Sent, threading.Event]:
     sent = Sent()
     connected = threading.Event()
     connected.set()
-    control = Control(connected=connected, send=sent.append, scale_lr=scale_lr,
-                      grace_s=grace, token=token, run_id="run-1")
+    control = Control(
+        connected=connected,
+        send=sent.append,
+        scale_lr=scale_lr,
+        grace_s=grace,
+        token=token,
+        run_id="run-1",
+    )
     return control, sent, connected
 
 
@@ -56,8 +63,12 @@ def test_commands_are_applied_at_the_boundary_and_acknowledged() -> None:
 
 def test_bad_commands_get_a_clear_refusal() -> None:
     control, sent, _ = make_control()
-    for frame in (command("reboot"), command("step"), command("lr_scale", factor=10.0),
-                  command("lr_scale", factor=0.5)):
+    for frame in (
+        command("reboot"),
+        command("step"),
+        command("lr_scale", factor=10.0),
+        command("lr_scale", factor=0.5),
+    ):
         control.receive(frame)
     control.boundary(0, flush=lambda: None)
     results = [(a["ok"], a["result"]) for a in sent.acks()]
@@ -93,8 +104,7 @@ def test_pause_blocks_until_resumed_and_step_lets_exactly_one_through() -> None:
     assert sent.events("resumed")[0]["reason"] == "the monitor asked"
 
 
-def test_a_paused_run_resumes_when_its_monitor_is_gone(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_paused_run_resumes_when_its_monitor_is_gone(capsys: pytest.CaptureFixture[str]) -> None:
     control, sent, connected = make_control(grace=0.2)
     control.receive(command("pause"))
     threading.Timer(0.2, connected.clear).start()  # the monitor goes away, run paused
@@ -111,10 +121,14 @@ def test_with_a_token_only_signed_commands_are_obeyed() -> None:
     control, sent, _ = make_control(token="s3cret")
     unsigned = command("guard", 1, on=True)
     forged = {**command("guard", 2, on=True), "auth": "0" * 64}
-    signed = {**command("guard", 3, on=True),
-              "auth": command_signature("s3cret", "run-1", 3, "guard", {"on": True})}
-    tampered = {**command("guard", 4, on=False),  # a signature for other arguments
-                "auth": command_signature("s3cret", "run-1", 4, "guard", {"on": True})}
+    signed = {
+        **command("guard", 3, on=True),
+        "auth": command_signature("s3cret", "run-1", 3, "guard", {"on": True}),
+    }
+    tampered = {
+        **command("guard", 4, on=False),  # a signature for other arguments
+        "auth": command_signature("s3cret", "run-1", 4, "guard", {"on": True}),
+    }
     for frame in (unsigned, forged):
         control.receive(frame)
     control.boundary(0, flush=lambda: None)
@@ -130,8 +144,12 @@ def test_with_a_token_only_signed_commands_are_obeyed() -> None:
 
 def test_malformed_commands_are_refused_and_the_run_goes_on() -> None:
     control, sent, _ = make_control()
-    for frame in ({**command("anomaly"), "args": [1, 2]}, command("anomaly", count="many"),
-                  command("lr_scale", factor="half"), {**command("guard"), "id": "x"}):
+    for frame in (
+        {**command("anomaly"), "args": [1, 2]},
+        command("anomaly", count="many"),
+        command("lr_scale", factor="half"),
+        {**command("guard"), "id": "x"},
+    ):
         control.receive(frame)
     control.boundary(0, flush=lambda: None)
     oks = [a["ok"] for a in sent.acks()]
@@ -153,8 +171,9 @@ def test_a_pause_with_no_monitor_does_not_hold_the_run() -> None:
 
 def test_lr_experiment_scales_every_group_and_is_recorded(collector: FrameCollector) -> None:
     model = nn.Linear(3, 1)
-    opt = torch.optim.SGD([{"params": [model.weight], "lr": 0.1},
-                           {"params": [model.bias], "lr": 0.02}])
+    opt = torch.optim.SGD(
+        [{"params": [model.weight], "lr": 0.1}, {"params": [model.bias], "lr": 0.02}]
+    )
     probe = probes.watch(model, opt, address=collector.address)
     probe._control.receive(command("lr_scale", factor=0.5))
     for _ in range(2):
@@ -175,8 +194,9 @@ def test_monitor_reports_a_run_that_is_not_connected() -> None:
     assert Monitor().send_command("nope", "pause") == "that run is not connected"
 
 
-def run_lr_experiment(collector: FrameCollector,
-                      make_scheduler: Callable[[torch.optim.Optimizer], object]) -> list[dict]:
+def run_lr_experiment(
+    collector: FrameCollector, make_scheduler: Callable[[torch.optim.Optimizer], object]
+) -> list[dict]:
     model = nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = make_scheduler(opt)
@@ -195,9 +215,12 @@ def run_lr_experiment(collector: FrameCollector,
 
 
 def test_a_scheduler_that_resets_the_lr_undoes_the_experiment_and_says_so(
-        collector: FrameCollector) -> None:
-    alerts = run_lr_experiment(collector, lambda opt: torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: 1.0 - 0.01 * step))
+    collector: FrameCollector,
+) -> None:
+    alerts = run_lr_experiment(
+        collector,
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - 0.01 * step),
+    )
     [alert] = alerts
     assert alert["kind"] == "lr_experiment_undone" and alert["step"] == 5
     assert alert["evidence"]["lasted_steps"] == 1
@@ -206,8 +229,12 @@ def test_a_scheduler_that_resets_the_lr_undoes_the_experiment_and_says_so(
 
 def test_a_scheduler_that_keeps_scaling_keeps_the_experiment(collector: FrameCollector) -> None:
     # StepLR multiplies the current LR: the experiment's x0.5 carries on through it.
-    assert run_lr_experiment(collector, lambda opt: torch.optim.lr_scheduler.StepLR(
-        opt, step_size=3, gamma=0.5)) == []
+    assert (
+        run_lr_experiment(
+            collector, lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        )
+        == []
+    )
 
 
 # --- commands for the ranks of a job: applied at the step the monitor chose ------------

@@ -16,8 +16,14 @@ from tests.collector import FrameCollector
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def train(probe: probes.Probe, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-          y: torch.Tensor, steps: int) -> None:
+def train(
+    probe: probes.Probe,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    steps: int,
+) -> None:
     for _ in range(steps):
         with probe.step():
             loss = nn.functional.mse_loss(model(x), y)

@@ -39,8 +39,9 @@ def make(rows: np.ndarray, kind: str) -> Any:
     if kind == "tuples":
         return [(x[i].copy(), float(y[i])) for i in range(len(rows))]
     if kind == "dataset":
-        return TensorDataset(torch.tensor(x, dtype=torch.float32),
-                             torch.tensor(y, dtype=torch.float32))
+        return TensorDataset(
+            torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+        )
     raise AssertionError(kind)
 
 
@@ -147,8 +148,7 @@ def test_entity_in_two_splits(kind: str) -> None:
 def test_entity_in_two_splits_dict_rows_by_key_name() -> None:
     def rows(users: list[str], seed: int) -> list[dict[str, Any]]:
         rng = np.random.default_rng(seed)
-        return [{"user": u, "x": rng.normal(size=3), "y": int(rng.integers(0, 2))}
-                for u in users]
+        return [{"user": u, "x": rng.normal(size=3), "y": int(rng.integers(0, 2))} for u in users]
 
     train = rows([f"u{i}" for i in range(10)], seed=8)
     val = rows(["v0", "v1", "u3", "v2"], seed=9)
@@ -175,15 +175,13 @@ def test_time_leak(kind: str) -> None:
     val[3, 1] = 5.0
     val[7, 1] = 12.0
 
-    report = check_split(make(train, kind), make(val, kind), make(test, kind),
-                         time=column(kind, 1))
+    report = check_split(make(train, kind), make(val, kind), make(test, kind), time=column(kind, 1))
 
     assert report.kinds == ["time_leak"]
     finding = report.findings[0]
     assert finding.severity == "error"
     assert finding.subject == "val"
-    assert finding.evidence == {"rows_before_train_end": 2, "train_end": 29.0,
-                                "val_start": 5.0}
+    assert finding.evidence == {"rows_before_train_end": 2, "train_end": 29.0, "val_start": 5.0}
     assert finding.examples == (3, 7)
 
 
@@ -291,8 +289,14 @@ def test_clean_data_yields_no_finding(kind: str) -> None:
         split[:, 0] = np.arange(start, start + len(split))  # distinct entities
         split[:, 1] = np.arange(start, start + len(split))  # time moves forward
 
-    report = check_split(make(train, kind), make(val, kind), make(test, kind),
-                         target=column(kind, -1), key=column(kind, 0), time=column(kind, 1))
+    report = check_split(
+        make(train, kind),
+        make(val, kind),
+        make(test, kind),
+        target=column(kind, -1),
+        key=column(kind, 0),
+        time=column(kind, 1),
+    )
 
     assert report.findings == []
     assert report.ok
@@ -372,8 +376,7 @@ def per_column_data() -> tuple[torch.Tensor, torch.Tensor]:
 def test_per_column_statistics_fitted_on_train_are_ok() -> None:
     train, every = per_column_data()
 
-    report = check_preprocessing({"mean": train.mean(dim=0), "std": train.std(dim=0)},
-                                 train, every)
+    report = check_preprocessing({"mean": train.mean(dim=0), "std": train.std(dim=0)}, train, every)
 
     assert report.findings == []
     assert report.ok
@@ -382,8 +385,7 @@ def test_per_column_statistics_fitted_on_train_are_ok() -> None:
 def test_per_column_statistics_fitted_on_all_rows_are_leakage() -> None:
     train, every = per_column_data()
 
-    report = check_preprocessing({"mean": every.mean(dim=0), "std": every.std(dim=0)},
-                                 train, every)
+    report = check_preprocessing({"mean": every.mean(dim=0), "std": every.std(dim=0)}, train, every)
 
     assert report.kinds == ["leakage", "leakage"]
     assert [f.subject for f in report.findings] == ["mean", "std"]

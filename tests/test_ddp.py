@@ -32,9 +32,14 @@ def start_job(monitor: LiveMonitor, **options: object) -> subprocess.Popen[str]:
     fields = ", ".join(f"{name}={value!r}" for name, value in options.items())
     code = f"from demo.ddp import JobOptions, run_job; run_job(JobOptions({fields}))"
     env = {**os.environ, "TRAINTOP_ADDRESS": str(monitor.address), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def finish(job: subprocess.Popen[str]) -> tuple[int, str]:
@@ -49,17 +54,24 @@ def finish(job: subprocess.Popen[str]) -> tuple[int, str]:
 
 def ranks_of(monitor: LiveMonitor) -> list:
     """The job's ranks' runs (one job only), by rank."""
+
     def members() -> list:
         [job] = monitor.monitor.state.jobs.values()
         return list(job.rank_runs(monitor.monitor.state.runs))
+
     return monitor.call(members)
 
 
 def test_pause_stops_every_rank_at_one_step_and_resume_goes_on(monitor: LiveMonitor) -> None:
     job = start_job(monitor, name="ddp-pause", steps=400, delay=0.01, timeout_s=30.0)
     state = monitor.monitor.state
-    assert monitor.wait_for(lambda: len(state.jobs) == 1 and all(
-        r.connected and r.last_step > 30 for r in state.runs.values()) and len(state.runs) == 2)
+    assert monitor.wait_for(
+        lambda: (
+            len(state.jobs) == 1
+            and all(r.connected and r.last_step > 30 for r in state.runs.values())
+            and len(state.runs) == 2
+        )
+    )
     [rank0, rank1] = ranks_of(monitor)
     assert (rank0.rank, rank1.rank) == (0, 1) and rank0.job == rank1.job
     assert monitor.call(lambda: monitor.monitor.send_command(rank1.run_id, "pause")) is None
@@ -77,13 +89,22 @@ def test_pause_stops_every_rank_at_one_step_and_resume_goes_on(monitor: LiveMoni
 
 
 def test_a_bad_shard_is_pinned_to_its_rank_and_a_dead_rank_stalls_the_job(
-        monitor: LiveMonitor) -> None:
-    job = start_job(monitor, name="ddp-bad", steps=400, delay=0.002, bad_shard=(1, 80),
-                    die=(1, 150), timeout_s=5.0)
+    monitor: LiveMonitor,
+) -> None:
+    job = start_job(
+        monitor,
+        name="ddp-bad",
+        steps=400,
+        delay=0.002,
+        bad_shard=(1, 80),
+        die=(1, 150),
+        timeout_s=5.0,
+    )
     status, output = finish(job)
     assert status != 0, output  # rank 1 died, and rank 0 gave up waiting for it
-    assert monitor.wait_for(lambda: not any(r.connected for r in
-                                            monitor.monitor.state.runs.values()))
+    assert monitor.wait_for(
+        lambda: not any(r.connected for r in monitor.monitor.state.runs.values())
+    )
     raised = monitor.raised()
     kinds = [alert.kind for alert in raised]
     assert kinds == ["rank_outlier", "rank_stalled"], [a.line() for a in raised]
@@ -91,7 +112,8 @@ def test_a_bad_shard_is_pinned_to_its_rank_and_a_dead_rank_stalls_the_job(
     assert outlier.evidence["rank"] == 1 and outlier.step == 80
     assert outlier.evidence["others"] == "fine" and "rank=1" in outlier.line()
     [job] = monitor.monitor.state.jobs.values()
-    assert any(name.startswith("exploding_gradient@") for name in job.incidents[0].folded), \
+    assert any(name.startswith("exploding_gradient@") for name in job.incidents[0].folded), (
         "the explosion the bad shard caused folds under it"
+    )
     assert job.entries[0].alert.folded == job.incidents[0].folded  # as the panel shows it
     assert stalled.evidence["rank"] == 1 and stalled.subject == "rank 1"

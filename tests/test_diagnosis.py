@@ -27,8 +27,7 @@ from probes.diagnosis import (
 Record = dict[str, Any]
 
 LAYERS = ["enc.0", "enc.1", "head"]
-PARAMS = ["enc.0.weight", "enc.0.bias", "enc.1.weight", "enc.1.bias", "head.weight",
-          "head.bias"]
+PARAMS = ["enc.0.weight", "enc.0.bias", "enc.1.weight", "enc.1.bias", "head.weight", "head.bias"]
 ACTIVATIONS = [["act.relu", "relu", 0], ["act.tanh", "tanh", 1]]
 
 
@@ -36,15 +35,24 @@ ACTIVATIONS = [["act.relu", "relu", 0], ["act.tanh", "tanh", 1]]
 
 
 def make_info(*, mode_sensitive: int = 0, grad_accumulation: bool = False) -> RunInfo:
-    return RunInfo.from_hello({
-        "layers": LAYERS, "params": PARAMS, "activations": ACTIVATIONS,
-        "mode_sensitive_modules": mode_sensitive,
-        "config": {"grad_accumulation": grad_accumulation},
-    })
+    return RunInfo.from_hello(
+        {
+            "layers": LAYERS,
+            "params": PARAMS,
+            "activations": ACTIVATIONS,
+            "mode_sensitive_modules": mode_sensitive,
+            "config": {"grad_accumulation": grad_accumulation},
+        }
+    )
 
 
-def step(n: int, loss: float = 1.0, grads: Sequence[float] | None = None,
-         total: float | None = None, **fields: Any) -> Record:
+def step(
+    n: int,
+    loss: float = 1.0,
+    grads: Sequence[float] | None = None,
+    total: float | None = None,
+    **fields: Any,
+) -> Record:
     """A step record; ``grad_norm_total`` is the L2 of ``grads`` unless given."""
     record: Record = {"kind": "step", "step": n, "scalars": {"loss": loss}}
     if grads is not None:
@@ -59,10 +67,17 @@ def step(n: int, loss: float = 1.0, grads: Sequence[float] | None = None,
     return record
 
 
-def evaluation(n: int, val_loss: float, *, forwards: int = 4, train_mode: int = 0,
-               grad: int = 0) -> Record:
-    return {"kind": "eval", "step": n, "scalars": {"val_loss": val_loss},
-            "forwards": forwards, "train_mode_forwards": train_mode, "grad_forwards": grad}
+def evaluation(
+    n: int, val_loss: float, *, forwards: int = 4, train_mode: int = 0, grad: int = 0
+) -> Record:
+    return {
+        "kind": "eval",
+        "step": n,
+        "scalars": {"val_loss": val_loss},
+        "forwards": forwards,
+        "train_mode_forwards": train_mode,
+        "grad_forwards": grad,
+    }
 
 
 def feed(diagnoser: Diagnoser, records: Iterable[Record]) -> list[AlertChange]:
@@ -77,16 +92,16 @@ def raised(changes: Iterable[AlertChange], kind: str | None = None) -> list[Aler
 
 
 def cleared(changes: Iterable[AlertChange], kind: str | None = None) -> list[Alert]:
-    return [c.alert for c in changes
-            if not c.raised and (kind is None or c.alert.kind == kind)]
+    return [c.alert for c in changes if not c.raised and (kind is None or c.alert.kind == kind)]
 
 
 def kinds(changes: Iterable[AlertChange]) -> set[str]:
     return {a.kind for a in raised(changes)}
 
 
-def run(records: Iterable[Record], info: RunInfo | None = None,
-        thresholds: Thresholds | None = None) -> tuple[Diagnoser, list[AlertChange]]:
+def run(
+    records: Iterable[Record], info: RunInfo | None = None, thresholds: Thresholds | None = None
+) -> tuple[Diagnoser, list[AlertChange]]:
     """Feed ``records`` as a run that then ends (consequences still waiting for a
     cause are raised, as the monitor does on the run's bye)."""
     diagnoser = Diagnoser(info if info is not None else make_info(), thresholds)
@@ -115,10 +130,17 @@ SEED_HISTORY = [
 def seed_records(history: list[dict[str, float]]) -> list[Record]:
     records: list[Record] = []
     for n, entry in enumerate(history):
-        records.append({"kind": "step", "step": n, "scalars": {"loss": entry["train_loss"]},
-                        "grad_norm_total": entry["gradient_norm"]})
-        records.append({"kind": "eval", "step": n,
-                        "scalars": {"val_loss": entry["validation_loss"]}})
+        records.append(
+            {
+                "kind": "step",
+                "step": n,
+                "scalars": {"loss": entry["train_loss"]},
+                "grad_norm_total": entry["gradient_norm"],
+            }
+        )
+        records.append(
+            {"kind": "eval", "step": n, "scalars": {"val_loss": entry["validation_loss"]}}
+        )
     return records
 
 
@@ -149,11 +171,15 @@ def test_seed_overfitting_signal_alone_is_raised() -> None:
 @pytest.mark.parametrize("entry", [0, 1, 2])
 @pytest.mark.parametrize(
     ("seed_field", "subject"),
-    [("train_loss", "loss"), ("validation_loss", "eval.val_loss"),
-     ("gradient_norm", "grad_norm_total")],
+    [
+        ("train_loss", "loss"),
+        ("validation_loss", "eval.val_loss"),
+        ("gradient_norm", "grad_norm_total"),
+    ],
 )
-def test_seed_finite_check_for_every_numeric_field(seed_field: str, subject: str,
-                                                   entry: int) -> None:
+def test_seed_finite_check_for_every_numeric_field(
+    seed_field: str, subject: str, entry: int
+) -> None:
     history = [dict(e) for e in SEED_HISTORY]
     history[entry][seed_field] = math.nan
     changes = feed(Diagnoser(), seed_records(history))
@@ -191,21 +217,28 @@ def test_non_finite_inf_in_one_layer_names_it_and_keeps_first_step() -> None:
 
 
 def test_non_finite_inf_in_layer_with_finite_total_still_names_the_layer() -> None:
-    records = [*steady_grads(3, [1.0, 1.0, 1.0]),
-               step(3, grads=[1.0, 1.0, -math.inf], total=2.0)]
+    records = [*steady_grads(3, [1.0, 1.0, 1.0]), step(3, grads=[1.0, 1.0, -math.inf], total=2.0)]
     _, changes = run(records)
     assert only(raised(changes, "non_finite")).subject == "grad_norm[head]"
 
 
 @pytest.mark.parametrize(
     ("field", "subject"),
-    [("grad_norms", "grad_norm[enc.1]"), ("param_norms", "param_norm[enc.1]"),
-     ("update_ratios", "update_ratio[enc.1]"), ("activations", "act.tanh")],
+    [
+        ("grad_norms", "grad_norm[enc.1]"),
+        ("param_norms", "param_norm[enc.1]"),
+        ("update_ratios", "update_ratio[enc.1]"),
+        ("activations", "act.tanh"),
+    ],
 )
 def test_non_finite_in_every_per_layer_field(field: str, subject: str) -> None:
     """The rule's docstring: 'Any numeric field of a record is NaN or Inf ... every field'."""
-    clean = {"grad_norms": [1.0, 1.0, 1.0], "param_norms": [5.0, 5.0, 5.0],
-             "update_ratios": [1e-3, 1e-3, 1e-3], "activations": [0.5, 0.5]}
+    clean = {
+        "grad_norms": [1.0, 1.0, 1.0],
+        "param_norms": [5.0, 5.0, 5.0],
+        "update_ratios": [1e-3, 1e-3, 1e-3],
+        "activations": [0.5, 0.5],
+    }
     bad = {k: list(v) for k, v in clean.items()}
     bad[field][1] = math.nan
     records = [step(0, total=1.7, **clean), step(10, total=1.7, **bad)]
@@ -218,16 +251,19 @@ def test_non_finite_in_every_per_layer_field(field: str, subject: str) -> None:
 
 def test_non_finite_gradients_of_a_skipped_update_are_not_an_error() -> None:
     """AMP's GradScaler skips optimizer.step() when the gradients overflow: normal."""
-    records = [step(0, grads=[math.inf, 1.0, 1.0], total=math.inf, optimizer_step=False),
-               *steady_grads(5, [1.0, 1.0, 1.0], start=1)]
+    records = [
+        step(0, grads=[math.inf, 1.0, 1.0], total=math.inf, optimizer_step=False),
+        *steady_grads(5, [1.0, 1.0, 1.0], start=1),
+    ]
     diagnoser, changes = run(records)
     assert changes == []
     assert diagnoser.raised_count == {}
 
 
 def test_a_non_finite_loss_is_an_error_even_when_the_update_was_skipped() -> None:
-    _, changes = run([step(0, loss=math.nan, grads=[math.nan] * 3, total=math.nan,
-                           optimizer_step=False)])
+    _, changes = run(
+        [step(0, loss=math.nan, grads=[math.nan] * 3, total=math.nan, optimizer_step=False)]
+    )
     assert only(raised(changes, "non_finite")).subject == "loss"
 
 
@@ -255,8 +291,10 @@ def test_no_updates_fires_when_the_optimizer_never_steps() -> None:
 
 
 def test_no_updates_near_miss_accumulation_steps_every_eight() -> None:
-    records = [step(n, grads=[1.0, 1.0, 1.0], optimizer_step=False if n % 8 != 7 else None)
-               for n in range(400)]
+    records = [
+        step(n, grads=[1.0, 1.0, 1.0], optimizer_step=False if n % 8 != 7 else None)
+        for n in range(400)
+    ]
     for record in records:
         if record["optimizer_step"] is None:
             del record["optimizer_step"]
@@ -268,21 +306,25 @@ def test_update_rules_say_nothing_when_the_probe_measures_one_step_in_several() 
     """every=4 with accumulation over 4: the measured steps may never be the updating ones."""
     info = RunInfo.from_hello({"layers": LAYERS, "config": {"every": 4}})
     idle = [step(n, grads=[1.0, 1.0, 1.0], optimizer_step=False) for n in range(0, 800, 4)]
-    skipped_nan = [step(n, grads=[1.0, math.inf, 1.0], total=math.inf, optimizer_step=False)
-                   for n in range(800, 900, 4)]
+    skipped_nan = [
+        step(n, grads=[1.0, math.inf, 1.0], total=math.inf, optimizer_step=False)
+        for n in range(800, 900, 4)
+    ]
     _, changes = run(idle + skipped_nan, info=info)
     assert raised(changes, "no_updates") == raised(changes, "skipped_updates") == []
 
 
 def test_skipped_updates_near_misses() -> None:
     # nine in a row; then a stepped one breaks the streak before a tenth
-    records = [*(skipped(n) for n in range(9)), step(9, grads=[1.0, 1.0, 1.0]),
-               *(skipped(n) for n in range(10, 19))]
+    records = [
+        *(skipped(n) for n in range(9)),
+        step(9, grads=[1.0, 1.0, 1.0]),
+        *(skipped(n) for n in range(10, 19)),
+    ]
     _, changes = run(records)
     assert raised(changes, "skipped_updates") == []
     # steps the loop did not update on purpose (accumulation) with finite gradients
-    _, changes = run([step(n, grads=[1.0, 1.0, 1.0], optimizer_step=False)
-                      for n in range(30)])
+    _, changes = run([step(n, grads=[1.0, 1.0, 1.0], optimizer_step=False) for n in range(30)])
     assert raised(changes, "skipped_updates") == []
 
 
@@ -295,9 +337,17 @@ def test_non_finite_nan_in_eval_scalar() -> None:
 
 
 def test_non_finite_near_miss_large_but_finite_numbers() -> None:
-    records = [step(n, loss=1e30, grads=[1e-30, 1e-30, 1e-30], total=1e-30,
-                    param_norms=[1e30, 1e30, 1e30], update_ratios=[1e-3] * 3)
-               for n in range(5)]
+    records = [
+        step(
+            n,
+            loss=1e30,
+            grads=[1e-30, 1e-30, 1e-30],
+            total=1e-30,
+            param_norms=[1e30, 1e30, 1e30],
+            update_ratios=[1e-3] * 3,
+        )
+        for n in range(5)
+    ]
     records.append(evaluation(4, 1e30))
     _, changes = run(records)
     assert "non_finite" not in kinds(changes)
@@ -335,8 +385,11 @@ def test_exploding_growth_of_small_norms_is_not_an_explosion(peak: float) -> Non
 
 
 def test_exploding_growth_near_miss_40x() -> None:
-    records = [*steady_grads(10, [1.0, 0.01, 1.0]), step(10, grads=[1.0, 0.4, 1.0]),
-               *steady_grads(10, [1.0, 0.4, 1.0], start=11)]
+    records = [
+        *steady_grads(10, [1.0, 0.01, 1.0]),
+        step(10, grads=[1.0, 0.4, 1.0]),
+        *steady_grads(10, [1.0, 0.4, 1.0], start=11),
+    ]
     _, changes = run(records)
     assert "exploding_gradient" not in kinds(changes)
 
@@ -384,8 +437,7 @@ def test_vanishing_for_20_records_names_the_layer() -> None:
 
 
 def test_vanishing_near_miss_19_records() -> None:
-    records = [*steady_grads(19, [1.0, 0.5, 1e-5]),
-               *steady_grads(5, [1.0, 0.5, 0.5], start=19)]
+    records = [*steady_grads(19, [1.0, 0.5, 1e-5]), *steady_grads(5, [1.0, 0.5, 0.5], start=19)]
     _, changes = run(records)
     assert "vanishing_gradient" not in kinds(changes)
 
@@ -430,8 +482,7 @@ def test_overfitting_near_miss_val_rising_5_percent() -> None:
 
 def test_overfitting_near_miss_one_noisy_eval() -> None:
     """One eval 40% above the best, then back: the noise of a small validation set."""
-    records = with_evals(falling_steps(0, 124),
-                         {24: 1.0, 49: 0.9, 74: 1.26, 99: 0.95, 124: 0.92})
+    records = with_evals(falling_steps(0, 124), {24: 1.0, 49: 0.9, 74: 1.26, 99: 0.95, 124: 0.92})
     _, changes = run(records)
     assert "overfitting_signal" not in kinds(changes)
 
@@ -443,8 +494,9 @@ def test_overfitting_one_eval_far_above_the_best_is_enough() -> None:
 
 
 def test_overfitting_near_miss_train_flat() -> None:
-    records = with_evals([step(n, loss=1.0) for n in range(100)],
-                         {24: 1.0, 49: 0.9, 74: 0.95, 99: 1.2})
+    records = with_evals(
+        [step(n, loss=1.0) for n in range(100)], {24: 1.0, 49: 0.9, 74: 0.95, 99: 1.2}
+    )
     _, changes = run(records)
     assert "overfitting_signal" not in kinds(changes)
 
@@ -538,8 +590,11 @@ def test_none_gradients_same_params_for_3_steps() -> None:
 def test_none_gradients_names_the_layer_of_the_parameter() -> None:
     _, changes = run([step(n, none_grad_params=[4]) for n in range(5)])
     alert = only(raised(changes, "none_gradients"))
-    assert (alert.subject, alert.layers, alert.evidence["names"]) == ("head", ("head",),
-                                                                      "head.weight")
+    assert (alert.subject, alert.layers, alert.evidence["names"]) == (
+        "head",
+        ("head",),
+        "head.weight",
+    )
 
 
 def test_none_gradients_on_every_layer_is_one_alert_naming_the_first() -> None:
@@ -552,15 +607,22 @@ def test_none_gradients_on_every_layer_is_one_alert_naming_the_first() -> None:
 
 
 def test_none_gradients_near_miss_2_records() -> None:
-    records = [step(0, none_grad_params=[0, 1]), step(1, none_grad_params=[0, 1]),
-               *[step(n) for n in range(2, 6)]]
+    records = [
+        step(0, none_grad_params=[0, 1]),
+        step(1, none_grad_params=[0, 1]),
+        *[step(n) for n in range(2, 6)],
+    ]
     _, changes = run(records)
     assert "none_gradients" not in kinds(changes)
 
 
 def test_none_gradients_changing_list_restarts_the_streak() -> None:
-    records = [step(0, none_grad_params=[0]), step(1, none_grad_params=[0]),
-               step(2, none_grad_params=[2]), step(3, none_grad_params=[2])]
+    records = [
+        step(0, none_grad_params=[0]),
+        step(1, none_grad_params=[0]),
+        step(2, none_grad_params=[2]),
+        step(3, none_grad_params=[2]),
+    ]
     diagnoser, changes = run(records)
     assert "none_gradients" not in kinds(changes)
     third = diagnoser.observe(step(4, none_grad_params=[2]))
@@ -573,9 +635,11 @@ def test_none_gradients_changing_list_restarts_the_streak() -> None:
 
 
 def test_grad_not_cleared_two_records_in_a_row() -> None:
-    records = [step(0, grads=[1.0, 1.0, 1.0]),
-               step(1, grads=[2.0, 2.0, 2.0], grads_not_cleared=True),
-               step(2, grads=[3.0, 3.0, 3.0], grads_not_cleared=True)]
+    records = [
+        step(0, grads=[1.0, 1.0, 1.0]),
+        step(1, grads=[2.0, 2.0, 2.0], grads_not_cleared=True),
+        step(2, grads=[3.0, 3.0, 3.0], grads_not_cleared=True),
+    ]
     _, changes = run(records)
     alert = only(raised(changes, "grad_not_cleared"))
     assert (alert.severity, alert.step) == ("error", 2)
@@ -584,9 +648,13 @@ def test_grad_not_cleared_two_records_in_a_row() -> None:
 
 
 def test_grad_not_cleared_near_miss_one_record() -> None:
-    records = [step(0), step(1, grads_not_cleared=True), step(2, grads_not_cleared=False),
-               step(3, grads_not_cleared=True),
-               step(4)]
+    records = [
+        step(0),
+        step(1, grads_not_cleared=True),
+        step(2, grads_not_cleared=False),
+        step(3, grads_not_cleared=True),
+        step(4),
+    ]
     _, changes = run(records)
     assert "grad_not_cleared" not in kinds(changes)
 
@@ -602,8 +670,7 @@ def test_grad_not_cleared_never_with_declared_accumulation() -> None:
 
 
 def sampled(n: int, ratios: Sequence[float]) -> Record:
-    return step(n, grads=[1.0, 1.0, 1.0], param_norms=[5.0, 5.0, 5.0],
-                update_ratios=list(ratios))
+    return step(n, grads=[1.0, 1.0, 1.0], param_norms=[5.0, 5.0, 5.0], update_ratios=list(ratios))
 
 
 def test_update_ratio_high_on_3_samples() -> None:
@@ -643,8 +710,12 @@ def test_update_ratio_on_several_layers_is_one_alert_naming_the_first() -> None:
 
 
 def test_update_ratio_near_miss_2_samples() -> None:
-    records = [sampled(0, [1e-3, 0.5, 1e-3]), sampled(10, [1e-3, 0.5, 1e-3]),
-               sampled(20, [1e-3, 1e-3, 1e-3]), sampled(30, [1e-3, 0.5, 1e-3])]
+    records = [
+        sampled(0, [1e-3, 0.5, 1e-3]),
+        sampled(10, [1e-3, 0.5, 1e-3]),
+        sampled(20, [1e-3, 1e-3, 1e-3]),
+        sampled(30, [1e-3, 0.5, 1e-3]),
+    ]
     _, changes = run(records)
     assert "update_ratio" not in kinds(changes)
 
@@ -685,8 +756,11 @@ def test_dead_activations_near_miss_090() -> None:
 
 
 def test_dead_activations_near_miss_one_sample() -> None:
-    records = [with_activations(0, [0.97, 0.3]), with_activations(10, [0.5, 0.3]),
-               with_activations(20, [0.97, 0.3])]
+    records = [
+        with_activations(0, [0.97, 0.3]),
+        with_activations(10, [0.5, 0.3]),
+        with_activations(20, [0.97, 0.3]),
+    ]
     _, changes = run(records)
     assert "dead_activations" not in kinds(changes)
 
@@ -801,16 +875,14 @@ def test_alert_cleared_after_clear_after_records_then_raised_again() -> None:
     assert only(cleared(last, "grad_not_cleared")).kind == "grad_not_cleared"
     assert "grad_not_cleared" not in diagnoser.active
     n += 1
-    again = feed(diagnoser, [step(n, grads_not_cleared=True),
-                             step(n + 1, grads_not_cleared=True)])
+    again = feed(diagnoser, [step(n, grads_not_cleared=True), step(n + 1, grads_not_cleared=True)])
     assert len(raised(again, "grad_not_cleared")) == 1
     assert diagnoser.raised_count["grad_not_cleared"] == 2
 
 
 def test_clear_after_override_is_honoured() -> None:
     thresholds = Thresholds().with_overrides(clear_after=6)
-    diagnoser, _ = run([step(n, grads_not_cleared=True) for n in range(3)],
-                       thresholds=thresholds)
+    diagnoser, _ = run([step(n, grads_not_cleared=True) for n in range(3)], thresholds=thresholds)
     quiet = [diagnoser.observe(step(n, grads_not_cleared=False)) for n in range(3, 9)]
     assert all(cleared(c) == [] for c in quiet[:5])
     assert len(cleared(quiet[5], "grad_not_cleared")) == 1
@@ -889,7 +961,8 @@ def test_run_level_alert_keeps_one_key_when_the_named_layer_changes() -> None:
     assert cleared(changes, "exploding_gradient") == []
     assert diagnoser.raised_count["exploding_gradient"] == 1
     assert [k for k in diagnoser.active if k.startswith("exploding_gradient")] == [
-        "exploding_gradient"]
+        "exploding_gradient"
+    ]
 
 
 # --- thresholds --------------------------------------------------------------------------
@@ -915,9 +988,16 @@ def test_threshold_unknown_name_raises() -> None:
 
 
 def sample_alert(severity: str = "error") -> Alert:
-    return Alert("exploding_gradient", severity, 42, "enc.1",  # type: ignore[arg-type]
-                 {"grad_norm": 123.456, "growth": 61.0, "since_step": 40},
-                 "a signal", ("one", "two"), per_subject=False)
+    return Alert(
+        "exploding_gradient",
+        severity,
+        42,
+        "enc.1",  # type: ignore[arg-type]
+        {"grad_norm": 123.456, "growth": 61.0, "since_step": 40},
+        "a signal",
+        ("one", "two"),
+        per_subject=False,
+    )
 
 
 def test_alert_line() -> None:
@@ -980,12 +1060,10 @@ def healthy_records(steps: int = 500, seed: int = 1) -> list[Record]:
         clean = 0.1 + 0.9 * math.exp(-n / 150)
         loss = clean * (1 + rng.gauss(0, 0.02))
         grads = [0.3 + 0.2 * i + 0.1 * math.sin(n / 20 + i) for i in range(3)]
-        record = step(n, loss=loss, grads=grads, none_grad_params=[],
-                      grads_not_cleared=False)
+        record = step(n, loss=loss, grads=grads, none_grad_params=[], grads_not_cleared=False)
         if n % 10 == 0:
             record["param_norms"] = [5.0 + 0.001 * n + 0.1 * i for i in range(3)]
-            record["update_ratios"] = [1e-3 * (1 + 0.2 * math.sin(n / 30 + i))
-                                       for i in range(3)]
+            record["update_ratios"] = [1e-3 * (1 + 0.2 * math.sin(n / 30 + i)) for i in range(3)]
             record["activations"] = [0.5 + 0.05 * math.sin(n / 40), 0.3]
         records.append(record)
         if n % 25 == 24:

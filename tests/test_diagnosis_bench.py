@@ -19,8 +19,7 @@ BY_NAME = {case.name: case for case in CASES}
 
 
 @pytest.mark.parametrize("name", list(FAST))
-def test_the_bug_raises_its_alert_once_naming_the_first_layer_and_its_twin_none(
-        name: str) -> None:
+def test_the_bug_raises_its_alert_once_naming_the_first_layer_and_its_twin_none(name: str) -> None:
     case = BY_NAME[name]
     bug = run(case, twin=False, mode="every", steps=FAST[name])
     twin = run(case, twin=True, mode="every", steps=FAST[name])

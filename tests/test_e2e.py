@@ -15,8 +15,12 @@ from tui.server import MonitorServer
 
 def start_trainer(address: Address, *args: str) -> subprocess.Popen:
     env = {**os.environ, "TRAINTOP_ADDRESS": str(address), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "demo", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "demo", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 async def wait_for_run(monitor: Monitor, timeout: float = 60.0) -> RunState:
@@ -74,8 +78,9 @@ async def test_monitor_started_late_still_sees_step_zero(socket_path: str) -> No
 
 
 def test_trainer_with_no_monitor_completes(socket_path: str) -> None:
-    trainer = start_trainer(Address("unix", path=socket_path), "healthy", "--steps", "100",
-                            "--delay", "0")
+    trainer = start_trainer(
+        Address("unix", path=socket_path), "healthy", "--steps", "100", "--delay", "0"
+    )
     output = trainer.communicate(timeout=60)[0].decode()
     assert trainer.returncode == 0, output
     assert "step 99 " in output

@@ -67,7 +67,7 @@ def test_sparkline_width(count: int, width: int, log: bool) -> None:
 
 
 def test_sparkline_shows_last_values() -> None:
-    values = [1.0] * 50 + [10.0 ** i for i in range(8)]
+    values = [1.0] * 50 + [10.0**i for i in range(8)]
     line = sparkline(values, 8)
     assert line[0] == SPARK_BARS[0]
     assert line[-1] == SPARK_BARS[-1]
@@ -189,14 +189,22 @@ LAYERS = ["encoder.0", "encoder.2", "head"]
 
 
 def hello(run: str = "run-a", name: str = "mlp") -> dict[str, Any]:
-    return make_frame("hello", run=run, name=name, pid=1, layers=LAYERS,
-                      param_counts=[10, 20, 30])
+    return make_frame("hello", run=run, name=name, pid=1, layers=LAYERS, param_counts=[10, 20, 30])
 
 
 def step(index: int, *, time: float, loss: float, run: str = "run-a") -> dict[str, Any]:
-    return make_frame("step", run=run, step=index, time=time, scalars={"loss": loss},
-                      grad_norms=[0.1, 0.2, 0.3], grad_norm_total=0.37, lr=[1e-3],
-                      dropped=0, seq=index + 1)
+    return make_frame(
+        "step",
+        run=run,
+        step=index,
+        time=time,
+        scalars={"loss": loss},
+        grad_norms=[0.1, 0.2, 0.3],
+        grad_norm_total=0.37,
+        lr=[1e-3],
+        dropped=0,
+        seq=index + 1,
+    )
 
 
 def test_status_without_run() -> None:

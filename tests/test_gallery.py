@@ -48,8 +48,7 @@ def parse_alerts(stdout: str) -> list[AlertLine]:
             continue
         words = line.split()
         fields = dict(word.split("=", 1) for word in words[3:] if "=" in word)
-        alerts.append(AlertLine(words[1], words[2], int(fields["step"]),
-                                fields.get("subject", "")))
+        alerts.append(AlertLine(words[1], words[2], int(fields["step"]), fields.get("subject", "")))
     return alerts
 
 
@@ -57,23 +56,36 @@ RUN_TIMEOUT_S = 90  # one run; the pytest timeout per test (120 s) stays above i
 
 
 def run_demo(name: str, fixed: bool) -> Outcome:
-    command = [sys.executable, "-m", "tui.cli", "demo", name, "--headless", "--delay", "0",
-               "--summary-every", "1000000"]
+    command = [
+        sys.executable,
+        "-m",
+        "tui.cli",
+        "demo",
+        name,
+        "--headless",
+        "--delay",
+        "0",
+        "--summary-every",
+        "1000000",
+    ]
     if name in STEPS and not fixed:
         command += ["--steps", str(STEPS[name])]
     if fixed:
         command.append("--fixed")
     # Its own session, so that a run which hangs is killed with its trainer.
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as process:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as process:
         try:
             stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             stdout, stderr = process.communicate()
-            return Outcome(-1, parse_alerts(stdout),
-                           f"timed out after {RUN_TIMEOUT_S} s; output so far:\n"
-                           f"{stdout}{stderr}")
+            return Outcome(
+                -1,
+                parse_alerts(stdout),
+                f"timed out after {RUN_TIMEOUT_S} s; output so far:\n{stdout}{stderr}",
+            )
     return Outcome(process.returncode, parse_alerts(stdout), stdout + stderr)
 
 
@@ -89,7 +101,8 @@ class Gallery:
         runs = [(name, False) for name in ALERTING]
         runs += [(name, name != "healthy") for name in CLEAN]
         self._runs: dict[tuple[str, bool], Future[Outcome]] = {
-            run: self._pool.submit(run_demo, *run) for run in runs}
+            run: self._pool.submit(run_demo, *run) for run in runs
+        }
 
     def outcome(self, name: str, fixed: bool) -> Outcome:
         return self._runs[(name, fixed)].result()
@@ -106,8 +119,7 @@ def gallery() -> Iterator[Gallery]:
 
 
 @pytest.mark.parametrize("name", ALERTING)
-def test_scenario_raises_the_alert_it_teaches(
-        name: str, gallery: Gallery) -> None:
+def test_scenario_raises_the_alert_it_teaches(name: str, gallery: Gallery) -> None:
     info = SCENARIOS[name]
     outcome = gallery.outcome(name, fixed=False)
     assert outcome.status == 0, outcome.output
@@ -117,22 +129,19 @@ def test_scenario_raises_the_alert_it_teaches(
     if info.subject:
         first = next(a for a in outcome.alerts if a.kind == info.alerts[0])
         assert first.subject == info.subject, outcome.output
-    unexpected = [a for a in outcome.alerts if a.severity == "error"
-                  and a.kind not in info.alerts]
+    unexpected = [a for a in outcome.alerts if a.severity == "error" and a.kind not in info.alerts]
     assert not unexpected, f"{name} raised unexpected errors {unexpected}"
 
 
 @pytest.mark.parametrize("name", CLEAN)
-def test_healthy_and_every_fix_raise_no_alert(
-        name: str, gallery: Gallery) -> None:
+def test_healthy_and_every_fix_raise_no_alert(name: str, gallery: Gallery) -> None:
     outcome = gallery.outcome(name, fixed=name != "healthy")
     assert outcome.status == 0, outcome.output
     assert outcome.alerts == [], outcome.output
     assert "reason=finished" in outcome.output
 
 
-def test_exploding_names_a_layer_before_the_first_non_finite(
-        gallery: Gallery) -> None:
+def test_exploding_names_a_layer_before_the_first_non_finite(gallery: Gallery) -> None:
     alerts = gallery.outcome("exploding", fixed=False).alerts
     kinds = [a.kind for a in alerts]
     exploding = alerts[kinds.index("exploding_gradient")]

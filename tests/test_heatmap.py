@@ -106,10 +106,12 @@ def test_probe_share_is_summed_over_recent_records_and_hidden_without_the_field(
     assert run.probe_share == pytest.approx(0.005 / 0.11)
 
 
-@pytest.mark.parametrize(("height", "alerts", "layers"), [(22, 6, 11), (38, 6, 11),
-                                                          (22, 0, 3), (38, 40, 200)])
+@pytest.mark.parametrize(
+    ("height", "alerts", "layers"), [(22, 6, 11), (38, 6, 11), (22, 0, 3), (38, 40, 200)]
+)
 def test_rows_are_shared_with_a_readable_chart_and_alerts_before_layers(
-        height: int, alerts: int, layers: int) -> None:
+    height: int, alerts: int, layers: int
+) -> None:
     rows = plan_rows(height, alerts=alerts, layers=layers)
     assert rows.chart + rows.alerts + rows.layers == height
     assert rows.chart >= CHART_MIN

@@ -27,8 +27,15 @@ VOCAB, LENGTH = 64, 16
 
 def tiny_gpt2(seed: int = 0) -> Any:
     torch.manual_seed(seed)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB,
-                                     n_positions=LENGTH, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=VOCAB,
+        n_positions=LENGTH,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -43,9 +50,16 @@ def token_data(count: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
 
 def arguments(tmp_path: Any, **overrides: Any) -> Any:
     """TrainingArguments at their defaults, but for size, CPU and no outside reporting."""
-    options = {"output_dir": str(tmp_path), "max_steps": 6, "per_device_train_batch_size": 4,
-               "report_to": "none", "save_strategy": "no", "use_cpu": True,
-               "disable_tqdm": True, "logging_strategy": "no"}
+    options = {
+        "output_dir": str(tmp_path),
+        "max_steps": 6,
+        "per_device_train_batch_size": 4,
+        "report_to": "none",
+        "save_strategy": "no",
+        "use_cpu": True,
+        "disable_tqdm": True,
+        "logging_strategy": "no",
+    }
     options.update(overrides)
     return transformers.TrainingArguments(**options)
 
@@ -96,14 +110,25 @@ class WaitForMonitor(transformers.TrainerCallback):
         assert self.traintop.probe.sender.connected.wait(10), "the probe never connected"
 
 
-def train(tmp_path: Any, collector: FrameCollector, *, callbacks: list[Any] | None = None,
-          poison_at: int | None = None, **argument_overrides: Any) -> OracleTrainer:
-    callback = TraintopCallback(address=collector.address, max_steps_per_s=1e9,
-                                **argument_overrides.pop("watch", {}))
-    trainer = OracleTrainer(model=tiny_gpt2(), args=arguments(tmp_path, **argument_overrides),
-                            train_dataset=token_data(64), eval_dataset=token_data(8, seed=1),
-                            callbacks=[*(callbacks or []), callback, WaitForMonitor(callback)],
-                            poison_at=poison_at)
+def train(
+    tmp_path: Any,
+    collector: FrameCollector,
+    *,
+    callbacks: list[Any] | None = None,
+    poison_at: int | None = None,
+    **argument_overrides: Any,
+) -> OracleTrainer:
+    callback = TraintopCallback(
+        address=collector.address, max_steps_per_s=1e9, **argument_overrides.pop("watch", {})
+    )
+    trainer = OracleTrainer(
+        model=tiny_gpt2(),
+        args=arguments(tmp_path, **argument_overrides),
+        train_dataset=token_data(64),
+        eval_dataset=token_data(8, seed=1),
+        callbacks=[*(callbacks or []), callback, WaitForMonitor(callback)],
+        poison_at=poison_at,
+    )
     trainer.traintop = callback
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -116,18 +141,25 @@ def kinds(frames: list[Frame], kind: str) -> list[Frame]:
     return [f for f in frames if f["kind"] == kind]
 
 
-def test_accumulated_clipped_run_is_recorded_as_it_trained(tmp_path: Any,
-                                                           collector: FrameCollector) -> None:
+def test_accumulated_clipped_run_is_recorded_as_it_trained(
+    tmp_path: Any, collector: FrameCollector
+) -> None:
     # A max norm under this model's gradient norms, so the clip really cuts.
-    trainer = train(tmp_path, collector, gradient_accumulation_steps=4, eval_strategy="steps",
-                    eval_steps=3, max_grad_norm=0.1, run_name="gpt2-tiny")
+    trainer = train(
+        tmp_path,
+        collector,
+        gradient_accumulation_steps=4,
+        eval_strategy="steps",
+        eval_steps=3,
+        max_grad_norm=0.1,
+        run_name="gpt2-tiny",
+    )
     frames = list(collector.frames)
     steps = kinds(frames, "step")
     assert [s["step"] for s in steps] == list(range(6))  # one probe step per update
     assert len(trainer.naive_norms) == 6
     clipped_any = False
-    for record, naive, micro in zip(steps, trainer.naive_norms, trainer.micro_losses,
-                                    strict=True):
+    for record, naive, micro in zip(steps, trainer.naive_norms, trainer.micro_losses, strict=True):
         for got, want in zip(record["grad_norms"], naive, strict=True):
             assert want is not None and got is not None
             assert abs(got - want) / want < REL_TOL  # unclipped, every layer, every step
@@ -153,8 +185,9 @@ def test_accumulated_clipped_run_is_recorded_as_it_trained(tmp_path: Any,
     assert kinds(frames, "bye")[0]["reason"] == "closed"
 
 
-def test_sgd_at_lr_50_is_caught_exploding_despite_clipping(tmp_path: Any,
-                                                          collector: FrameCollector) -> None:
+def test_sgd_at_lr_50_is_caught_exploding_despite_clipping(
+    tmp_path: Any, collector: FrameCollector
+) -> None:
     train(tmp_path, collector, optim="sgd", learning_rate=50.0, max_steps=8)
     frames = list(collector.frames)
     layers = kinds(frames, "hello")[0]["layers"]
@@ -178,8 +211,7 @@ class ArmAnomalyBefore(transformers.TrainerCallback):
             self.traintop.probe.arm_anomaly()
 
 
-def test_guard_skip_inside_the_trainer(tmp_path: Any,
-                                       resuming_collector: FrameCollector) -> None:
+def test_guard_skip_inside_the_trainer(tmp_path: Any, resuming_collector: FrameCollector) -> None:
     trainer = train(tmp_path, resuming_collector, poison_at=3, watch={"guard": True})
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     alerts = kinds(list(resuming_collector.frames), "alert")
@@ -187,14 +219,17 @@ def test_guard_skip_inside_the_trainer(tmp_path: Any,
     assert alerts[0]["step"] == 3
 
 
-def test_anomaly_step_inside_the_trainer(tmp_path: Any,
-                                         resuming_collector: FrameCollector) -> None:
+def test_anomaly_step_inside_the_trainer(tmp_path: Any, resuming_collector: FrameCollector) -> None:
     arm = ArmAnomalyBefore(3)
     callback = TraintopCallback(address=resuming_collector.address, max_steps_per_s=1e9)
     arm.traintop = callback
-    trainer = OracleTrainer(model=tiny_gpt2(), args=arguments(tmp_path),
-                            train_dataset=token_data(64),
-                            callbacks=[arm, callback, WaitForMonitor(callback)], poison_at=3)
+    trainer = OracleTrainer(
+        model=tiny_gpt2(),
+        args=arguments(tmp_path),
+        train_dataset=token_data(64),
+        callbacks=[arm, callback, WaitForMonitor(callback)],
+        poison_at=3,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.train()
@@ -207,17 +242,28 @@ def test_anomaly_step_inside_the_trainer(tmp_path: Any,
 
 
 def test_training_is_bitwise_the_same_with_and_without_the_callback(
-        tmp_path: Any, collector: FrameCollector) -> None:
+    tmp_path: Any, collector: FrameCollector
+) -> None:
     """Accumulation, the Trainer's clipping and evaluation, with and without traintop."""
-    options = {"gradient_accumulation_steps": 2, "max_steps": 4, "eval_strategy": "steps",
-               "eval_steps": 2, "max_grad_norm": 0.1}
+    options = {
+        "gradient_accumulation_steps": 2,
+        "max_steps": 4,
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "max_grad_norm": 0.1,
+    }
     watched = train(tmp_path / "watched", collector, **options)
-    bare = OracleTrainer(model=tiny_gpt2(), args=arguments(tmp_path / "bare", **options),
-                         train_dataset=token_data(64), eval_dataset=token_data(8, seed=1))
+    bare = OracleTrainer(
+        model=tiny_gpt2(),
+        args=arguments(tmp_path / "bare", **options),
+        train_dataset=token_data(64),
+        eval_dataset=token_data(8, seed=1),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         bare.train()
     assert len(kinds(list(collector.frames), "step")) == 4  # the probe did watch
-    for (name, mine), theirs in zip(watched.model.named_parameters(), bare.model.parameters(),
-                                    strict=True):
+    for (name, mine), theirs in zip(
+        watched.model.named_parameters(), bare.model.parameters(), strict=True
+    ):
         assert torch.equal(mine, theirs), f"{name} differs"

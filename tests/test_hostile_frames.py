@@ -31,13 +31,12 @@ BAD_FRAMES: dict[str, dict[str, Any]] = {
     "a string in scalars_max": {**step(5), "scalars_max": {"loss": "high"}},
     "a string first non-finite step": {**step(5), "first_non_finite_step": "7"},
     "event with a string step": make_frame("event", run="run-a", name="lr_scale", step="abc"),
-    "anomaly naming no module": make_frame("anomaly", run="run-a", step=3,
-                                           first_non_finite="oops"),
+    "anomaly naming no module": make_frame("anomaly", run="run-a", step=3, first_non_finite="oops"),
     "anomaly with a string time": make_frame("anomaly", run="run-a", step=3, time="abc"),
-    "alert at an infinite step": make_frame("alert", run="run-a",
-                                            alert={"kind": "x", "step": float("inf")}),
-    "eval with infinite forwards": make_frame("eval", run="run-a", step=3,
-                                              forwards=float("inf")),
+    "alert at an infinite step": make_frame(
+        "alert", run="run-a", alert={"kind": "x", "step": float("inf")}
+    ),
+    "eval with infinite forwards": make_frame("eval", run="run-a", step=3, forwards=float("inf")),
     "a command, from a probe": make_frame("command", run="run-a", id=1, command="pause"),
 }
 
@@ -59,15 +58,18 @@ def test_a_bad_frame_is_rejected_with_one_line_and_the_run_goes_on(name: str) ->
     assert (run.connected, run.disconnect_reason) == (False, "finished")
 
 
-@pytest.mark.parametrize("hello_frame", [
-    {**hello(), "layers": ["a", "a", "b"]},
-    {**hello(), "activations": [["act", "relu", "x"]]},
-    {**hello(), "layers": "abc"},
-])
+@pytest.mark.parametrize(
+    "hello_frame",
+    [
+        {**hello(), "layers": ["a", "a", "b"]},
+        {**hello(), "activations": [["act", "relu", "x"]]},
+        {**hello(), "layers": "abc"},
+    ],
+)
 def test_a_bad_hello_is_rejected(hello_frame: dict[str, Any]) -> None:
     monitor = HeadlessMonitor(out=io.StringIO())
     events: list[object] = []
-    monitor.on_events = events.extend
+    monitor.monitor.on_events = events.extend  # (headless composes the monitor)
     monitor.frame_received(CONN, hello_frame)
     assert [type(e) for e in events] == [FrameRejected]
     assert monitor.state.runs == {}
@@ -112,8 +114,9 @@ async def test_a_failing_sink_never_leaves_a_ghost_run(socket_path: str) -> None
     monitor.frame_received = flaky  # type: ignore[method-assign]
     try:
         await exchange(server.address, [encode_frame(hello()), encode_frame(step(0))])
-        await wait_until(lambda: "run-a" in monitor.state.runs
-                         and not monitor.state.runs["run-a"].connected)
+        await wait_until(
+            lambda: "run-a" in monitor.state.runs and not monitor.state.runs["run-a"].connected
+        )
         assert "monitor error: RuntimeError" in monitor.state.runs["run-a"].disconnect_reason
     finally:
         await server.close()
@@ -158,8 +161,12 @@ class Writer:
 def headless_with_writer() -> tuple[HeadlessMonitor, Connection, Writer, io.StringIO]:
     writer = Writer()
     out = io.StringIO()
-    return (HeadlessMonitor(out=out, summary_every=10**9),
-            Connection(2, "test", writer), writer, out)  # type: ignore[arg-type]
+    return (
+        HeadlessMonitor(out=out, summary_every=10**9),
+        Connection(2, "test", writer),
+        writer,
+        out,
+    )  # type: ignore[arg-type]
 
 
 def resumes(writer: Writer) -> int:
@@ -167,8 +174,15 @@ def resumes(writer: Writer) -> int:
 
 
 def paused_event(replayed: bool) -> dict[str, Any]:
-    frame = make_frame("event", run="run-a", name="paused", step=1, reason="the guard",
-                       state={"paused": True}, seq=1)
+    frame = make_frame(
+        "event",
+        run="run-a",
+        name="paused",
+        step=1,
+        reason="the guard",
+        state={"paused": True},
+        seq=1,
+    )
     return {**frame, "replayed": True} if replayed else frame
 
 
@@ -185,10 +199,13 @@ def test_a_late_headless_monitor_resumes_only_a_run_paused_now(paused_now: bool)
     """An old pause in the history is printed as history; whether the run is paused now
     is what its hello says."""
     monitor, conn, writer, out = headless_with_writer()
-    greeting = {**hello(), "state": {"paused": paused_now, "anomaly_armed": 0,
-                                     "guard": False}}
-    for frame in (greeting, {**step(0), "replayed": True}, {**step(1), "replayed": True},
-                  paused_event(replayed=True)):
+    greeting = {**hello(), "state": {"paused": paused_now, "anomaly_armed": 0, "guard": False}}
+    for frame in (
+        greeting,
+        {**step(0), "replayed": True},
+        {**step(1), "replayed": True},
+        paused_event(replayed=True),
+    ):
         monitor.frame_received(conn, frame)
     assert "(history) PAUSED step=1" in out.getvalue()
     assert resumes(writer) == (1 if paused_now else 0)

@@ -12,28 +12,35 @@ import pytest
 
 def loaded_after(statement: str) -> set[str]:
     code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     return {name.split(".")[0] for name in json.loads(out.stdout.splitlines()[-1])}
 
 
-@pytest.mark.parametrize("statement", [
-    "import probes",
-    "import probes; probes.watch",
-    "import probes.wire, probes.replay",
-    "import probes.data_checks, probes.batch_checks, probes.reports, probes.clip",
-    "import probes.control, probes.anomaly, probes.step, probes.measurer, probes.sampled",
-    "import demo.trainer, demo.scenarios",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import probes",
+        "import probes; probes.watch",
+        "import probes.wire, probes.replay",
+        "import probes.data_checks, probes.batch_checks, probes.reports, probes.clip",
+        "import probes.control, probes.anomaly, probes.step, probes.measurer, probes.sampled",
+        "import demo.trainer, demo.scenarios",
+    ],
+)
 def test_training_side_loads_no_ui(statement: str) -> None:
     loaded = loaded_after(statement)
     assert not loaded & {"textual", "rich", "textual_plotext", "plotext"}
 
 
-@pytest.mark.parametrize("statement", [
-    "import tui",
-    "import tui.app, tui.cli, tui.headless, tui.launcher, tui.state, tui.server",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import tui",
+        "import tui.app, tui.cli, tui.headless, tui.launcher, tui.state, tui.server",
+    ],
+)
 def test_monitor_loads_no_torch(statement: str) -> None:
     assert "torch" not in loaded_after(statement)
 
@@ -51,27 +58,48 @@ def test_lazy_export_still_works() -> None:
 
 
 def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
-    code = ("import sys, json\nimport tui.app, tui.cli, tui.headless, tui.launcher\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('probes'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
+    code = (
+        "import sys, json\nimport tui.app, tui.cli, tui.headless, tui.launcher\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('probes'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     loaded = set(json.loads(out.stdout.splitlines()[-1]))
-    packages = {name for name in loaded
-                if name.startswith(("probes.diagnosis.", "probes.schema."))}
+    packages = {name for name in loaded if name.startswith(("probes.diagnosis.", "probes.schema."))}
     assert packages, "the diagnosis and schema packages' modules"
     assert loaded - packages == {"probes", "probes.wire", "probes.schema", "probes.diagnosis"}
 
 
-@pytest.mark.parametrize("module", ["probes.wire", "probes.schema", "probes.thinning",
-                                    "probes.replay", "probes.diagnosis",
-                                    "probes.diagnosis.ranks"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "probes.wire",
+        "probes.schema",
+        "probes.thinning",
+        "probes.replay",
+        "probes.diagnosis",
+        "probes.diagnosis.ranks",
+    ],
+)
 def test_the_probes_stdlib_parts_never_load_torch(module: str) -> None:
     loaded = loaded_after(f"import {module}")
     assert not loaded & {"torch", "numpy", "textual", "rich", "typing_extensions"}
 
 
-@pytest.mark.parametrize("module", ["tui.server", "tui.state", "tui.headless", "tui.runlog",
-                                    "tui.monitor", "tui.jobs", "tui.events", "tui.sources"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tui.server",
+        "tui.state",
+        "tui.headless",
+        "tui.runlog",
+        "tui.monitor",
+        "tui.jobs",
+        "tui.events",
+        "tui.sources",
+    ],
+)
 def test_the_monitors_non_screen_modules_never_load_textual(module: str) -> None:
     loaded = loaded_after(f"import {module}")
     assert not loaded & {"textual", "rich", "torch"}
@@ -80,26 +108,38 @@ def test_the_monitors_non_screen_modules_never_load_textual(module: str) -> None
 FRAMEWORKS = {"transformers", "accelerate", "pytorch_lightning", "lightning"}
 
 
-@pytest.mark.parametrize("statement", [
-    "import probes; probes.watch, probes.clip_grad_norm_",
-    "import probes.probe, probes.clip, probes.evaluation, probes.lifecycle",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import probes; probes.watch, probes.clip_grad_norm_",
+        "import probes.probe, probes.clip, probes.evaluation, probes.lifecycle",
+    ],
+)
 def test_probes_never_load_a_framework(statement: str) -> None:
     assert not loaded_after(statement) & FRAMEWORKS
 
 
-@pytest.mark.parametrize("module, missing, extra", [
-    ("probes.hf", ["transformers"], "traintop[hf]"),
-    ("probes.lightning", ["pytorch_lightning", "lightning"], "traintop[lightning]"),
-])
+@pytest.mark.parametrize(
+    "module, missing, extra",
+    [
+        ("probes.hf", ["transformers"], "traintop[hf]"),
+        ("probes.lightning", ["pytorch_lightning", "lightning"], "traintop[lightning]"),
+    ],
+)
 def test_framework_glue_without_its_framework_says_what_to_install(
-        module: str, missing: list[str], extra: str) -> None:
+    module: str, missing: list[str], extra: str
+) -> None:
     # A None entry in sys.modules makes that import fail, as if it were not installed.
     hide = "; ".join(f"sys.modules[{name!r}] = None" for name in missing)
     code = f"import sys; {hide}; import {module}"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
-    assert last == f"ImportError: {module} needs " + (
-        "transformers" if extra.endswith("[hf]") else "Lightning") + f": pip install '{extra}'"
+    assert (
+        last
+        == f"ImportError: {module} needs "
+        + ("transformers" if extra.endswith("[hf]") else "Lightning")
+        + f": pip install '{extra}'"
+    )

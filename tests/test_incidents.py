@@ -20,14 +20,26 @@ DEEP = tuple(str(2 * i) for i in range(16))  # a 16-layer stack: 0, 2, ..., 30
 
 def step(n: int, grads: Any = (1.0, 1.0, 1.0), loss: float = 1.0, **fields: Any) -> Record:
     grads = list(grads)
-    return {"kind": "step", "step": n, "scalars": {"loss": loss}, "grad_norms": grads,
-            "grad_norm_total": math.sqrt(sum((g or 0.0) ** 2 for g in grads)),
-            "lr": [1e-3], **fields}
+    return {
+        "kind": "step",
+        "step": n,
+        "scalars": {"loss": loss},
+        "grad_norms": grads,
+        "grad_norm_total": math.sqrt(sum((g or 0.0) ** 2 for g in grads)),
+        "lr": [1e-3],
+        **fields,
+    }
 
 
 def evaluation(n: int, val_loss: float) -> Record:
-    return {"kind": "eval", "step": n, "scalars": {"val_loss": val_loss}, "forwards": 1,
-            "train_mode_forwards": 0, "grad_forwards": 0}
+    return {
+        "kind": "eval",
+        "step": n,
+        "scalars": {"val_loss": val_loss},
+        "forwards": 1,
+        "train_mode_forwards": 0,
+        "grad_forwards": 0,
+    }
 
 
 def run(records: list[Record], info: RunInfo) -> tuple[Diagnoser, list[AlertChange]]:
@@ -81,8 +93,7 @@ def test_low_update_ratios_on_other_layers_are_not_folded() -> None:
 # --- folding --------------------------------------------------------------------------------
 
 
-def explosion(start: int = 40, *, evals: bool = True, spike_before: bool = False
-              ) -> list[Record]:
+def explosion(start: int = 40, *, evals: bool = True, spike_before: bool = False) -> list[Record]:
     """Gradients grow 3x a step from ``start``; the validation loss rises meanwhile (as
     a diverging model's does) while the train loss's smoothed level falls at first."""
     rng = random.Random(0)
@@ -114,16 +125,16 @@ def test_the_same_validation_rise_without_an_explosion_is_an_overfitting_signal(
 
 
 def test_a_loss_spike_found_just_before_its_explosion_waits_for_it_and_folds() -> None:
-    diagnoser, changes = run(explosion(evals=False, spike_before=True),
-                             RunInfo(layers=("a", "b", "c")))
+    diagnoser, changes = run(
+        explosion(evals=False, spike_before=True), RunInfo(layers=("a", "b", "c"))
+    )
     assert [c.alert.kind for c in changes if c.raised] == ["exploding_gradient"]
     assert diagnoser.active["exploding_gradient"].folded == ("loss_spike@42",)
 
 
 def test_a_consequence_whose_cause_never_comes_is_raised_at_its_own_step() -> None:
     rng = random.Random(5)
-    records = [step(n, loss=(30.0 if n == 60 else 1.0 + 0.05 * rng.random()))
-               for n in range(64)]
+    records = [step(n, loss=(30.0 if n == 60 else 1.0 + 0.05 * rng.random())) for n in range(64)]
     diagnoser = Diagnoser(RunInfo(layers=("a", "b", "c")))
     during = [c for r in records for c in diagnoser.observe(r)]
     assert during == []  # still waiting for a cause when the run ends
@@ -135,8 +146,7 @@ def test_a_consequence_whose_cause_never_comes_is_raised_at_its_own_step() -> No
 
 
 def test_an_explosion_grown_from_uncleared_gradients_folds_under_them() -> None:
-    records = [step(n, [1.0 + 0.5 * n ** 2, 1.0, 1.0], grads_not_cleared=n > 0)
-               for n in range(40)]
+    records = [step(n, [1.0 + 0.5 * n**2, 1.0, 1.0], grads_not_cleared=n > 0) for n in range(40)]
     records.append(step(40, [math.inf, 1.0, 1.0], loss=math.nan, grads_not_cleared=True))
     diagnoser, changes = run(records, RunInfo(layers=("a", "b", "c")))
     assert lines(changes) == [changes[0].alert.line()]
@@ -149,16 +159,27 @@ def test_consequences_fold_under_a_cause_raised_by_the_probe() -> None:
     """mostly_frozen comes from the training side at step 0; the flat loss it causes is
     listed under it, in the monitor's entry too."""
     state = MonitorState()
-    hello = make_frame("hello", run="r", name="frozen", layers=["bn1", "bn2"],
-                       config={"every": 1})
-    frozen = Alert("mostly_frozen", "warning", 0, "", {"frozen_fraction": 0.97}, "s", (),
-                   layers=("bn1", "bn2"))
+    hello = make_frame("hello", run="r", name="frozen", layers=["bn1", "bn2"], config={"every": 1})
+    frozen = Alert(
+        "mostly_frozen", "warning", 0, "", {"frozen_fraction": 0.97}, "s", (), layers=("bn1", "bn2")
+    )
     frames = [hello, make_frame("alert", run="r", step=0, alert=frozen.to_dict())]
     rng = random.Random(6)
-    frames += [make_frame("step", run="r", step=n, time=float(n), duration=0.01,
-                          scalars={"loss": 1.0 + 0.01 * rng.random()}, lr=[1e-3],
-                          grad_norms=[0.1, 0.1], grad_norm_total=0.14, none_grads=0)
-               for n in range(260)]
+    frames += [
+        make_frame(
+            "step",
+            run="r",
+            step=n,
+            time=float(n),
+            duration=0.01,
+            scalars={"loss": 1.0 + 0.01 * rng.random()},
+            lr=[1e-3],
+            grad_norms=[0.1, 0.1],
+            grad_norm_total=0.14,
+            none_grads=0,
+        )
+        for n in range(260)
+    ]
     frames.append(make_frame("bye", run="r", reason="closed"))
     raised = [e.alert for f in frames for e in state.apply(1, f) if isinstance(e, AlertRaised)]
     assert [a.kind for a in raised] == ["mostly_frozen"]
@@ -183,9 +204,15 @@ def test_alerts_rising_together_come_in_checklist_order() -> None:
 
 
 def test_the_catalog_orders_the_checklist() -> None:
-    assert rung_of("duplicates_across_splits") < rung_of("broadcast_in_loss") < rung_of(
-        "flat_loss") < rung_of("vanishing_gradient") < rung_of("grad_not_cleared") < rung_of(
-        "overfitting_signal") < rung_of("probe_overhead")
+    assert (
+        rung_of("duplicates_across_splits")
+        < rung_of("broadcast_in_loss")
+        < rung_of("flat_loss")
+        < rung_of("vanishing_gradient")
+        < rung_of("grad_not_cleared")
+        < rung_of("overfitting_signal")
+        < rung_of("probe_overhead")
+    )
 
 
 # --- updates_not_applied ---------------------------------------------------------------------
@@ -216,10 +243,14 @@ def test_a_layer_the_optimizer_never_touches() -> None:
 def test_untouched_version_counters_are_not_trusted_once_weights_are_seen_to_move() -> None:
     """A custom optimizer writing through .data bumps no version counter: the sampled
     update ratio shows the weights do move, and the counters are ignored from then on."""
-    records = [step(n, not_stepped=[0, 1, 2], **({"update_ratios": [1e-3] * 3,
-                                                    "param_norms": [1.0] * 3}
-                                                   if n % 20 == 0 else {}))
-               for n in range(60)]
+    records = [
+        step(
+            n,
+            not_stepped=[0, 1, 2],
+            **({"update_ratios": [1e-3] * 3, "param_norms": [1.0] * 3} if n % 20 == 0 else {}),
+        )
+        for n in range(60)
+    ]
     _, changes = run(records, INFO)
     assert lines(changes) == []
 
@@ -233,18 +264,27 @@ def test_no_update_evidence_without_the_probe_saying_it_checks() -> None:
 # --- probe_overhead ---------------------------------------------------------------------------
 
 
-def timed(n: int, probe: float, *, sampled_probe: float | None = None,
-          step_s: float = 0.010, **fields: Any) -> Record:
+def timed(
+    n: int,
+    probe: float,
+    *,
+    sampled_probe: float | None = None,
+    step_s: float = 0.010,
+    **fields: Any,
+) -> Record:
     sampled = n % 20 == 0
     own = sampled_probe if sampled and sampled_probe is not None else probe
     extra = {"param_norms": [1.0] * 3} if sampled else {}
-    return step(n, loss=math.exp(-n / 50), duration=step_s, probe_time=own * step_s,
-                **extra, **fields)
+    return step(
+        n, loss=math.exp(-n / 50), duration=step_s, probe_time=own * step_s, **extra, **fields
+    )
 
 
 def test_probe_overhead_names_every_when_each_step_costs_too_much() -> None:
-    _, changes = run([timed(n, 0.10) for n in range(130)],
-                     RunInfo(layers=("a", "b", "c"), every=1, sample_every=20))
+    _, changes = run(
+        [timed(n, 0.10) for n in range(130)],
+        RunInfo(layers=("a", "b", "c"), every=1, sample_every=20),
+    )
     alert = next(c.alert for c in changes if c.raised)
     assert (alert.kind, alert.severity, alert.step) == ("probe_overhead", "info", 109)
     assert math.isclose(alert.evidence["probe_share"], 0.10)
@@ -252,8 +292,10 @@ def test_probe_overhead_names_every_when_each_step_costs_too_much() -> None:
 
 
 def test_probe_overhead_names_sample_every_when_sampled_steps_cost_it() -> None:
-    _, changes = run([timed(n, 0.01, sampled_probe=1.5) for n in range(130)],
-                     RunInfo(layers=("a", "b", "c"), sample_every=20))
+    _, changes = run(
+        [timed(n, 0.01, sampled_probe=1.5) for n in range(130)],
+        RunInfo(layers=("a", "b", "c"), sample_every=20),
+    )
     alert = next(c.alert for c in changes if c.raised)
     assert alert.evidence["setting"].startswith("watch(sample_every=")
     assert int(alert.evidence["setting"].split("=")[1].rstrip(")")) > 20

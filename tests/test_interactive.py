@@ -21,8 +21,12 @@ from tui.sources import ServerSource
 
 def start_trainer(address: Address, *args: str, grace: float = 10.0) -> subprocess.Popen:
     env = {**os.environ, "TRAINTOP_ADDRESS": str(address), "TRAINTOP_PAUSE_GRACE": str(grace)}
-    return subprocess.Popen([sys.executable, "-m", "demo", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "demo", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 @pytest.fixture
@@ -41,8 +45,11 @@ def trainer(socket_path: str) -> Iterator[Callable[..., subprocess.Popen]]:
         process.communicate(timeout=30)
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 30.0,
-                pause: Callable[[float], Awaitable[None]] | None = None) -> None:
+async def until(
+    predicate: Callable[[], bool],
+    timeout: float = 30.0,
+    pause: Callable[[float], Awaitable[None]] | None = None,
+) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
@@ -53,7 +60,8 @@ async def until(predicate: Callable[[], bool], timeout: float = 30.0,
 
 
 async def test_pause_step_anomaly_resume_from_the_keyboard(
-        socket_path: str, trainer: Callable[..., subprocess.Popen]) -> None:
+    socket_path: str, trainer: Callable[..., subprocess.Popen]
+) -> None:
     app = make_app(ServerSource(Address("unix", path=socket_path)))
     async with app.run_test(size=(120, 40)) as pilot:
         trainer("healthy", "--steps", "100000", "--delay", "0.02")
@@ -92,7 +100,8 @@ async def test_pause_step_anomaly_resume_from_the_keyboard(
 
 
 async def test_a_run_paused_by_a_monitor_that_dies_finishes(
-        socket_path: str, trainer: Callable[..., subprocess.Popen]) -> None:
+    socket_path: str, trainer: Callable[..., subprocess.Popen]
+) -> None:
     address = Address("unix", path=socket_path)
     monitor = Monitor()
     server = MonitorServer(address, monitor)

@@ -6,9 +6,20 @@ import pytest
 
 from probes.job import job_identity
 
-LAUNCHER_VARIABLES = ("TRAINTOP_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID",
-                      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR",
-                      "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+LAUNCHER_VARIABLES = (
+    "TRAINTOP_JOB",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -20,36 +31,64 @@ def _no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_process_on_its_own_is_a_job_of_one() -> None:
     identity = job_identity()
     assert (identity.job, identity.rank, identity.local_rank, identity.world_size) == (
-        None, 0, 0, 1)
+        None,
+        0,
+        0,
+        1,
+    )
     assert not identity.distributed and identity.host
 
 
 def test_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "4f2a")
-    for name, value in (("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"),
-                        ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")):
+    for name, value in (
+        ("RANK", "3"),
+        ("WORLD_SIZE", "4"),
+        ("LOCAL_RANK", "1"),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ):
         monkeypatch.setenv(name, value)
     identity = job_identity()
     assert (identity.job, identity.rank, identity.local_rank, identity.world_size) == (
-        "torchrun-4f2a", 3, 1, 4)
+        "torchrun-4f2a",
+        3,
+        1,
+        4,
+    )
     assert identity.as_hello()["job"] == "torchrun-4f2a"
 
 
 def test_torchrun_without_a_rendezvous_id_uses_the_rendezvous_address(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in (("TORCHELASTIC_RUN_ID", "none"), ("RANK", "1"), ("WORLD_SIZE", "2"),
-                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in (
+        ("TORCHELASTIC_RUN_ID", "none"),
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29511"),
+    ):
         monkeypatch.setenv(name, value)
     assert job_identity().job == "127.0.0.1:29511"
 
 
 def test_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in (("SLURM_JOB_ID", "881"), ("SLURM_STEP_ID", "0"),
-                        ("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "1")):
+    for name, value in (
+        ("SLURM_JOB_ID", "881"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_PROCID", "5"),
+        ("SLURM_NTASKS", "8"),
+        ("SLURM_LOCALID", "1"),
+    ):
         monkeypatch.setenv(name, value)
     identity = job_identity()
     assert (identity.job, identity.rank, identity.local_rank, identity.world_size) == (
-        "slurm-881.0", 5, 1, 8)
+        "slurm-881.0",
+        5,
+        1,
+        8,
+    )
 
 
 def test_explicit_job_wins(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -144,16 +144,17 @@ def tokens_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def start_probe(model: nn.Module, optimizer: torch.optim.Optimizer, collector: FrameCollector,
-                **options: object) -> probes.Probe:
+def start_probe(
+    model: nn.Module, optimizer: torch.optim.Optimizer, collector: FrameCollector, **options: object
+) -> probes.Probe:
     # No thinning: every step must reach the collector as its own frame.
-    return probes.watch(model, optimizer, address=collector.address,
-                        max_steps_per_s=1e9, **options)
+    return probes.watch(model, optimizer, address=collector.address, max_steps_per_s=1e9, **options)
 
 
 def received_steps(collector: FrameCollector, count: int) -> dict[int, dict]:
-    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames)), \
+    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames)), (
         "the probe never said bye"
+    )
     steps = collector.kinds("step")
     assert all("span" not in f for f in steps), "step frames were thinned"
     by_step = {f["step"]: f for f in steps}
@@ -173,8 +174,9 @@ def test_map_layers_names_frozen_tied_and_counts() -> None:
     assert layer_map.names == tuple(expected)
     assert layer_map.names[0] == "(root)"
     assert "frozen" not in layer_map.names
-    assert all(p is not model.frozen.weight and p is not model.frozen.bias
-               for p in layer_map.params)
+    assert all(
+        p is not model.frozen.weight and p is not model.frozen.bias for p in layer_map.params
+    )
 
     # The tied weight appears once, under its first owner (embed), not under head.
     tied = model.embed.weight
@@ -187,13 +189,24 @@ def test_map_layers_names_frozen_tied_and_counts() -> None:
     assert layer_map.param_counts == (1, 40, 4 * 8 + 8, 8 * 4 + 4, 4, 4 * 4 + 4, 10)
     assert sum(layer_map.param_counts) == count_parameters(model)
     assert layer_map.param_names == (
-        "temperature", "embed.weight", "body.0.weight", "body.0.bias", "body.2.weight",
-        "body.2.bias", "inner.scale", "inner.proj.weight", "inner.proj.bias", "head.bias",
+        "temperature",
+        "embed.weight",
+        "body.0.weight",
+        "body.0.bias",
+        "body.2.weight",
+        "body.2.bias",
+        "inner.scale",
+        "inner.proj.weight",
+        "inner.proj.bias",
+        "head.bias",
     )
     for name, params in expected.items():
         layer = layer_map.names.index(name)
-        owned = [p for p, owner in zip(layer_map.params, layer_map.param_layer, strict=True)
-                 if owner == layer]
+        owned = [
+            p
+            for p, owner in zip(layer_map.params, layer_map.param_layer, strict=True)
+            if owner == layer
+        ]
         assert owned == params
 
 
@@ -276,15 +289,18 @@ def test_probe_step_frames_match_naive(collector: FrameCollector) -> None:
     assert hello["layers"] == list(layers)
     for i in range(steps):
         frame = frames[i]
-        assert_layer_norms(hello["layers"], frame["grad_norms"], naive_grads[i],
-                           f"step {i} grad_norms")
-        assert_close(frame["grad_norm_total"], naive_total(naive_grads[i]),
-                     f"step {i} grad_norm_total")
+        assert_layer_norms(
+            hello["layers"], frame["grad_norms"], naive_grads[i], f"step {i} grad_norms"
+        )
+        assert_close(
+            frame["grad_norm_total"], naive_total(naive_grads[i]), f"step {i} grad_norm_total"
+        )
         assert frame["none_grads"] == 0
         if i % 2 == 0:
             assert "param_norms" in frame, f"step {i} is sampled but has no param_norms"
-            assert_layer_norms(hello["layers"], frame["param_norms"], naive_params[i],
-                               f"step {i} param_norms")
+            assert_layer_norms(
+                hello["layers"], frame["param_norms"], naive_params[i], f"step {i} param_norms"
+            )
         else:
             assert "param_norms" not in frame, f"step {i} is not sampled"
     # The parameters moved between sampled steps, so the comparison is not vacuous.

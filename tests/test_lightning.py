@@ -26,14 +26,23 @@ class TinyLM(pl.LightningModule):
     """A GRU language model that records, beside the probe, the naive per-layer norms
     before Lightning clips and each micro-batch's loss."""
 
-    def __init__(self, *, optimizer: str = "adam", lr: float = 1e-2,
-                 poison_at: int | None = None, recurrent: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        optimizer: str = "adam",
+        lr: float = 1e-2,
+        poison_at: int | None = None,
+        recurrent: bool = True,
+    ) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Embedding(VOCAB, 16)
         # A GRU saturates: its gradients stay bounded however far the loss diverges.
-        self.rnn = nn.GRU(16, 16, batch_first=True) if recurrent else nn.Sequential(
-            nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+        self.rnn = (
+            nn.GRU(16, 16, batch_first=True)
+            if recurrent
+            else nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+        )
         self.head = nn.Linear(16, VOCAB)
         self.recurrent = recurrent
         self.optimizer_name, self.lr, self.poison_at = optimizer, lr, poison_at
@@ -89,17 +98,29 @@ class WaitForMonitor(pl.Callback):
         assert self.traintop.probe.sender.connected.wait(10), "the probe never connected"
 
 
-def fit(module: TinyLM, collector: FrameCollector, *, callbacks: list[Any] | None = None,
-        watch: dict[str, Any] | None = None, **trainer_options: Any) -> TraintopCallback:
-    callback = TraintopCallback(address=collector.address, max_steps_per_s=1e9,
-                                **(watch or {}))
-    options = {"max_steps": 6, "accelerator": "cpu", "logger": False,
-               "enable_checkpointing": False, "enable_progress_bar": False,
-               "enable_model_summary": False, "num_sanity_val_steps": 2,
-               "limit_val_batches": 1}
+def fit(
+    module: TinyLM,
+    collector: FrameCollector,
+    *,
+    callbacks: list[Any] | None = None,
+    watch: dict[str, Any] | None = None,
+    **trainer_options: Any,
+) -> TraintopCallback:
+    callback = TraintopCallback(address=collector.address, max_steps_per_s=1e9, **(watch or {}))
+    options = {
+        "max_steps": 6,
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 2,
+        "limit_val_batches": 1,
+    }
     options.update(trainer_options)
-    trainer = pl.Trainer(callbacks=[*(callbacks or []), callback, WaitForMonitor(callback)],
-                         **options)
+    trainer = pl.Trainer(
+        callbacks=[*(callbacks or []), callback, WaitForMonitor(callback)], **options
+    )
     train, val = loaders()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -114,8 +135,7 @@ def kinds(frames: list[Frame], kind: str) -> list[Frame]:
 
 def test_accumulated_clipped_run_is_recorded_as_it_trained(collector: FrameCollector) -> None:
     module = TinyLM()
-    fit(module, collector, accumulate_grad_batches=4, gradient_clip_val=0.05,
-        val_check_interval=12)
+    fit(module, collector, accumulate_grad_batches=4, gradient_clip_val=0.05, val_check_interval=12)
     frames = list(collector.frames)
     steps = kinds(frames, "step")
     assert [s["step"] for s in steps] == list(range(6))  # one probe step per update
@@ -141,8 +161,13 @@ def test_accumulated_clipped_run_is_recorded_as_it_trained(collector: FrameColle
 
 
 def test_sgd_at_lr_50_is_caught_exploding_despite_clipping(collector: FrameCollector) -> None:
-    fit(TinyLM(optimizer="sgd", lr=50.0, recurrent=False), collector, gradient_clip_val=1.0,
-        max_steps=8, limit_val_batches=0)
+    fit(
+        TinyLM(optimizer="sgd", lr=50.0, recurrent=False),
+        collector,
+        gradient_clip_val=1.0,
+        max_steps=8,
+        limit_val_batches=0,
+    )
     frames = list(collector.frames)
     layers = kinds(frames, "hello")[0]["layers"]
     exploding = [a for a in raised_alerts(frames) if a.kind == "exploding_gradient"]
@@ -176,11 +201,16 @@ class ArmAnomalyBefore(pl.Callback):
 def test_anomaly_step_inside_lightning(resuming_collector: FrameCollector) -> None:
     module = TinyLM(poison_at=3)
     traintop = TraintopCallback(address=resuming_collector.address, max_steps_per_s=1e9)
-    trainer = pl.Trainer(max_steps=6, accelerator="cpu", logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0,
-                         callbacks=[traintop, WaitForMonitor(traintop),
-                                    ArmAnomalyBefore(3, traintop)])
+    trainer = pl.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[traintop, WaitForMonitor(traintop), ArmAnomalyBefore(3, traintop)],
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, loaders()[0])

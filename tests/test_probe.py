@@ -47,8 +47,9 @@ def params_snapshot(model: nn.Module) -> list[torch.Tensor]:
 
 
 def changed(before: list[torch.Tensor], model: nn.Module) -> bool:
-    return any(not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters(),
-                                                                strict=True))
+    return any(
+        not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters(), strict=True)
+    )
 
 
 # --- hooks and closing -----------------------------------------------------------------
@@ -145,8 +146,14 @@ def test_log_accepts_floats_ints_and_one_element_tensors(collector: FrameCollect
             loss = train_step(model, optimizer, i)
             assert loss.requires_grad and loss.dim() == 0
             weight = torch.tensor(2.5, requires_grad=True)
-            probe.log(acc=0.75, count=3, weight=weight * 2, loss=loss,
-                      single=torch.tensor([4.0]), n_int=torch.tensor(7))
+            probe.log(
+                acc=0.75,
+                count=3,
+                weight=weight * 2,
+                loss=loss,
+                single=torch.tensor([4.0]),
+                n_int=torch.tensor(7),
+            )
             expected_loss.append(loss.item())
     probe.close()
     wait_for_bye(collector)
@@ -265,8 +272,10 @@ def test_log_before_first_step_is_ignored_with_a_warning(
 def test_step_records_carry_index_time_duration_lr_and_norms(collector: FrameCollector) -> None:
     model = mlp()
     optimizer = torch.optim.SGD(
-        [{"params": model[0].parameters(), "lr": 0.1},
-         {"params": model[2].parameters(), "lr": 0.01}],
+        [
+            {"params": model[0].parameters(), "lr": 0.1},
+            {"params": model[2].parameters(), "lr": 0.01},
+        ],
         momentum=0.9,
     )
     probe = watch_unthinned(model, optimizer, collector)
@@ -550,11 +559,14 @@ def test_late_monitor_gets_hello_and_history(socket_path: str) -> None:
         # the history comes marked as such, in the order it happened
         history = [f for f in collector.frames if f.get("replayed")]
         assert [f["seq"] for f in history if f["kind"] == "step"] == sorted(
-            f["seq"] for f in history if f["kind"] == "step")
+            f["seq"] for f in history if f["kind"] == "step"
+        )
         evals = [i for i, f in enumerate(history) if f["kind"] == "eval"]
         assert len(evals) == 5
-        assert all(history[i - 1]["kind"] == "step" and history[i - 1]["step"] <= history[i]["step"]
-                   for i in evals)
+        assert all(
+            history[i - 1]["kind"] == "step" and history[i - 1]["step"] <= history[i]["step"]
+            for i in evals
+        )
     finally:
         collector.close()
 
@@ -633,7 +645,8 @@ def test_monitor_refusal_is_reported_once_and_training_goes_on(
 
 
 def test_probe_will_not_connect_through_a_default_folder_others_can_write(
-        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     runtime = tmp_path / "runtime"
     runtime.mkdir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
@@ -658,7 +671,8 @@ def test_probe_will_not_connect_through_a_default_folder_others_can_write(
 
 
 def test_an_eval_reaches_the_monitor_after_the_step_it_belongs_to(
-        collector: FrameCollector) -> None:
+    collector: FrameCollector,
+) -> None:
     """A NaN born in training at step 3 is seen in that step before the eval of step 3
     (which inherits it): the diagnosis must blame the loss, not validation."""
     from probes.diagnosis import Diagnoser

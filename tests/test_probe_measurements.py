@@ -28,8 +28,9 @@ REL_TOL = 1e-5
 
 def mlp(seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(),
-                         nn.Linear(16, 3))
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)
+    )
 
 
 def batch(seed: int, size: int = 16, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,8 +142,7 @@ def test_probes_clip_is_bit_identical_to_torch_and_records_unclipped_norms(
 
 @pytest.mark.parametrize(
     "options",
-    [{"norm_type": math.inf}, {"norm_type": 1.0, "foreach": False},
-     {"error_if_nonfinite": True}],
+    [{"norm_type": math.inf}, {"norm_type": 1.0, "foreach": False}, {"error_if_nonfinite": True}],
     ids=["inf", "l1-no-foreach", "error-if-nonfinite"],
 )
 def test_probes_clip_matches_torch_for_other_arguments(
@@ -270,14 +270,14 @@ def activation_model(seed: int = 6) -> nn.Sequential:
     """ReLU, Tanh and Sigmoid modules; the tanh is fed by the third Linear, not the second."""
     torch.manual_seed(seed)
     model = nn.Sequential(
-        nn.Linear(8, 32),   # 0: layer 0
-        nn.ReLU(),          # 1
+        nn.Linear(8, 32),  # 0: layer 0
+        nn.ReLU(),  # 1
         nn.Linear(32, 32),  # 2: layer 1
         nn.Linear(32, 32),  # 3: layer 2
-        nn.Tanh(),          # 4
+        nn.Tanh(),  # 4
         nn.Linear(32, 32),  # 5: layer 3
-        nn.Sigmoid(),       # 6
-        nn.Linear(32, 3),   # 7: layer 4
+        nn.Sigmoid(),  # 6
+        nn.Linear(32, 3),  # 7: layer 4
     )
     with torch.no_grad():  # push the tanh and sigmoid into partial saturation
         model[3].weight.mul_(6.0)
@@ -308,6 +308,7 @@ def test_activation_fractions_match_naive_and_hello_lists_activations(
             tally = tallies.setdefault(index, [0, 0])
             tally[0] += hits
             tally[1] += total
+
         return hook
 
     handles = [model[i].register_forward_hook(hook_for(i)) for i in families]
@@ -375,8 +376,9 @@ def test_activation_hooks_exist_only_during_sampled_steps(collector: FrameCollec
 
 def test_dead_relu_has_fraction_one(collector: FrameCollector) -> None:
     torch.manual_seed(7)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
-                          nn.Linear(16, 3))
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3)
+    )
     with torch.no_grad():
         model[2].bias.fill_(-100.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -397,8 +399,14 @@ def test_dead_relu_has_fraction_one(collector: FrameCollector) -> None:
 # --- 4. gradients not cleared --------------------------------------------------------
 
 
-def run_loop(collector: FrameCollector, clearing: str, *, steps: int = 5,
-             clip: bool = False, **options: object) -> tuple[dict[int, Frame], Frame]:
+def run_loop(
+    collector: FrameCollector,
+    clearing: str,
+    *,
+    steps: int = 5,
+    clip: bool = False,
+    **options: object,
+) -> tuple[dict[int, Frame], Frame]:
     """Train ``steps`` steps with the given way of clearing gradients."""
     model = mlp(8)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -448,7 +456,8 @@ def test_never_zeroed_grads_are_flagged_from_the_second_step(
 
 
 def test_never_zeroed_grads_are_checked_at_every_update_not_only_sampled_ones(
-        collector: FrameCollector) -> None:
+    collector: FrameCollector,
+) -> None:
     records, hello = run_loop(collector, "never", steps=13, sample_every=4)
     flagged = sorted(i for i, r in records.items() if r.get("grads_not_cleared"))
     assert flagged == list(range(1, 13))  # noted at each update, judged at the next
@@ -534,14 +543,22 @@ def test_none_grad_params_name_the_unused_parameters(
             opt.step()
     records = close_and_collect(probe, collector)
     hello = hello_of(collector)
-    assert hello["params"] == ["body.0.weight", "body.0.bias", "unused.weight", "unused.bias",
-                               "head.weight", "head.bias"]
+    assert hello["params"] == [
+        "body.0.weight",
+        "body.0.bias",
+        "unused.weight",
+        "unused.bias",
+        "head.weight",
+        "head.bias",
+    ]
     assert hello["layers"] == ["body.0", "unused", "head"]
     assert sorted(records) == [0, 1, 2]
     for record in records.values():
         assert record["none_grad_params"] == [2, 3]
         assert [hello["params"][i] for i in record["none_grad_params"]] == [
-            "unused.weight", "unused.bias"]
+            "unused.weight",
+            "unused.bias",
+        ]
         assert record["none_grads"] == 2
         assert record["grad_norms"][1] is None
         assert record["grad_norms"][0] > 0 and record["grad_norms"][2] > 0
@@ -561,7 +578,10 @@ def test_no_none_grad_params_when_every_parameter_has_a_gradient(
 
 def test_hello_counts_mode_sensitive_modules(collector: FrameCollector) -> None:
     model = nn.Sequential(
-        nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.1),
+        nn.Linear(8, 16),
+        nn.BatchNorm1d(16),
+        nn.ReLU(),
+        nn.Dropout(0.1),
         nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.2), nn.LayerNorm(16)),
         nn.Linear(16, 3),
     )
@@ -581,8 +601,14 @@ def test_hello_counts_no_mode_sensitive_modules_in_a_plain_mlp(
 
 
 def test_hello_counts_conv_batchnorm_and_dropout2d(collector: FrameCollector) -> None:
-    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Dropout2d(0.1),
-                          nn.Flatten(), nn.AlphaDropout(0.1), nn.Linear(4 * 6 * 6, 3))
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.Dropout2d(0.1),
+        nn.Flatten(),
+        nn.AlphaDropout(0.1),
+        nn.Linear(4 * 6 * 6, 3),
+    )
     probe = watch_unthinned(model, None, collector)
     probe.close()
     wait_for_bye(collector)
@@ -595,8 +621,12 @@ def test_hello_counts_conv_batchnorm_and_dropout2d(collector: FrameCollector) ->
 def all_module_hooks(model: nn.Module) -> dict[str, int]:
     counts: dict[str, int] = {}
     for name, module in model.named_modules():
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                     "_backward_pre_hooks"):
+        for attr in (
+            "_forward_hooks",
+            "_forward_pre_hooks",
+            "_backward_hooks",
+            "_backward_pre_hooks",
+        ):
             n = len(getattr(module, attr))
             if n:
                 counts[f"{name or '(root)'}.{attr}"] = n
@@ -605,8 +635,14 @@ def all_module_hooks(model: nn.Module) -> dict[str, int]:
 
 def test_close_removes_every_hook(collector: FrameCollector) -> None:
     torch.manual_seed(11)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 16),
-                          nn.Sigmoid(), nn.Linear(16, 3))
+    model = nn.Sequential(
+        nn.Linear(8, 16),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Linear(16, 16),
+        nn.Sigmoid(),
+        nn.Linear(16, 3),
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     probe = watch_unthinned(model, opt, collector, sample_every=2)
     assert len(opt._optimizer_step_pre_hooks) == 2  # gradients, and the update check
@@ -661,8 +697,9 @@ FAILURES = [
 ]
 
 
-def train_twins(probe: probes.Probe | None, model: nn.Module,
-                opt: torch.optim.Optimizer, steps: int) -> list[float]:
+def train_twins(
+    probe: probes.Probe | None, model: nn.Module, opt: torch.optim.Optimizer, steps: int
+) -> list[float]:
     losses = []
     for i in range(steps):
         if probe is None:
@@ -681,11 +718,13 @@ def train_twins(probe: probes.Probe | None, model: nn.Module,
     return losses
 
 
-@pytest.mark.parametrize("owner, method", FAILURES,
-                         ids=[f"{o.__name__}.{m}" for o, m in FAILURES])
+@pytest.mark.parametrize("owner, method", FAILURES, ids=[f"{o.__name__}.{m}" for o, m in FAILURES])
 def test_failing_measurement_never_breaks_training(
-    owner: type, method: str, collector: FrameCollector,
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    owner: type,
+    method: str,
+    collector: FrameCollector,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reference = mlp(12)
     model = copy.deepcopy(reference)
@@ -713,11 +752,13 @@ def test_failing_measurement_never_breaks_training(
     assert len(opt._optimizer_step_pre_hooks) == 0
 
 
-@pytest.mark.parametrize("owner, method", FAILURES,
-                         ids=[f"{o.__name__}.{m}" for o, m in FAILURES])
+@pytest.mark.parametrize("owner, method", FAILURES, ids=[f"{o.__name__}.{m}" for o, m in FAILURES])
 def test_probe_switched_off_by_a_failure_leaves_no_activation_hooks(
-    owner: type, method: str, collector: FrameCollector,
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    owner: type,
+    method: str,
+    collector: FrameCollector,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = mlp(13)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -740,8 +781,9 @@ def test_update_ratios_under_gradient_accumulation(collector: FrameCollector) ->
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with watch_unthinned(model, optimizer, collector, sample_every=10,
-                         grad_accumulation=True) as probe:
+    with watch_unthinned(
+        model, optimizer, collector, sample_every=10, grad_accumulation=True
+    ) as probe:
         for index in range(24):
             with probe.step():
                 model(torch.randn(8, 8)).pow(2).mean().backward()
@@ -749,7 +791,8 @@ def test_update_ratios_under_gradient_accumulation(collector: FrameCollector) ->
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
     wait_for_bye(collector)
-    with_ratios = {f["step"]: f["update_ratios"] for f in collector.kinds("step")
-                   if "update_ratios" in f}
+    with_ratios = {
+        f["step"]: f["update_ratios"] for f in collector.kinds("step") if "update_ratios" in f
+    }
     assert sorted(with_ratios) == [3, 11, 23]  # after the sampled steps 0, 10 and 20
     assert all(0 < r < 1 for ratios in with_ratios.values() for r in ratios)

@@ -16,10 +16,20 @@ from tui.state import MonitorState
 LAYERS = ("encoder", "hidden", "head")
 
 
-def view(step: int, loss: float = 1.0, grads: tuple[float, ...] = (0.5, 0.4, 0.3),
-         params: tuple[float, ...] | None = None, first: int | None = None) -> StepView:
-    record: dict = {"kind": "step", "step": step, "scalars": {"loss": loss},
-                    "grad_norms": list(grads), "grad_norm_total": math.hypot(*grads)}
+def view(
+    step: int,
+    loss: float = 1.0,
+    grads: tuple[float, ...] = (0.5, 0.4, 0.3),
+    params: tuple[float, ...] | None = None,
+    first: int | None = None,
+) -> StepView:
+    record: dict = {
+        "kind": "step",
+        "step": step,
+        "scalars": {"loss": loss},
+        "grad_norms": list(grads),
+        "grad_norm_total": math.hypot(*grads),
+    }
     if params is not None:
         record["param_norms"] = list(params)
     if first is not None:
@@ -32,8 +42,7 @@ def test_ddp_ranks_that_agree_raise_nothing() -> None:
     for index in range(60):
         params = (3.0, 2.0, 1.0) if index % 20 == 0 else None
         for rank in (0, 1, 2):
-            assert checks.observe(rank, view(index, loss=1.0 + 0.1 * rank,
-                                             params=params)) == []
+            assert checks.observe(rank, view(index, loss=1.0 + 0.1 * rank, params=params)) == []
 
 
 def test_unsynced_gradients_name_the_first_layer_and_the_ranks() -> None:
@@ -124,11 +133,11 @@ def test_unsynced_gradients_after_diverged_replicas_are_one_incident() -> None:
 # --- one job in the monitor ------------------------------------------------------------
 
 
-
 def rank_hello(rank: int, world: int = 2, job: str = "job-7", sync: str = "ddp") -> dict:
     frame = hello(run=f"r{rank}", name="ddp-run")
-    frame.update(job=job, rank=rank, local_rank=rank, world_size=world, sync=sync,
-                 host=f"node{rank}")
+    frame.update(
+        job=job, rank=rank, local_rank=rank, world_size=world, sync=sync, host=f"node{rank}"
+    )
     return frame
 
 
@@ -160,8 +169,11 @@ def test_the_same_alert_on_every_rank_is_one_alert_naming_all() -> None:
     raised: list[AlertRaised] = []
     for index in range(40):
         for rank in (0, 1):  # rank 0's records arrive first, as they do
-            raised += [e for e in state.apply(rank, exploding(index, f"r{rank}"))
-                       if isinstance(e, AlertRaised)]
+            raised += [
+                e
+                for e in state.apply(rank, exploding(index, f"r{rank}"))
+                if isinstance(e, AlertRaised)
+            ]
     assert [e.alert.kind for e in raised] == ["exploding_gradient"]
     assert raised[0].alert.ranks == (0, 1) and "ranks=all" in raised[0].alert.line()
 
@@ -169,12 +181,12 @@ def test_the_same_alert_on_every_rank_is_one_alert_naming_all() -> None:
 def test_a_ranks_alert_waits_for_the_other_ranks_step() -> None:
     state, _ = job_state()
     for index in range(31):
-        assert not [e for e in state.apply(0, exploding(index, "r0"))
-                    if isinstance(e, AlertRaised)]  # rank 1 has not reported step 30 yet
+        assert not [
+            e for e in state.apply(0, exploding(index, "r0")) if isinstance(e, AlertRaised)
+        ]  # rank 1 has not reported step 30 yet
     for index in range(31):
         events = state.apply(1, exploding(index, "r1"))
-    assert [e.alert.kind for e in events if isinstance(e, AlertRaised)] == [
-        "exploding_gradient"]
+    assert [e.alert.kind for e in events if isinstance(e, AlertRaised)] == ["exploding_gradient"]
 
 
 def test_consequences_of_a_bad_rank_fold_under_it() -> None:
@@ -275,8 +287,7 @@ def test_headless_lines_name_job_and_rank() -> None:
         monitor.frame_received(conns[int(frame["run"][1])], frame)
     for index in range(12, 40):  # both ranks' gradients explode at step 30 (all-reduced)
         for rank in (0, 1):
-            monitor.frame_received(conns[rank], {**exploding(index, f"r{rank}"),
-                                                 "seq": index + 2})
+            monitor.frame_received(conns[rank], {**exploding(index, f"r{rank}"), "seq": index + 2})
     lines = out.getvalue().splitlines()
     assert "connected run=ddp-run job=job-7 rank=0/2 host=node0 id=r0" in lines[0]
     assert "connected run=ddp-run job=job-7 rank=1/2 host=node1 id=r1" in lines[1]
@@ -305,7 +316,10 @@ async def test_the_app_shows_the_job_its_ranks_and_k_picks_one() -> None:
         assert [row[1] for row in cells] == ["node0", "node1"]
         items = list_items(app.state)
         assert [(item_id, header) for item_id, _, header in items] == [
-            ("job:job-7", True), ("r0", False), ("r1", False)]
+            ("job:job-7", True),
+            ("r0", False),
+            ("r1", False),
+        ]
         assert app.query_one(RunList).display
         await pilot.press("k")
         await settle(pilot, app, lambda: app.current_run.rank == 1)

@@ -96,9 +96,13 @@ def test_merge_already_merged_records() -> None:
 
 
 def thin_steps(records: list[Record], budget: int, keep_first: bool = False) -> list[Record]:
-    return thin(records, budget, is_step=lambda r: r.get("kind") == "step",
-                merge=lambda run: [merge_steps(run)], keep_first=keep_first)
-
+    return thin(
+        records,
+        budget,
+        is_step=lambda r: r.get("kind") == "step",
+        merge=lambda run: [merge_steps(run)],
+        keep_first=keep_first,
+    )
 
 
 def test_thin_within_budget_unchanged() -> None:

@@ -30,7 +30,8 @@ for i in range(10):
 """
 PROGRAMS = {
     # the loop inside ``with probes.watch(...)``: __exit__ sees the error
-    "context manager": SETUP + "with probes.watch(model, optimizer) as probe:\n"
+    "context manager": SETUP
+    + "with probes.watch(model, optimizer) as probe:\n"
     + "\n".join("    " + line for line in LOOP.splitlines()),
     # a probe never closed: the exit handler finds the error in sys.last_value
     "exit handler": SETUP + "probe = probes.watch(model, optimizer)\n" + LOOP,
@@ -40,26 +41,41 @@ PROGRAMS = {
 @pytest.mark.parametrize("program", list(PROGRAMS))
 def test_an_uncaught_error_is_the_bye_reason(collector: FrameCollector, program: str) -> None:
     env = {**os.environ, "TRAINTOP_ADDRESS": str(collector.address)}
-    done = subprocess.run([sys.executable, "-c", PROGRAMS[program]], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAMS[program]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and "boom at 5" in done.stderr
     wait_for_bye(collector)
     assert collector.kinds("bye")[0]["reason"] == "error: RuntimeError: boom at 5"
 
 
-@pytest.mark.parametrize(("error", "reason"), [
-    (None, "closed"), (KeyboardInterrupt(), "interrupted"), (SystemExit(0), "closed"),
-    (SystemExit(None), "closed"), (SystemExit(2), "exit status 2"),
-    (ValueError("bad"), "error: ValueError: bad"),
-])
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (None, "closed"),
+        (KeyboardInterrupt(), "interrupted"),
+        (SystemExit(0), "closed"),
+        (SystemExit(None), "closed"),
+        (SystemExit(2), "exit status 2"),
+        (ValueError("bad"), "error: ValueError: bad"),
+    ],
+)
 def test_end_reason(error: BaseException | None, reason: str) -> None:
     assert end_reason(error) == reason
 
 
-@pytest.mark.parametrize(("reason", "shown"), [
-    ("closed", "finished"), ("interrupted", "interrupted"),
-    ("error: RuntimeError: boom", "error: RuntimeError: boom"),
-])
+@pytest.mark.parametrize(
+    ("reason", "shown"),
+    [
+        ("closed", "finished"),
+        ("interrupted", "interrupted"),
+        ("error: RuntimeError: boom", "error: RuntimeError: boom"),
+    ],
+)
 def test_the_monitor_shows_how_the_run_ended(reason: str, shown: str) -> None:
     state = MonitorState()
     for frame in (hello(), step(0), make_frame("bye", run="run-a", reason=reason)):

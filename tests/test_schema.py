@@ -8,19 +8,22 @@ from probes.diagnosis import EvalView
 from probes.schema import validation_loss, validation_loss_name
 
 
-@pytest.mark.parametrize("names, expected", [
-    (["loss", "val_loss"], "val_loss"),  # an eval that also logs a training loss
-    (["val_loss", "loss"], "val_loss"),
-    (["eval_loss", "eval_runtime"], "eval_loss"),
-    (["valid_loss"], "valid_loss"),
-    (["validation_loss", "val_acc"], "validation_loss"),
-    (["loss"], "loss"),  # a plain loop logging its eval's loss as loss
-    (["eval_ce_loss", "eval_accuracy"], "eval_ce_loss"),
-    (["train_loss", "val_accuracy"], None),  # a training loss is never the validation one
-    (["ce_loss", "kl_loss"], None),  # two candidates and no exact name: no guess
-    (["accuracy"], None),
-    ([], None),
-])
+@pytest.mark.parametrize(
+    "names, expected",
+    [
+        (["loss", "val_loss"], "val_loss"),  # an eval that also logs a training loss
+        (["val_loss", "loss"], "val_loss"),
+        (["eval_loss", "eval_runtime"], "eval_loss"),
+        (["valid_loss"], "valid_loss"),
+        (["validation_loss", "val_acc"], "validation_loss"),
+        (["loss"], "loss"),  # a plain loop logging its eval's loss as loss
+        (["eval_ce_loss", "eval_accuracy"], "eval_ce_loss"),
+        (["train_loss", "val_accuracy"], None),  # a training loss is never the validation one
+        (["ce_loss", "kl_loss"], None),  # two candidates and no exact name: no guess
+        (["accuracy"], None),
+        ([], None),
+    ],
+)
 def test_validation_loss_name(names: list[str], expected: str | None) -> None:
     assert validation_loss_name(names) == expected
 

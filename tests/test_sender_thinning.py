@@ -39,8 +39,10 @@ class FakeMeasurement:
 
 
 def steps(count: int, *, sampled_every: int = 0, bad: tuple[int, ...] = ()) -> list:
-    return [FakeMeasurement(i, sampled=bool(sampled_every) and i % sampled_every == 0,
-                            bad=i in bad) for i in range(count)]
+    return [
+        FakeMeasurement(i, sampled=bool(sampled_every) and i % sampled_every == 0, bad=i in bad)
+        for i in range(count)
+    ]
 
 
 def test_a_group_keeps_its_last_step_so_the_step_count_stays_true() -> None:
@@ -82,6 +84,9 @@ def test_thinning_a_fast_run_keeps_step_zero_every_bad_step_and_the_last() -> No
     assert measured[-1].step == 999
     assert len(measured) <= 2 * 10 + 3  # about the budget: a group gives one or two
     assert kept[-1] == {"kind": "eval", "step": 999}  # other records pass, in order
-    covered = sorted(step for m in measured for step in range(*(
-        (m.span[0], m.span[1] + 1) if m.span else (m.step, m.step + 1))))
+    covered = sorted(
+        step
+        for m in measured
+        for step in range(*((m.span[0], m.span[1] + 1) if m.span else (m.step, m.step + 1)))
+    )
     assert covered == list(range(1000))  # every step is stood for, once

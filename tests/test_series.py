@@ -95,8 +95,10 @@ def test_non_finite_survives_compaction(bad: float) -> None:
     assert len(series) <= 8
     assert series.first_non_finite_x() == 3.0
     # and the envelope of a folded bucket still shows it
-    assert any(not math.isfinite(low) or not math.isfinite(high)
-               for low, high in zip(series.low, series.high, strict=True))
+    assert any(
+        not math.isfinite(low) or not math.isfinite(high)
+        for low, high in zip(series.low, series.high, strict=True)
+    )
 
 
 def test_first_non_finite_x_is_the_first() -> None:
@@ -134,9 +136,12 @@ def test_a_long_series_keeps_an_even_resolution_from_its_start(count: int) -> No
     assert series.xs[0] == series.counts[0] - 1 <= count / 500  # within 0.2% of step 0
     folded = [c for c in series.counts if c > 1]
     assert set(folded[:-1]) == {series.stride}
-    assert series.counts[-(2048 // 4):] == [1] * (2048 // 4)  # the newest quarter exact
-    spans = {b - a for a, b, n in zip(series.xs, series.xs[1:], series.counts[1:],
-                                       strict=False) if n == series.stride}
+    assert series.counts[-(2048 // 4) :] == [1] * (2048 // 4)  # the newest quarter exact
+    spans = {
+        b - a
+        for a, b, n in zip(series.xs, series.xs[1:], series.counts[1:], strict=False)
+        if n == series.stride
+    }
     assert spans == {float(series.stride)}
 
 

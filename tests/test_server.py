@@ -51,10 +51,12 @@ async def test_frames_reach_state_and_socket_is_private(socket_path: str) -> Non
     server, monitor = await started(Address("unix", path=socket_path))
     try:
         assert stat.S_IMODE(os.stat(socket_path).st_mode) == 0o600
-        await exchange(server.address, [encode_frame(hello()), encode_frame(step(0)),
-                                        encode_frame(step(1))])
-        await wait_until(lambda: "run-a" in monitor.state.runs
-                         and monitor.state.runs["run-a"].last_step == 1)
+        await exchange(
+            server.address, [encode_frame(hello()), encode_frame(step(0)), encode_frame(step(1))]
+        )
+        await wait_until(
+            lambda: "run-a" in monitor.state.runs and monitor.state.runs["run-a"].last_step == 1
+        )
         run = monitor.state.runs["run-a"]
         assert run.name == "mlp" and run.layers == ["encoder.0", "encoder.2", "head"]
         await wait_until(lambda: not run.connected)
@@ -90,10 +92,15 @@ async def test_malformed_and_oversized_frames_are_counted_and_skipped(socket_pat
     server, monitor = await started(Address("unix", path=socket_path))
     try:
         huge = b'{"v":1,"kind":"event","pad":"' + b"x" * (5 * 1024 * 1024) + b'"}\n'
-        await exchange(server.address, [encode_frame(hello()), b"not json\n", huge,
-                                        encode_frame(step(0))])
-        await wait_until(lambda: monitor.state.runs.get("run-a") is not None
-                         and monitor.state.runs["run-a"].last_step == 0)
+        await exchange(
+            server.address, [encode_frame(hello()), b"not json\n", huge, encode_frame(step(0))]
+        )
+        await wait_until(
+            lambda: (
+                monitor.state.runs.get("run-a") is not None
+                and monitor.state.runs["run-a"].last_step == 0
+            )
+        )
         assert monitor.state.rejected_frames == 2
     finally:
         await server.close()
@@ -149,12 +156,14 @@ async def test_token_is_checked_before_anything_else() -> None:
     server, monitor = await started(Address("tcp", host="0.0.0.0", port=0), token="s3cret")
     target = Address("tcp", host="127.0.0.1", port=server.bound_address.port)
     try:
-        wrong = await exchange(target, [encode_frame({**hello(), "token": "guess"}),
-                                        encode_frame(step(0))])
+        wrong = await exchange(
+            target, [encode_frame({**hello(), "token": "guess"}), encode_frame(step(0))]
+        )
         assert wrong[0]["kind"] == "refuse" and "token" in wrong[0]["reason"]
         assert monitor.state.runs == {}
-        await exchange(target, [encode_frame({**hello(), "token": "s3cret"}),
-                                encode_frame(step(0))])
+        await exchange(
+            target, [encode_frame({**hello(), "token": "s3cret"}), encode_frame(step(0))]
+        )
         await wait_until(lambda: "run-a" in monitor.state.runs)
     finally:
         await server.close()

@@ -91,8 +91,13 @@ def opens(key: str, screen: str) -> Callable[[Pilot], Awaitable[None]]:
 def test_healthy_run(snap_compare: SnapCompare) -> None:
     frames = short_run(60)
     app = app_on(frames)
-    assert snap_compare(app, terminal_size=SIZE, run_before=until(
-        lambda app: len(app.query_one(LossChart).plotted.get("train loss", [])) == 60))
+    assert snap_compare(
+        app,
+        terminal_size=SIZE,
+        run_before=until(
+            lambda app: len(app.query_one(LossChart).plotted.get("train loss", [])) == 60
+        ),
+    )
 
 
 @SIZES
@@ -100,15 +105,23 @@ def test_main_screen(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     """A deep stack whose first six layers vanish: one vanishing_gradient naming the
     first (``0 +5``), eleven layers, the probe's share of the step."""
     app = app_on(deep_run(80, probe_share=0.012))
-    assert snap_compare(app, terminal_size=size, run_before=until(
-        lambda app: replay_over(app) and len(app.query_one(AlertsPanel).entries) == 1))
+    assert snap_compare(
+        app,
+        terminal_size=size,
+        run_before=until(
+            lambda app: replay_over(app) and len(app.query_one(AlertsPanel).entries) == 1
+        ),
+    )
 
 
 @SIZES
 def test_heatmap(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     app = app_on(deep_run(80))
-    assert snap_compare(app, terminal_size=size, run_before=presses(
-        "h", lambda app: bool(app.query_one("#heatmap").rows_text)))
+    assert snap_compare(
+        app,
+        terminal_size=size,
+        run_before=presses("h", lambda app: bool(app.query_one("#heatmap").rows_text)),
+    )
 
 
 @SIZES
@@ -120,27 +133,39 @@ def test_comparison(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
         await pilot.press("m")
         await until(lambda app: type(app.screen).__name__ == "ComparePicker")(pilot)
         await pilot.press("m")
-        await until(lambda app: type(app.screen).__name__ == "CompareScreen"
-                    and app.screen.query_one("#ratios").row_count == 3)(pilot)
+        await until(
+            lambda app: (
+                type(app.screen).__name__ == "CompareScreen"
+                and app.screen.query_one("#ratios").row_count == 3
+            )
+        )(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=compare)
 
 
 @SIZES
 def test_run_list(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
-    frames = [*short_run(30, run="run-a", name="baseline"),
-              *short_run(20, run="run-b", name="lr-0.1"),
-              *short_run(10, run="run-c", name="resnet50-wd1e-4-long-name")]
+    frames = [
+        *short_run(30, run="run-a", name="baseline"),
+        *short_run(20, run="run-b", name="lr-0.1"),
+        *short_run(10, run="run-c", name="resnet50-wd1e-4-long-name"),
+    ]
     app = app_on(frames)
-    assert snap_compare(app, terminal_size=size, run_before=until(
-        lambda app: len(app.state.runs) == 3 and replay_over(app)))
+    assert snap_compare(
+        app,
+        terminal_size=size,
+        run_before=until(lambda app: len(app.state.runs) == 3 and replay_over(app)),
+    )
 
 
 @SIZES
 def test_anomaly_report(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
     app = app_on([*short_run(48), anomaly_report(48)])  # a live report opens by itself
-    assert snap_compare(app, terminal_size=size, run_before=until(
-        lambda app: type(app.screen).__name__ == "AnomalyReportScreen"))
+    assert snap_compare(
+        app,
+        terminal_size=size,
+        run_before=until(lambda app: type(app.screen).__name__ == "AnomalyReportScreen"),
+    )
 
 
 @SIZES
@@ -151,8 +176,11 @@ def test_checks(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
 
 def test_exploding_run_with_its_alert(snap_compare: SnapCompare) -> None:
     app = app_on(exploding_run())
-    assert snap_compare(app, terminal_size=SIZE, run_before=until(
-        lambda app: bool(app.query_one(AlertsPanel).entries)))
+    assert snap_compare(
+        app,
+        terminal_size=SIZE,
+        run_before=until(lambda app: bool(app.query_one(AlertsPanel).entries)),
+    )
 
 
 @SIZES
@@ -170,15 +198,20 @@ def test_alert_detail(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
 def test_non_finite_values(snap_compare: SnapCompare) -> None:
     frames = [*short_run(20), step(20, loss=float("nan"), grad_norms=[1.0, float("inf"), None])]
     app = app_on(frames)
-    assert snap_compare(app, terminal_size=SIZE, run_before=until(
-        lambda app: app.query_one(LossChart).first_non_finite is not None))
+    assert snap_compare(
+        app,
+        terminal_size=SIZE,
+        run_before=until(lambda app: app.query_one(LossChart).first_non_finite is not None),
+    )
 
 
 def test_help_screen(snap_compare: SnapCompare) -> None:
-    assert snap_compare(app_on(short_run(5)), terminal_size=SIZE,
-                        run_before=opens("question_mark", "HelpScreen"))
+    assert snap_compare(
+        app_on(short_run(5)), terminal_size=SIZE, run_before=opens("question_mark", "HelpScreen")
+    )
 
 
 def test_learning_rate_confirmation(snap_compare: SnapCompare) -> None:
-    assert snap_compare(app_on(short_run(5)), terminal_size=SIZE,
-                        run_before=opens("minus", "Confirm"))
+    assert snap_compare(
+        app_on(short_run(5)), terminal_size=SIZE, run_before=opens("minus", "Confirm")
+    )

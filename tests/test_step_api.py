@@ -29,8 +29,11 @@ def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def layer_norms(model: nn.Module) -> list[float]:
     """Per Linear layer, the L2 norm of its gradients (float64, one layer at a time)."""
-    return [torch.cat([p.grad.double().flatten() for p in m.parameters()]).norm().item()
-            for m in model.modules() if isinstance(m, nn.Linear)]
+    return [
+        torch.cat([p.grad.double().flatten() for p in m.parameters()]).norm().item()
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+    ]
 
 
 def steps_of(probe: probes.Probe, collector: FrameCollector) -> dict[int, Frame]:
@@ -48,12 +51,15 @@ def assert_norms(recorded: list[float | None], expected: list[float]) -> None:
 # --- optimizer.step(closure) -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("make_optimizer", [
-    lambda params: torch.optim.SGD(params, lr=0.1),
-    lambda params: torch.optim.LBFGS(params, lr=0.5, max_iter=4),
-], ids=["sgd", "lbfgs"])
-def test_closure_step_records_its_own_gradients(make_optimizer, collector: FrameCollector
-                                                ) -> None:
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [
+        lambda params: torch.optim.SGD(params, lr=0.1),
+        lambda params: torch.optim.LBFGS(params, lr=0.5, max_iter=4),
+    ],
+    ids=["sgd", "lbfgs"],
+)
+def test_closure_step_records_its_own_gradients(make_optimizer, collector: FrameCollector) -> None:
     model = mlp()
     optimizer = make_optimizer(model.parameters())
     probe = watch_unthinned(model, optimizer, collector)
@@ -62,8 +68,9 @@ def test_closure_step_records_its_own_gradients(make_optimizer, collector: Frame
         x, y = batch(i)
         seen: list[list[float]] = []
 
-        def closure(x: torch.Tensor = x, y: torch.Tensor = y,
-                    seen: list[list[float]] = seen) -> torch.Tensor:
+        def closure(
+            x: torch.Tensor = x, y: torch.Tensor = y, seen: list[list[float]] = seen
+        ) -> torch.Tensor:
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
@@ -149,9 +156,11 @@ class LightningLike:
         self._optimizer = optimizer
 
 
-@pytest.mark.parametrize("wrap", [HoldsOptimizer, LightningLike,
-                                  lambda opt: HoldsOptimizer(HoldsOptimizer(opt))],
-                         ids=["accelerate-like", "lightning-like", "nested"])
+@pytest.mark.parametrize(
+    "wrap",
+    [HoldsOptimizer, LightningLike, lambda opt: HoldsOptimizer(HoldsOptimizer(opt))],
+    ids=["accelerate-like", "lightning-like", "nested"],
+)
 def test_watch_takes_optimizer_wrappers(wrap, collector: FrameCollector) -> None:
     model = mlp()
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -168,11 +177,14 @@ def test_watch_takes_optimizer_wrappers(wrap, collector: FrameCollector) -> None
     assert_norms(records[0]["grad_norms"], expected)
 
 
-@pytest.mark.parametrize("wrong, words", [
-    (lambda m: list(m.parameters()), "a list of Parameter"),
-    (lambda m: m, "torch.nn.modules.container.Sequential"),
-    (lambda m: "adam", "a builtins.str"),
-])
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda m: list(m.parameters()), "a list of Parameter"),
+        (lambda m: m, "torch.nn.modules.container.Sequential"),
+        (lambda m: "adam", "a builtins.str"),
+    ],
+)
 def test_watch_refuses_what_is_not_an_optimizer(wrong, words: str) -> None:
     model = mlp()
     with pytest.raises(TypeError) as error:
@@ -215,8 +227,7 @@ def test_begin_and_end_step_span_micro_batches(collector: FrameCollector) -> Non
         assert records[i]["clip"]["max_norm"] == 0.01
 
 
-def test_gradients_final_reads_before_the_framework_clears_them(
-        collector: FrameCollector) -> None:
+def test_gradients_final_reads_before_the_framework_clears_them(collector: FrameCollector) -> None:
     model = mlp()
     probe = watch_unthinned(model, None, collector)  # no optimizer: nothing else tells
     probe.begin_step()
@@ -260,13 +271,13 @@ def poisoned_step(model: nn.Module, optimizer: torch.optim.Optimizer, seed: int)
 
 
 @pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, torch.optim.AdamW])
-def test_guard_skips_without_raising(optimizer_class, resuming_collector: FrameCollector
-                                     ) -> None:
+def test_guard_skips_without_raising(optimizer_class, resuming_collector: FrameCollector) -> None:
     model = mlp()
     before = copy.deepcopy(model.state_dict())
     optimizer = optimizer_class(model.parameters(), lr=0.1)
-    probe = probes.watch(model, optimizer, address=resuming_collector.address, guard=True,
-                         max_steps_per_s=1e9)
+    probe = probes.watch(
+        model, optimizer, address=resuming_collector.address, guard=True, max_steps_per_s=1e9
+    )
     wait_connected(probe)
     probe.begin_step()
     poisoned_step(model, optimizer, 0)  # nothing raised, though no `with` block catches
@@ -282,12 +293,10 @@ def test_guard_skips_without_raising(optimizer_class, resuming_collector: FrameC
     assert alerts[0]["alert"]["subject"] == "0"  # the first layer, in model order
 
 
-def test_anomaly_step_catches_in_backward_and_reports(resuming_collector: FrameCollector
-                                                      ) -> None:
+def test_anomaly_step_catches_in_backward_and_reports(resuming_collector: FrameCollector) -> None:
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    probe = probes.watch(model, optimizer, address=resuming_collector.address,
-                         max_steps_per_s=1e9)
+    probe = probes.watch(model, optimizer, address=resuming_collector.address, max_steps_per_s=1e9)
     wait_connected(probe)
     before = copy.deepcopy(model.state_dict())
     probe.arm_anomaly()
@@ -335,7 +344,8 @@ class EncoderHead(nn.Module):
 
 
 def test_eval_checks_see_a_validation_that_skips_the_root_forward(
-        collector: FrameCollector) -> None:
+    collector: FrameCollector,
+) -> None:
     model = EncoderHead()
     probe = watch_unthinned(model, None, collector)
     with probe.step():

@@ -22,8 +22,9 @@ from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
-                         nn.Linear(16, 3))
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3)
+    )
 
 
 class CNN(nn.Module):
@@ -49,8 +50,7 @@ def test_layers_left_out_of_the_optimizer_are_named() -> None:
     model = mlp()
     optimizer = torch.optim.Adam([*model[0].parameters(), *model[4].parameters()])
     alert = alerts_of(model, optimizer)["params_not_in_optimizer"]
-    assert (alert.severity, alert.step, alert.subject, alert.layers) == (
-        "warning", 0, "2", ("2",))
+    assert (alert.severity, alert.step, alert.subject, alert.layers) == ("warning", 0, "2", ("2",))
     assert alert.evidence["names"] == "2.weight, 2.bias"
     two_out = alerts_of(model, torch.optim.Adam(model[0].parameters()))
     alert = two_out["params_not_in_optimizer"]
@@ -100,8 +100,9 @@ def test_everything_frozen_but_batch_norm_is_a_warning() -> None:
 
 
 def test_linear_probing_is_reported_as_information() -> None:
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                          nn.Linear(256, 2))
+    model = nn.Sequential(
+        nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)
+    )
     for param in [*model[0].parameters(), *model[2].parameters()]:
         param.requires_grad_(False)
     alert = alerts_of(model, torch.optim.Adam(model[4].parameters()))["mostly_frozen"]
@@ -119,8 +120,13 @@ def test_half_frozen_is_not_mostly_frozen() -> None:
 # --- through a probe: at step 0, then per step -------------------------------------------
 
 
-def train(probe: Any, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int,
-          x: torch.Tensor | None = None) -> None:
+def train(
+    probe: Any,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    x: torch.Tensor | None = None,
+) -> None:
     torch.manual_seed(1)
     for _ in range(steps):
         batch = torch.randn(16, 8) if x is None else x
@@ -139,7 +145,8 @@ def frames_of(probe: Any, collector: FrameCollector) -> list[dict[str, Any]]:
 
 
 def test_the_probe_sends_structural_alerts_at_step_0_and_untouched_layers_per_step(
-        collector: FrameCollector) -> None:
+    collector: FrameCollector,
+) -> None:
     model = mlp()
     optimizer = torch.optim.SGD([*model[0].parameters(), *model[2].parameters()], lr=0.1)
     probe = watch_unthinned(model, optimizer, collector)
@@ -147,15 +154,15 @@ def test_the_probe_sends_structural_alerts_at_step_0_and_untouched_layers_per_st
     frames = frames_of(probe, collector)
     alerts = [f["alert"] for f in frames if f["kind"] == "alert"]
     assert [(a["kind"], a["step"], a["subject"]) for a in alerts] == [
-        ("params_not_in_optimizer", 0, "4")]
+        ("params_not_in_optimizer", 0, "4")
+    ]
     hello = next(f for f in frames if f["kind"] == "hello")
     assert hello["config"]["update_check"] is True
     steps = [f for f in frames if f["kind"] == "step"]
     assert [s.get("not_stepped") for s in steps] == [[2]] * 4  # layer index 2: "4"
 
 
-def test_no_untouched_layer_when_the_optimizer_holds_them_all(
-        collector: FrameCollector) -> None:
+def test_no_untouched_layer_when_the_optimizer_holds_them_all(collector: FrameCollector) -> None:
     model = mlp()
     optimizer = torch.optim.Adam(model.parameters())
     probe = watch_unthinned(model, optimizer, collector)
@@ -185,7 +192,8 @@ class FunctionalRelu(nn.Module):
 
 @pytest.mark.parametrize("dead", [True, False])
 def test_a_dead_functional_relu_shows_in_the_next_layers_input(
-        dead: bool, collector: FrameCollector) -> None:
+    dead: bool, collector: FrameCollector
+) -> None:
     model = FunctionalRelu(dead)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     probe = watch_unthinned(model, optimizer, collector, sample_every=2)
@@ -194,8 +202,7 @@ def test_a_dead_functional_relu_shows_in_the_next_layers_input(
     hello = next(f for f in frames if f["kind"] == "hello")
     names = [a[0] for a in hello["activations"]]
     assert names == ["fc1(input)", "fc2(input)", "out(input)"]
-    assert [a[1:] for a in hello["activations"]] == [["input", None], ["input", 0],
-                                                     ["input", 1]]
+    assert [a[1:] for a in hello["activations"]] == [["input", None], ["input", 0], ["input", 1]]
     steps = {f["step"]: f for f in frames if f["kind"] == "step"}
     fc1_in, fc2_in, out_in = steps[2]["activations"]
     assert fc1_in is None  # the model's own input: data, not counted
@@ -236,8 +243,7 @@ def diagnosed(frames: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
     return [(c.alert.kind, c.alert.subject, c.alert.step) for c in changes if c.raised]
 
 
-def test_thinned_measurements_carry_their_peaks_and_raise_the_same_alerts(
-        socket_path: str) -> None:
+def test_thinned_measurements_carry_their_peaks_and_raise_the_same_alerts(socket_path: str) -> None:
     every = FrameCollector(socket_path)
     try:
         unthinned = exploding_run(every, max_steps_per_s=1e9)

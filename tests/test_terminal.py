@@ -25,8 +25,10 @@ pytestmark = [
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
 ]
 REPO = Path(__file__).resolve().parent.parent
-MODES = "#{pane_dead} #{alternate_on} #{mouse_any_flag} #{mouse_button_flag} " \
-        "#{mouse_standard_flag} #{mouse_sgr_flag}"
+MODES = (
+    "#{pane_dead} #{alternate_on} #{mouse_any_flag} #{mouse_button_flag} "
+    "#{mouse_standard_flag} #{mouse_sgr_flag}"
+)
 
 
 class Tmux:
@@ -38,18 +40,20 @@ class Tmux:
         self.tmux("set-option", "-t", "t", "remain-on-exit", "on")  # read it after death
 
     def tmux(self, *args: str) -> str:
-        done = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
-                              capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["tmux", "-L", self.socket, "-f", "/dev/null", *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return done.stdout
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "t")
 
     def modes(self) -> dict[str, str]:
-        names = ["dead", "alternate", "mouse_any", "mouse_button", "mouse_standard",
-                 "mouse_sgr"]
-        return dict(zip(names, self.tmux("display", "-p", "-t", "t", MODES).split(),
-                        strict=True))
+        names = ["dead", "alternate", "mouse_any", "mouse_button", "mouse_standard", "mouse_sgr"]
+        return dict(zip(names, self.tmux("display", "-p", "-t", "t", MODES).split(), strict=True))
 
     def pid(self) -> int:
         return int(self.tmux("display", "-p", "-t", "t", "#{pane_pid}").strip())
@@ -102,9 +106,9 @@ def command(tmp: str, *args: str) -> str:
 
 
 def test_sigterm_restores_the_terminal_stops_the_trainer_and_removes_the_folder(
-        private_tmp: str) -> None:
-    term = Tmux(command(private_tmp, "demo", "healthy", "--steps", "100000", "--delay",
-                        "0.01"))
+    private_tmp: str,
+) -> None:
+    term = Tmux(command(private_tmp, "demo", "healthy", "--steps", "100000", "--delay", "0.01"))
     trainers: list[int] = []
     try:
         wait_for(lambda: "running" in term.screen(), "the demo never showed a running run")
@@ -118,8 +122,14 @@ def test_sigterm_restores_the_terminal_stops_the_trainer_and_removes_the_folder(
         os.kill(monitor, signal.SIGTERM)
         wait_for(lambda: term.modes()["dead"] == "1", "the monitor did not exit")
         after = term.modes()
-        assert after == {"dead": "1", "alternate": "0", "mouse_any": "0",
-                         "mouse_button": "0", "mouse_standard": "0", "mouse_sgr": "0"}
+        assert after == {
+            "dead": "1",
+            "alternate": "0",
+            "mouse_any": "0",
+            "mouse_button": "0",
+            "mouse_standard": "0",
+            "mouse_sgr": "0",
+        }
         wait_for(lambda: not alive(trainers[0]), "the demo trainer kept running", 10)
         assert not folders[0].exists()
     finally:

@@ -16,17 +16,27 @@ from probes.thinning import Member, Peaks, merge_records, plan, thin_records
 
 Record = dict[str, Any]
 LAYERS = ("enc.0", "enc.1", "head")
-INFO = RunInfo(layers=LAYERS, params=tuple(f"{name}.weight" for name in LAYERS),
-               activations=(("act", "relu"),), activation_layers=(0,),
-               update_check=True)
+INFO = RunInfo(
+    layers=LAYERS,
+    params=tuple(f"{name}.weight" for name in LAYERS),
+    activations=(("act", "relu"),),
+    activation_layers=(0,),
+    update_check=True,
+)
 
 
-def step(n: int, loss: float = 1.0, grads: tuple[float | None, ...] = (1.0, 1.0, 1.0),
-         **fields: Any) -> Record:
-    record: Record = {"kind": "step", "step": n, "scalars": {"loss": loss},
-                      "grad_norms": list(grads),
-                      "grad_norm_total": math.sqrt(sum((g or 0.0) ** 2 for g in grads)),
-                      "duration": 0.01, "lr": [1e-3]}
+def step(
+    n: int, loss: float = 1.0, grads: tuple[float | None, ...] = (1.0, 1.0, 1.0), **fields: Any
+) -> Record:
+    record: Record = {
+        "kind": "step",
+        "step": n,
+        "scalars": {"loss": loss},
+        "grad_norms": list(grads),
+        "grad_norm_total": math.sqrt(sum((g or 0.0) ** 2 for g in grads)),
+        "duration": 0.01,
+        "lr": [1e-3],
+    }
     record.update(fields)
     return record
 
@@ -35,9 +45,11 @@ def step(n: int, loss: float = 1.0, grads: tuple[float | None, ...] = (1.0, 1.0,
 
 
 def test_a_merged_record_keeps_the_peaks_of_its_span() -> None:
-    records = [step(4, loss=2.0, grads=(1.0, 9.0, 1.0), probe_time=0.001),
-               step(5, loss=0.5, grads=(3.0, 1.0, 1.0), probe_time=0.002),
-               step(6, loss=1.0, grads=(1.0, 1.0, 2.0), probe_time=0.001)]
+    records = [
+        step(4, loss=2.0, grads=(1.0, 9.0, 1.0), probe_time=0.001),
+        step(5, loss=0.5, grads=(3.0, 1.0, 1.0), probe_time=0.002),
+        step(6, loss=1.0, grads=(1.0, 1.0, 2.0), probe_time=0.001),
+    ]
     merged = merge_records(records)
     assert merged["step"] == 6 and merged["span"] == [4, 6]
     assert merged["grad_norms"] == [1.0, 1.0, 2.0]  # the step it shows
@@ -51,8 +63,12 @@ def test_a_merged_record_keeps_the_peaks_of_its_span() -> None:
 
 
 def test_the_first_non_finite_step_is_named_and_shown_and_peaks_stay_finite() -> None:
-    records = [step(0, grads=(1.0, 50.0, 1.0)), step(1, loss=math.nan),
-               step(2, grads=(1.0, math.inf, 1.0)), step(3)]
+    records = [
+        step(0, grads=(1.0, 50.0, 1.0)),
+        step(1, loss=math.nan),
+        step(2, grads=(1.0, math.inf, 1.0)),
+        step(3),
+    ]
     merged = merge_records(records)
     assert merged["step"] == 1 and math.isnan(merged["scalars"]["loss"])
     assert merged["first_non_finite_step"] == 1
@@ -88,9 +104,18 @@ def test_peaks_of_merged_records_merge_again() -> None:
 def test_peaks_accumulate_scalars_other_than_the_loss() -> None:
     peaks = Peaks()
     for n, acc in enumerate((0.5, 0.9, 0.7)):
-        peaks.add(step=n, grads=[1.0], total=1.0, scalars={"loss": 1.0, "acc": acc},
-                  non_finite=False, duration=None, probe_time=None, optimizer_step=None,
-                  not_cleared=False, not_stepped=None)
+        peaks.add(
+            step=n,
+            grads=[1.0],
+            total=1.0,
+            scalars={"loss": 1.0, "acc": acc},
+            non_finite=False,
+            duration=None,
+            probe_time=None,
+            optimizer_step=None,
+            not_cleared=False,
+            not_stepped=None,
+        )
     fields = peaks.fields()
     assert fields["scalars_max"]["acc"] == 0.9 and fields["scalars_min"]["acc"] == 0.5
 
@@ -98,10 +123,15 @@ def test_peaks_accumulate_scalars_other_than_the_loss() -> None:
 # --- where a group is cut ----------------------------------------------------------------
 
 
-def member(total: float = 1.0, loss: float = 1.0, *, keep: bool = False,
-           bad: bool = False, grads: tuple[float, ...] = ()) -> Member:
-    return Member.of(non_finite=bad, keep=keep, total=total, scalars={"loss": loss},
-                     grads=grads)
+def member(
+    total: float = 1.0,
+    loss: float = 1.0,
+    *,
+    keep: bool = False,
+    bad: bool = False,
+    grads: tuple[float, ...] = (),
+) -> Member:
+    return Member.of(non_finite=bad, keep=keep, total=total, scalars={"loss": loss}, grads=grads)
 
 
 def test_a_group_ends_at_its_last_sampled_step_and_its_last() -> None:
@@ -113,16 +143,20 @@ def test_an_escalation_is_sent_at_its_own_step() -> None:
     """An explosion doubles step after step: each doubling ends a sub-span, so the step
     a rule crosses its bound is a record's own step."""
     totals = [1.0, 1.1, 0.9, 5.0, 30.0, 200.0, 210.0, 190.0]
-    assert plan([member(t) for t in totals]) == [(0, 2, 2), (3, 3, 3), (4, 4, 4), (5, 5, 5),
-                                                 (6, 7, 7)]
+    assert plan([member(t) for t in totals]) == [
+        (0, 2, 2),
+        (3, 3, 3),
+        (4, 4, 4),
+        (5, 5, 5),
+        (6, 7, 7),
+    ]
     # judged against the group before too: no cut where the previous group was as high
     assert plan([member(t) for t in totals[3:]], reference=(1.0, 300.0)) == [(0, 4, 4)]
     # one layer's norm doubling counts, whatever the total does
     layer = [member(10.0, grads=(g, 10.0)) for g in (0.1, 0.1, 0.2, 0.3, 0.5)]
     assert plan(layer) == [(0, 1, 1), (2, 2, 2), (3, 4, 4)]
     # a loss spike likewise
-    assert plan([member(loss=x) for x in (1.0, 1.2, 9.0, 1.1)]) == [(0, 1, 1), (2, 2, 2),
-                                                                      (3, 3, 3)]
+    assert plan([member(loss=x) for x in (1.0, 1.2, 9.0, 1.1)]) == [(0, 1, 1), (2, 2, 2), (3, 3, 3)]
 
 
 def test_a_non_finite_step_shows_the_rest_of_its_group() -> None:
@@ -148,8 +182,10 @@ def exploding() -> list[Record]:
 
 
 def vanishing() -> list[Record]:
-    return [step(n, grads=(1e-9, 1e-7, 1.0), param_norms=[1.0] * 3 if n % 20 == 0 else None)
-            for n in range(120)]
+    return [
+        step(n, grads=(1e-9, 1e-7, 1.0), param_norms=[1.0] * 3 if n % 20 == 0 else None)
+        for n in range(120)
+    ]
 
 
 def not_cleared() -> list[Record]:
@@ -179,16 +215,21 @@ def flat() -> list[Record]:
 
 
 def dead() -> list[Record]:
-    return [step(n, **({"activations": [1.0], "param_norms": [1.0] * 3} if n % 20 == 0
-                       else {})) for n in range(100)]
+    return [
+        step(n, **({"activations": [1.0], "param_norms": [1.0] * 3} if n % 20 == 0 else {}))
+        for n in range(100)
+    ]
 
 
 def healthy() -> list[Record]:
     rng = random.Random(4)
     records = []
     for n in range(400):
-        record = step(n, loss=0.1 + math.exp(-n / 100) * (1 + 0.05 * rng.random()),
-                      grads=(0.5 + 0.1 * rng.random(), 0.3, 0.2))
+        record = step(
+            n,
+            loss=0.1 + math.exp(-n / 100) * (1 + 0.05 * rng.random()),
+            grads=(0.5 + 0.1 * rng.random(), 0.3, 0.2),
+        )
         if n % 20 == 0:
             record.update(param_norms=[5.0] * 3, update_ratios=[1e-3] * 3, activations=[0.5])
         records.append(record)
@@ -218,7 +259,8 @@ SCENARIOS: dict[str, tuple[Callable[[], list[Record]], str]] = {
 @pytest.mark.parametrize("factor", [7, 50])
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_thinned_and_unthinned_records_raise_the_same_alerts_at_the_same_steps(
-        name: str, factor: int) -> None:
+    name: str, factor: int
+) -> None:
     """The same run at 60 steps/s and at 420 or 3,000 (the sender's budget is 60
     records a second): the same alerts, naming the same layer, within 2 steps (a climb
     slower than the escalation factor per step crosses its bound inside a span)."""
@@ -244,11 +286,21 @@ def test_an_explosion_doubling_each_step_is_raised_at_the_same_step() -> None:
 def test_every_anchor_is_shown_on_its_own_whatever_the_group() -> None:
     """A job's ranks thin at their own pace; their anchor steps (the same on every rank)
     are always cut points, so the cross-rank checks have steps to compare."""
-    members = [Member.of(non_finite=False, keep=i % 20 == 0, total=1.0,
-                         scalars={"loss": 1.0}, anchor=i % 100 == 0) for i in range(300)]
+    members = [
+        Member.of(
+            non_finite=False,
+            keep=i % 20 == 0,
+            total=1.0,
+            scalars={"loss": 1.0},
+            anchor=i % 100 == 0,
+        )
+        for i in range(300)
+    ]
     representatives = [rep for _, _, rep in plan(members)]
     assert {0, 100, 200} <= set(representatives)
     assert 299 in representatives
-    unanchored = [Member.of(non_finite=False, keep=i % 20 == 0, total=1.0,
-                            scalars={"loss": 1.0}) for i in range(300)]
+    unanchored = [
+        Member.of(non_finite=False, keep=i % 20 == 0, total=1.0, scalars={"loss": 1.0})
+        for i in range(300)
+    ]
     assert 100 not in [rep for _, _, rep in plan(unanchored)]  # only the last sampled

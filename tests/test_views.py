@@ -39,8 +39,15 @@ async def test_at_80x24_the_status_line_is_whole_and_alerts_come_before_layers()
         assert len(status) <= 78  # inside its padding: nothing cut
         assert status.startswith("sigmoid-")  # the name gives way first (the run list)
         # the vanishing stack is one incident naming its first layer
-        for field in ("step 79", "100/s", "loss", "disconnected", "alerts 1/1", "drop 0",
-                      "probe 1.2%"):
+        for field in (
+            "step 79",
+            "100/s",
+            "loss",
+            "disconnected",
+            "alerts 1/1",
+            "drop 0",
+            "probe 1.2%",
+        ):
             assert field in status
         chart, table = app.query_one(LossChart), app.query_one(LayerTable)
         await settle(pilot, app, lambda: panel.size.height == 1 + len(panel.entries))
@@ -58,10 +65,13 @@ async def test_the_probe_share_is_hidden_when_records_lack_it() -> None:
 
 
 async def test_status_counts_active_and_raised_and_the_panel_follows_the_checklist() -> None:
-    frames = [*exploding_run(), *(step(i) for i in range(14, 20)),  # the explosion clears
-              probe_alert("leakage", "warning", 18, seq=1),
-              probe_alert("duplicates", "warning", 12, seq=2),
-              probe_alert("broadcast_in_loss", "error", 19, seq=3)]
+    frames = [
+        *exploding_run(),
+        *(step(i) for i in range(14, 20)),  # the explosion clears
+        probe_alert("leakage", "warning", 18, seq=1),
+        probe_alert("duplicates", "warning", 12, seq=2),
+        probe_alert("broadcast_in_loss", "error", 19, seq=3),
+    ]
     app = quiet(make_app(FrameListSource(frames)))
     async with app.run_test(size=(160, 40)) as pilot:
         panel, status = app.query_one(AlertsPanel), app.query_one(StatusLine)
@@ -70,10 +80,12 @@ async def test_status_counts_active_and_raised_and_the_panel_follows_the_checkli
         order = [(e.alert.severity, e.alert.step, e.alert.kind, e.active) for e in panel.entries]
         # active first, along the checklist: data (leakage), the loss contract, then an
         # unknown kind among the update checks; the cleared explosion last
-        assert order == [("warning", 18, "leakage", True),
-                         ("error", 19, "broadcast_in_loss", True),
-                         ("warning", 12, "duplicates", True),
-                         ("error", 11, "exploding_gradient", False)]
+        assert order == [
+            ("warning", 18, "leakage", True),
+            ("error", 19, "broadcast_in_loss", True),
+            ("warning", 12, "duplicates", True),
+            ("error", 11, "exploding_gradient", False),
+        ]
         panel.focus()
         await pilot.press("enter")  # the first line: the first root cause to look at
         await settle(pilot, app, lambda: type(app.screen).__name__ == "AlertDetail")
@@ -106,8 +118,10 @@ async def test_h_toggles_the_heatmap_of_the_whole_run() -> None:
 
 async def test_a_deep_model_heatmap_scrolls() -> None:
     names = [f"block{i}" for i in range(60)]
-    frames = [hello(layers=names), *(step(i, grad_norms=[1.0 + j for j in range(60)],
-                                          layers=60) for i in range(10))]
+    frames = [
+        hello(layers=names),
+        *(step(i, grad_norms=[1.0 + j for j in range(60)], layers=60) for i in range(10)),
+    ]
     app = quiet(make_app(FrameListSource(frames)))
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app, lambda: replay_over(app))
@@ -133,8 +147,7 @@ async def test_m_compares_two_runs_with_losses_overlaid_and_ratios() -> None:
         await settle(pilot, app, lambda: isinstance(app.screen, CompareScreen))
         screen = app.screen
         overlay = screen.query_one(LossOverlay)
-        await settle(pilot, app, lambda: set(overlay.plotted) == {"exploding (fixed)",
-                                                                  "exploding"})
+        await settle(pilot, app, lambda: set(overlay.plotted) == {"exploding (fixed)", "exploding"})
         assert screen.header_text.startswith("ref ● exploding (fixed)")
         table = screen.query_one("#ratios")
         await settle(pilot, app, lambda: table.row_count == 3)
@@ -152,8 +165,9 @@ async def test_m_compares_two_runs_with_losses_overlaid_and_ratios() -> None:
 async def test_replay_of_several_logs_opens_on_their_comparison() -> None:
     from tui.screens.compare import CompareScreen
 
-    app = quiet(make_app(FrameListSource(fixed_and_exploding(10)), mode="replay",
-                         compare_on_start=True))
+    app = quiet(
+        make_app(FrameListSource(fixed_and_exploding(10)), mode="replay", compare_on_start=True)
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app, lambda: isinstance(app.screen, CompareScreen))
         await settle(pilot, app, lambda: "exploding" in app.screen.header_text)
@@ -164,8 +178,7 @@ async def test_m_with_one_run_says_how_to_compare() -> None:
     async with app.run_test() as pilot:
         await settle(pilot, app, lambda: replay_over(app))
         await pilot.press("m")
-        await settle(pilot, app, lambda: any("two runs" in n.message
-                                             for n in app._notifications))
+        await settle(pilot, app, lambda: any("two runs" in n.message for n in app._notifications))
 
 
 def test_the_help_says_what_q_does_in_the_demo_and_outside_it() -> None:

@@ -93,10 +93,16 @@ class TraintopApp(App[int]):
     selected_run: reactive[str | None] = reactive(None, init=False)
     count_prefix: reactive[int] = reactive(0)  # typed digits before a key, e.g. 3a
 
-    def __init__(self, source: FrameSource, *, record_path: str | None = None,
-                 state: MonitorState | None = None,
-                 companion: Callable[[], int | None] | None = None, mode: str = "live",
-                 compare_on_start: bool = False) -> None:
+    def __init__(
+        self,
+        source: FrameSource,
+        *,
+        record_path: str | None = None,
+        state: MonitorState | None = None,
+        companion: Callable[[], int | None] | None = None,
+        mode: str = "live",
+        compare_on_start: bool = False,
+    ) -> None:
         super().__init__()
         self.source = source
         self.mode = mode
@@ -105,8 +111,7 @@ class TraintopApp(App[int]):
         self._heights: dict[str, int] = {}  # rows given to each view, as last set
         self.companion = companion  # the demo trainer's exit status, None while it runs
         self._companion_reported = False
-        self.monitor = Monitor(state, record_path=record_path,
-                               on_events=self._on_monitor_events)
+        self.monitor = Monitor(state, record_path=record_path, on_events=self._on_monitor_events)
         self._drawn_version = -1
         self._status_drawn_at = 0.0
         self._toasted: dict[str, tuple[float, int]] = {}  # topic -> (last toast, held back)
@@ -165,8 +170,11 @@ class TraintopApp(App[int]):
         status = self.companion() if self.companion else None
         if status not in (None, 0) and not self._companion_reported:
             self._companion_reported = True
-            self.notify(f"the demo trainer exited with status {status}; its log is printed "
-                        "when you quit", severity="error", timeout=30)
+            self.notify(
+                f"the demo trainer exited with status {status}; its log is printed when you quit",
+                severity="error",
+                timeout=30,
+            )
 
     @work(exclusive=True, group="source", exit_on_error=False, name="source")
     async def feed(self) -> None:
@@ -189,8 +197,9 @@ class TraintopApp(App[int]):
         if not force and self.state.version == self._drawn_version:
             if now - self._status_drawn_at >= 1.0:  # a silent run ages on screen
                 self._status_drawn_at = now
-                self.query_one(StatusLine).show(self.current_run, self.state,
-                                                self.source.description)
+                self.query_one(StatusLine).show(
+                    self.current_run, self.state, self.source.description
+                )
             return
         self._drawn_version = self.state.version
         self._status_drawn_at = now
@@ -211,15 +220,20 @@ class TraintopApp(App[int]):
         # a table wider than its room has a horizontal scroll bar: one more row
         scroll_bar = int(table.virtual_size.width > table.size.width > 0)
         ranks_rows = self.query_one(RanksPanel).rows_wanted(run, self.state)
-        rows = plan_rows((views.size.height or self.size.height - 2) - ranks_rows,
-                         alerts=len(run.alerts) if run else 0,
-                         layers=(len(run.layers) if run else 0) + scroll_bar,
-                         heatmap=self.heatmap_shown)
+        rows = plan_rows(
+            (views.size.height or self.size.height - 2) - ranks_rows,
+            alerts=len(run.alerts) if run else 0,
+            layers=(len(run.layers) if run else 0) + scroll_bar,
+            heatmap=self.heatmap_shown,
+        )
         heat = self.query_one(GradHeatmapView)
         chart.display = rows.chart > 0
         table.display, heat.display = not self.heatmap_shown, self.heatmap_shown
-        for widget, height in ((chart, rows.chart), (self.query_one(AlertsPanel), rows.alerts),
-                               (heat if self.heatmap_shown else table, rows.layers)):
+        for widget, height in (
+            (chart, rows.chart),
+            (self.query_one(AlertsPanel), rows.alerts),
+            (heat if self.heatmap_shown else table, rows.layers),
+        ):
             if height and self._heights.get(widget.id or "") != height:
                 self._heights[widget.id or ""] = height
                 widget.styles.height = height
@@ -237,39 +251,55 @@ class TraintopApp(App[int]):
         self.notify(f"{event.run.name}: {event.reason}", timeout=4)
 
     def handle_frame_rejected(self, event: FrameRejected) -> None:
-        self._toast("rejected", event.message, title="frame rejected", severity="warning",
-                    timeout=5)
+        self._toast(
+            "rejected", event.message, title="frame rejected", severity="warning", timeout=5
+        )
 
     def handle_ack_received(self, event: AckReceived) -> None:
         if event.run.run_id == self.selected_run:  # (a job's ranks all ack: one toast)
             ack = event.ack
-            self.notify(str(ack.get("result", "")), title=f"{ack.get('command')}",
-                        severity="information" if ack.get("ok") else "warning", timeout=4)
+            self.notify(
+                str(ack.get("result", "")),
+                title=f"{ack.get('command')}",
+                severity="information" if ack.get("ok") else "warning",
+                timeout=4,
+            )
 
     def handle_anomaly_reported(self, event: AnomalyReported) -> None:
         live = not event.report.get("replayed")  # not an old one, sent on connect
-        if (self._shown_or_its_job(event.run) and live
-                and not isinstance(self.screen, AnomalyReportScreen)):
+        if (
+            self._shown_or_its_job(event.run)
+            and live
+            and not isinstance(self.screen, AnomalyReportScreen)
+        ):
             self.push_screen(AnomalyReportScreen(event.report))
 
     def handle_probe_switched_off(self, event: ProbeSwitchedOff) -> None:
-        self.notify(f"{event.run.name}: the probe switched itself off: {event.message}",
-                    severity="error", timeout=10)
+        self.notify(
+            f"{event.run.name}: the probe switched itself off: {event.message}",
+            severity="error",
+            timeout=10,
+        )
 
     def handle_alert_raised(self, event: AlertRaised) -> None:
         if not self._shown_or_its_job(event.run):
             return
         alert = event.alert
-        self._toast("alert", f"{alert.kind} at step {alert.step:,}"
-                    + (f" on {alert.subject}" if alert.subject else ""),
-                    title=alert.severity,
-                    severity="error" if alert.severity == "error" else "warning", timeout=6)
+        self._toast(
+            "alert",
+            f"{alert.kind} at step {alert.step:,}"
+            + (f" on {alert.subject}" if alert.subject else ""),
+            title=alert.severity,
+            severity="error" if alert.severity == "error" else "warning",
+            timeout=6,
+        )
 
     def _shown_or_its_job(self, run: RunState) -> bool:
         """The run the views show, or another rank of its job."""
         shown = self.current_run
-        return shown is not None and (shown.run_id == run.run_id
-                                      or (run.job is not None and shown.job == run.job))
+        return shown is not None and (
+            shown.run_id == run.run_id or (run.job is not None and shown.job == run.job)
+        )
 
     def _toast(self, topic: str, message: str, **options: Any) -> None:
         """A toast, at most one per topic every ``TOAST_GAP_S``: a run raising alerts
@@ -301,8 +331,11 @@ class TraintopApp(App[int]):
     # --- taking the wheel ------------------------------------------------------------
 
     def on_key(self, event: events.Key) -> None:
-        if event.character is not None and event.character.isdigit() and (
-                self.screen is self.screen_stack[0]):
+        if (
+            event.character is not None
+            and event.character.isdigit()
+            and (self.screen is self.screen_stack[0])
+        ):
             self.count_prefix = min(self.count_prefix * 10 + int(event.character), 999)
             event.stop()
 
@@ -341,10 +374,14 @@ class TraintopApp(App[int]):
                 self._command("lr_scale", factor=factor)
 
         lrs = ", ".join(f"{x:.3g}" for x in run.learning_rates) or "?"
-        self.push_screen(Confirm(f"Scale the learning rate of {run.name} by {factor:g}?\n"
-                                 f"Now: {lrs}. The change is marked on the loss chart; a "
-                                 "scheduler in the loop may set it again."),
-                         answered)
+        self.push_screen(
+            Confirm(
+                f"Scale the learning rate of {run.name} by {factor:g}?\n"
+                f"Now: {lrs}. The change is marked on the loss chart; a "
+                "scheduler in the loop may set it again."
+            ),
+            answered,
+        )
 
     def action_view_anomaly(self) -> None:
         run = self.current_run
@@ -366,9 +403,11 @@ class TraintopApp(App[int]):
 
     def action_compare(self) -> None:
         if len(self.state.runs) < 2:
-            self.notify("comparing needs two runs or more: replay several run logs "
-                        "(traintop replay a.ndjson b.ndjson) or connect another run",
-                        severity="warning")
+            self.notify(
+                "comparing needs two runs or more: replay several run logs "
+                "(traintop replay a.ndjson b.ndjson) or connect another run",
+                severity="warning",
+            )
             return
 
         def picked(run_ids: list[str] | None) -> None:
@@ -391,8 +430,14 @@ class TraintopApp(App[int]):
     def _rank0_of_shown_job(self, run: RunState) -> bool:
         """True for rank 0 of the job whose rank is shown: the views start on rank 0."""
         shown = self.current_run
-        return (run.rank == 0 and run.job is not None and shown is not None
-                and shown.job == run.job and shown.rank != 0 and shown.run_id != run.run_id)
+        return (
+            run.rank == 0
+            and run.job is not None
+            and shown is not None
+            and shown.job == run.job
+            and shown.rank != 0
+            and shown.run_id != run.run_id
+        )
 
     def action_next_rank(self) -> None:
         """Show the next rank of the selected run's job (the layer table, the chart)."""
@@ -412,10 +457,22 @@ class TraintopApp(App[int]):
         index = ids.index(self.selected_run) if self.selected_run in ids else -1
         self.selected_run = ids[(index + 1) % len(ids)]
 
-def make_app(source: FrameSource, *, record_path: str | None = None,
-             state: MonitorState | None = None,
-             companion: Callable[[], int | None] | None = None, mode: str = "live",
-             compare_on_start: bool = False) -> TraintopApp:
+
+def make_app(
+    source: FrameSource,
+    *,
+    record_path: str | None = None,
+    state: MonitorState | None = None,
+    companion: Callable[[], int | None] | None = None,
+    mode: str = "live",
+    compare_on_start: bool = False,
+) -> TraintopApp:
     """Build the monitor app around a frame source (injected, so tests need no socket)."""
-    return TraintopApp(source, record_path=record_path, state=state, companion=companion,
-                       mode=mode, compare_on_start=compare_on_start)
+    return TraintopApp(
+        source,
+        record_path=record_path,
+        state=state,
+        companion=companion,
+        mode=mode,
+        compare_on_start=compare_on_start,
+    )

@@ -1,9 +1,9 @@
 """``traintop``: the monitor's command line.
 
-    traintop                      listen and show every run that connects
-    traintop --headless           the same, as lines of text
-    traintop replay FILE [FILE]   show recorded run logs (several: side by side)
-    traintop demo [SCENARIO]      run a bundled failure mode with the monitor attached
+traintop                      listen and show every run that connects
+traintop --headless           the same, as lines of text
+traintop replay FILE [FILE]   show recorded run logs (several: side by side)
+traintop demo [SCENARIO]      run a bundled failure mode with the monitor attached
 """
 
 from __future__ import annotations
@@ -30,22 +30,34 @@ def build_parser() -> argparse.ArgumentParser:
         description="A live, interactive debugger for PyTorch training runs.",
     )
     _add_output_options(parser, suppress=False)
-    parser.add_argument("--address", help="listen here: unix:/path or tcp://HOST:PORT "
-                        "(default: $TRAINTOP_ADDRESS, else a per-user Unix socket)")
-    parser.add_argument("--exit-when-done", action="store_true",
-                        help="headless: exit once every run that connected has finished")
+    parser.add_argument(
+        "--address",
+        help="listen here: unix:/path or tcp://HOST:PORT "
+        "(default: $TRAINTOP_ADDRESS, else a per-user Unix socket)",
+    )
+    parser.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="headless: exit once every run that connected has finished",
+    )
     # The same options after a subcommand: defaults suppressed there, so an option given
     # before the subcommand is not overwritten by the subcommand's default.
     shared = argparse.ArgumentParser(add_help=False)
     _add_output_options(shared, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    replay = commands.add_parser("replay", parents=[shared],
-                                 help="show recorded run logs (several: side by side)")
-    replay.add_argument("files", nargs="+", metavar="FILE",
-                        help="a run log written by --record; with several, the screen "
-                        "opens on their comparison, the first as the reference")
-    demo = commands.add_parser("demo", parents=[shared],
-                               help="run a bundled failure mode, monitored")
+    replay = commands.add_parser(
+        "replay", parents=[shared], help="show recorded run logs (several: side by side)"
+    )
+    replay.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="a run log written by --record; with several, the screen "
+        "opens on their comparison, the first as the reference",
+    )
+    demo = commands.add_parser(
+        "demo", parents=[shared], help="run a bundled failure mode, monitored"
+    )
     demo.add_argument("scenario", nargs="?", default="healthy")
     demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
     demo.add_argument("--steps", type=int, help="train this many steps")
@@ -60,19 +72,40 @@ def _add_output_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
     def default(value: object) -> object:
         return argparse.SUPPRESS if suppress else value
 
-    parser.add_argument("--headless", action="store_true", default=default(False),
-                        help="no screen: a line per run event, alert and summary")
-    parser.add_argument("--record", metavar="FILE", default=default(None),
-                        help="write every received frame to FILE (the run log)")
-    parser.add_argument("--summary-every", type=int, metavar="N", default=default(100),
-                        help="headless: a summary line every N steps (default 100)")
-    parser.add_argument("--fail-on", choices=SEVERITIES, default=default(None),
-                        help="headless: exit with status 3 as soon as an alert this severe "
-                        "(or worse) fires: a smoke test for CI")
-    parser.add_argument("--threshold", action="append", metavar="NAME=VALUE",
-                        default=default(None),
-                        help="change a diagnosis threshold, e.g. exploding_norm=50 "
-                        "(repeatable; names in probes.diagnosis.Thresholds)")
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        default=default(False),
+        help="no screen: a line per run event, alert and summary",
+    )
+    parser.add_argument(
+        "--record",
+        metavar="FILE",
+        default=default(None),
+        help="write every received frame to FILE (the run log)",
+    )
+    parser.add_argument(
+        "--summary-every",
+        type=int,
+        metavar="N",
+        default=default(100),
+        help="headless: a summary line every N steps (default 100)",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=SEVERITIES,
+        default=default(None),
+        help="headless: exit with status 3 as soon as an alert this severe "
+        "(or worse) fires: a smoke test for CI",
+    )
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        metavar="NAME=VALUE",
+        default=default(None),
+        help="change a diagnosis threshold, e.g. exploding_norm=50 "
+        "(repeatable; names in probes.diagnosis.Thresholds)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,9 +138,15 @@ def _monitor(args: argparse.Namespace) -> int:
 
     address = resolve_address(args.address)
     source = ServerSource(address, token=os.environ.get(TOKEN_ENV))
-    return serve(source, headless=args.headless, record=args.record,
-                 summary_every=args.summary_every, exit_when_done=args.exit_when_done,
-                 fail_on=args.fail_on, thresholds=args.thresholds)
+    return serve(
+        source,
+        headless=args.headless,
+        record=args.record,
+        summary_every=args.summary_every,
+        exit_when_done=args.exit_when_done,
+        fail_on=args.fail_on,
+        thresholds=args.thresholds,
+    )
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -118,10 +157,17 @@ def _replay(args: argparse.Namespace) -> int:
         if not os.path.isfile(path):
             raise OSError(f"no run log at {path}")
         check_run_log(path)  # fail now, with one line, if it is not a run log
-    return serve(ReplaySource(*args.files), headless=args.headless, record=None,
-                 summary_every=args.summary_every, exit_when_done=True, fail_on=args.fail_on,
-                 thresholds=args.thresholds, mode="replay",
-                 compare_on_start=len(args.files) > 1)
+    return serve(
+        ReplaySource(*args.files),
+        headless=args.headless,
+        record=None,
+        summary_every=args.summary_every,
+        exit_when_done=True,
+        fail_on=args.fail_on,
+        thresholds=args.thresholds,
+        mode="replay",
+        compare_on_start=len(args.files) > 1,
+    )
 
 
 def parse_thresholds(pairs: list[str]) -> Thresholds:
@@ -137,16 +183,26 @@ def parse_thresholds(pairs: list[str]) -> Thresholds:
         except ValueError:
             raise ValueError(f"--threshold {pair!r}: {value!r} is not a number") from None
         if name.strip() not in valid and name.strip() not in RENAMED:
-            raise ValueError(f"--threshold {pair!r}: no threshold {name.strip()!r}; valid "
-                             f"names: {', '.join(valid)}")
+            raise ValueError(
+                f"--threshold {pair!r}: no threshold {name.strip()!r}; valid "
+                f"names: {', '.join(valid)}"
+            )
     return Thresholds().with_overrides(**overrides)
 
 
-def serve(source: object, *, headless: bool, record: str | None, summary_every: int,
-          exit_when_done: bool, fail_on: str | None = None,
-          thresholds: Thresholds | None = None,
-          companion: Callable[[], int | None] | None = None, mode: str = "live",
-          compare_on_start: bool = False) -> int:
+def serve(
+    source: object,
+    *,
+    headless: bool,
+    record: str | None,
+    summary_every: int,
+    exit_when_done: bool,
+    fail_on: str | None = None,
+    thresholds: Thresholds | None = None,
+    companion: Callable[[], int | None] | None = None,
+    mode: str = "live",
+    compare_on_start: bool = False,
+) -> int:
     """Run the monitor on ``source``: the Textual app, or headless printing.
 
     ``companion`` gives the exit status of a process the monitor was started for (the
@@ -157,14 +213,27 @@ def serve(source: object, *, headless: bool, record: str | None, summary_every: 
     if headless:
         from tui.headless import HeadlessMonitor, run_headless
 
-        monitor = HeadlessMonitor(summary_every=summary_every, record_path=record,
-                                  fail_on=fail_on, state=state)
-        return asyncio.run(run_headless(source, monitor,  # type: ignore[arg-type]
-                                        exit_when_done=exit_when_done, companion=companion))
+        monitor = HeadlessMonitor(
+            summary_every=summary_every, record_path=record, fail_on=fail_on, state=state
+        )
+        return asyncio.run(
+            run_headless(
+                source,
+                monitor,  # type: ignore[arg-type]
+                exit_when_done=exit_when_done,
+                companion=companion,
+            )
+        )
     from tui.app import make_app
 
-    app = make_app(source, record_path=record, state=state,  # type: ignore[arg-type]
-                   companion=companion, mode=mode, compare_on_start=compare_on_start)
+    app = make_app(
+        source,
+        record_path=record,
+        state=state,  # type: ignore[arg-type]
+        companion=companion,
+        mode=mode,
+        compare_on_start=compare_on_start,
+    )
     result = app.run()
     return app.return_code or (result or 0)
 

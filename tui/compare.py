@@ -78,8 +78,9 @@ def layer_ratios(reference: RunState, others: list[RunState]) -> list[LayerRatio
             ratios.append(ratio(value, ref_latest))
             peaks.append(ratio(None if i is None else finite_peak(run, i), ref_peak))
             bad.append(i is not None and went_non_finite(run, i))
-        rows.append(LayerRatio(name, ref_latest, tuple(latest), tuple(ratios), tuple(peaks),
-                               tuple(bad)))
+        rows.append(
+            LayerRatio(name, ref_latest, tuple(latest), tuple(ratios), tuple(peaks), tuple(bad))
+        )
     return rows
 
 

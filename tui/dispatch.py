@@ -15,8 +15,8 @@ from tui.events import MonitorEvent
 
 EVENT_TYPES: tuple[type, ...] = get_args(MonitorEvent)
 HANDLER_NAMES: dict[type, str] = {
-    kind: "handle_" + re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__).lower()
-    for kind in EVENT_TYPES}
+    kind: "handle_" + re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__).lower() for kind in EVENT_TYPES
+}
 
 
 def dispatch(events: Iterable[MonitorEvent], handler: object) -> None:

@@ -69,5 +69,14 @@ class AlertCleared:
     step: int
 
 
-MonitorEvent = (RunConnected | RunDisconnected | FrameRejected | AlertRaised | AlertCleared
-                | AckReceived | AnomalyReported | RunPaused | ProbeSwitchedOff)
+MonitorEvent = (
+    RunConnected
+    | RunDisconnected
+    | FrameRejected
+    | AlertRaised
+    | AlertCleared
+    | AckReceived
+    | AnomalyReported
+    | RunPaused
+    | ProbeSwitchedOff
+)

@@ -75,8 +75,9 @@ def connection_label(run: RunState, now: float | None = None) -> str:
     return f"disconnected ({run.disconnect_reason})" if run.disconnect_reason else "disconnected"
 
 
-def status_fields(run: RunState | None, monitor: MonitorState, listening: str, *,
-                  short: bool = False) -> list[str]:
+def status_fields(
+    run: RunState | None, monitor: MonitorState, listening: str, *, short: bool = False
+) -> list[str]:
     """The status line's fields, most important first; ``short`` abbreviates them for
     a narrow terminal (``75.7/s``, ``alerts 2/3``, ``drop 0``), every one still there."""
     if run is None:
@@ -91,14 +92,17 @@ def status_fields(run: RunState | None, monitor: MonitorState, listening: str, *
     fields = [run.name, f"step {run.last_step:,}", speed, f"loss {number(run.loss)}"]
     if short and run.connected and not run.probe_error:
         quiet = connection_label(run)
-        fields.append(control_label(run) if quiet == "connected"
-                      else quiet.replace("connected, ", ""))
+        fields.append(
+            control_label(run) if quiet == "connected" else quiet.replace("connected, ", "")
+        )
     elif short and not run.connected and not run.ended and not run.probe_error:
         fields.append("disconnected")
     else:
         fields += [connection_label(run), *([control_label(run)] if run.connected else [])]
-    fields += [alerts_label(run, short=short),
-               f"drop {run.dropped:,}" if short else f"dropped {run.dropped:,}"]
+    fields += [
+        alerts_label(run, short=short),
+        f"drop {run.dropped:,}" if short else f"dropped {run.dropped:,}",
+    ]
     share = run.probe_share
     if share is not None:
         fields.append(f"probe {100 * share:.1f}%")
@@ -112,13 +116,17 @@ def status_fields(run: RunState | None, monitor: MonitorState, listening: str, *
 STATUS_SEPARATORS = (" │ ", "│")
 
 
-def fit_status(run: RunState | None, monitor: MonitorState, listening: str,
-               width: int) -> tuple[list[str], str]:
+def fit_status(
+    run: RunState | None, monitor: MonitorState, listening: str, width: int
+) -> tuple[list[str], str]:
     """The status fields and separator that fit ``width`` columns: full, then
     abbreviated, then abbreviated with tight separators (the widget crops what still
     does not fit, from the right, where the least important fields are)."""
-    choices = [(False, STATUS_SEPARATORS[0]), (True, STATUS_SEPARATORS[0]),
-               (True, STATUS_SEPARATORS[1])]
+    choices = [
+        (False, STATUS_SEPARATORS[0]),
+        (True, STATUS_SEPARATORS[0]),
+        (True, STATUS_SEPARATORS[1]),
+    ]
     for short, separator in choices:
         fields = status_fields(run, monitor, listening, short=short)
         if width <= 0 or len(separator.join(fields)) <= width:

@@ -62,8 +62,9 @@ class HeadlessMonitor:
         fail_on: str | None = None,
         state: MonitorState | None = None,
     ) -> None:
-        self.monitor = Monitor(state, record_path=record_path,
-                               on_events=lambda events: dispatch(events, self))
+        self.monitor = Monitor(
+            state, record_path=record_path, on_events=lambda events: dispatch(events, self)
+        )
         self.out = out  # None: whatever sys.stdout is when a line is printed
         self.summary_every = max(1, summary_every)
         self.fail_on = fail_on
@@ -125,20 +126,22 @@ class HeadlessMonitor:
 
     def handle_run_connected(self, event: RunConnected) -> None:
         meta = event.run.meta
-        self._line(f"connected run={event.run.name}{job_words(event.run)} "
-                   f"host={meta.get('host')} id={event.run.run_id} "
-                   f"pid={meta.get('pid')} layers={len(event.run.layers)}")
+        self._line(
+            f"connected run={event.run.name}{job_words(event.run)} "
+            f"host={meta.get('host')} id={event.run.run_id} "
+            f"pid={meta.get('pid')} layers={len(event.run.layers)}"
+        )
         if event.run.control.get("paused"):  # paused before we came: take the wheel
-            self._line(f"PAUSED (when this monitor connected); resuming (headless) "
-                       f"run={event.run.name}")
+            self._line(
+                f"PAUSED (when this monitor connected); resuming (headless) run={event.run.name}"
+            )
             self.send_command(event.run.run_id, "resume")
 
     def handle_run_disconnected(self, event: RunDisconnected) -> None:
         if event.run.alerts:
             self._line(causes_line(event.run))
         self._line(summary_line(event.run))
-        self._line(f"disconnected run={event.run.name}{job_words(event.run)} "
-                   f"reason={event.reason}")
+        self._line(f"disconnected run={event.run.name}{job_words(event.run)} reason={event.reason}")
         if not any(run.connected for run in self.state.runs.values()):
             self.all_done.set()
 
@@ -152,11 +155,14 @@ class HeadlessMonitor:
     def handle_run_paused(self, event: RunPaused) -> None:
         """A headless monitor takes no keys: say why the run paused, and resume it."""
         if self._replaying:
-            self._line(f"(history) PAUSED step={event.step} reason={event.reason!r} "
-                       f"run={event.run.name}")
+            self._line(
+                f"(history) PAUSED step={event.step} reason={event.reason!r} run={event.run.name}"
+            )
             return
-        self._line(f"PAUSED step={event.step} reason={event.reason!r}; resuming (headless) "
-                   f"run={event.run.name}")
+        self._line(
+            f"PAUSED step={event.step} reason={event.reason!r}; resuming (headless) "
+            f"run={event.run.name}"
+        )
         self.send_command(event.run.run_id, "resume")
 
     def handle_probe_switched_off(self, event: ProbeSwitchedOff) -> None:
@@ -167,22 +173,27 @@ class HeadlessMonitor:
 
     def handle_ack_received(self, event: AckReceived) -> None:
         ack = event.ack
-        self._line(f"{self._history_mark()}ACK {ack.get('command')} ok={ack.get('ok')} "
-                   f"step={ack.get('step')} {ack.get('result', '')} run={event.run.name}")
+        self._line(
+            f"{self._history_mark()}ACK {ack.get('command')} ok={ack.get('ok')} "
+            f"step={ack.get('step')} {ack.get('result', '')} run={event.run.name}"
+        )
 
     def handle_alert_cleared(self, event: AlertCleared) -> None:
-        self._line(f"CLEARED {event.alert.kind} step={event.step} "
-                   f"subject={event.alert.subject or '-'} run={event.run.name}")
+        self._line(
+            f"CLEARED {event.alert.kind} step={event.step} "
+            f"subject={event.alert.subject or '-'} run={event.run.name}"
+        )
 
     def _history_mark(self) -> str:
         return "(history) " if self._replaying else ""
 
     def _check_fail_on(self, event: AlertRaised) -> None:
-        if self.fail_on and self.failed_by is None and at_least(event.alert.severity,
-                                                                 self.fail_on):
+        if self.fail_on and self.failed_by is None and at_least(event.alert.severity, self.fail_on):
             self.failed_by = event
-            self._line(f"failing: {event.alert.severity} alert {event.alert.kind} "
-                       f"(--fail-on {self.fail_on})")
+            self._line(
+                f"failing: {event.alert.severity} alert {event.alert.kind} "
+                f"(--fail-on {self.fail_on})"
+            )
             self.all_done.set()
 
     def _line(self, text: str) -> None:
@@ -199,8 +210,7 @@ class HeadlessMonitor:
                     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-async def _companion_gone(companion: Callable[[], int | None],
-                          monitor: HeadlessMonitor) -> None:
+async def _companion_gone(companion: Callable[[], int | None], monitor: HeadlessMonitor) -> None:
     """Return once the companion process has exited and no run of it is connected."""
     while True:
         await asyncio.sleep(0.25)
@@ -236,8 +246,10 @@ def causes_line(run: RunState) -> str:
         others = len(alert.layers) - 1 if alert.subject in alert.layers else 0
         where = (alert.subject or "run") + (f" +{others}" if others > 0 else "")
         folded = f" folded={','.join(alert.folded)}" if alert.folded else ""
-        parts.append(f"{RUNGS.get(alert.rung, '?').split(',')[0].replace(' ', '_')}/"
-                     f"{alert.kind}@{alert.step}({where.replace(' ', '')}){folded}")
+        parts.append(
+            f"{RUNGS.get(alert.rung, '?').split(',')[0].replace(' ', '_')}/"
+            f"{alert.kind}@{alert.step}({where.replace(' ', '')}){folded}"
+        )
     return f"causes run={run.name} in checklist order: " + " ".join(parts)
 
 
@@ -305,8 +317,11 @@ async def run_headless(
         waiting.cancel()
         if listening.is_set():
             monitor._line(source.description)
-    waiters = {feeding, asyncio.create_task(monitor.output_closed.wait()),
-               asyncio.create_task(terminated.wait())}
+    waiters = {
+        feeding,
+        asyncio.create_task(monitor.output_closed.wait()),
+        asyncio.create_task(terminated.wait()),
+    }
     if exit_when_done or monitor.fail_on:
         waiters.add(asyncio.create_task(monitor.all_done.wait()))
     if companion is not None:

@@ -75,8 +75,7 @@ class GradHeatmap:
         first = (self.origin or 0) + column * self.stride
         return first, first + self.stride - 1
 
-    def add(self, step: int, norms: Sequence[float | None],
-            first_step: int | None = None) -> None:
+    def add(self, step: int, norms: Sequence[float | None], first_step: int | None = None) -> None:
         """Take one record's per-layer norms (``None``: no gradient).
 
         A thinned record stands for steps ``first_step..step``: it fills every column
@@ -100,13 +99,11 @@ class GradHeatmap:
         for column in range(first, min(last, newest)):  # a span over older columns
             self.sealed[column] = array("f", map(max, self.sealed[column], values))
         while len(self.sealed) < last:  # columns the record skipped, or spans
-            self.sealed.append(array("f", values) if len(self.sealed) >= first
-                               else self._missing)
+            self.sealed.append(array("f", values) if len(self.sealed) >= first else self._missing)
         if self.newest is None:
             self.newest = values
         else:
-            self.newest = [a if a >= b else b
-                           for a, b in zip(self.newest, values, strict=True)]
+            self.newest = [a if a >= b else b for a, b in zip(self.newest, values, strict=True)]
 
     def row(self, layer: int) -> list[float]:
         """One layer's columns (``MISSING``, ``NON_FINITE`` or a norm)."""
@@ -131,7 +128,7 @@ class GradHeatmap:
         bounds = [i * count // width for i in range(width + 1)]
         cells = []
         for start, end in itertools.pairwise(bounds):
-            group = columns[start:max(end, start + 1)]
+            group = columns[start : max(end, start + 1)]
             cells.append(list(map(max, *group)) if len(group) > 1 else list(group[0]))
         return [list(row) for row in zip(*cells, strict=True)]
 
@@ -145,8 +142,12 @@ class GradHeatmap:
         columns = self._all_columns()
         self.newest = None
         self.stride *= 2
-        self.sealed = [array("f", map(max, *columns[i:i + 2])) if i + 1 < len(columns)
-                       else array("f", columns[i]) for i in range(0, len(columns), 2)]
+        self.sealed = [
+            array("f", map(max, *columns[i : i + 2]))
+            if i + 1 < len(columns)
+            else array("f", columns[i])
+            for i in range(0, len(columns), 2)
+        ]
 
 
 def _stored(norms: Sequence[float | None]) -> list[float]:

@@ -25,12 +25,22 @@ from probes.diagnosis.ranks import JobChecks
 from probes.diagnosis.views import StepView
 from tui.run import AlertEntry, RunState
 
-CROSS_RANK_KINDS = frozenset({"rank_outlier", "grads_not_synced", "replicas_diverged",
-                              "rank_stalled"})
+CROSS_RANK_KINDS = frozenset(
+    {"rank_outlier", "grads_not_synced", "replicas_diverged", "rank_stalled"}
+)
 #: What the per-layer rules raise (``probes.diagnosis.diagnoser.LAYER_RULES``).
-SHARED_KINDS = frozenset({"exploding_gradient", "vanishing_gradient", "none_gradients",
-                          "dead_activations", "saturated_activations", "grad_not_cleared",
-                          "updates_not_applied", "update_ratio"})
+SHARED_KINDS = frozenset(
+    {
+        "exploding_gradient",
+        "vanishing_gradient",
+        "none_gradients",
+        "dead_activations",
+        "saturated_activations",
+        "grad_not_cleared",
+        "updates_not_applied",
+        "update_ratio",
+    }
+)
 JOIN_STEPS = 5  # the same alert on two ranks this close is one alert
 HOLD_S = 2.0  # a rank's alert waits at most this long for the others to report its step
 
@@ -38,10 +48,21 @@ HOLD_S = 2.0  # a rank's alert waits at most this long for the others to report 
 # the (all-reduced) gradients explode and the loss spike everywhere; drifting replicas
 # make the ranks' losses and gradients differ.
 JOB_CONSEQUENCES: dict[str, frozenset[str]] = {
-    "rank_outlier": frozenset({"exploding_gradient", "non_finite", "loss_spike", "flat_loss",
-                               "overfitting_signal", "update_ratio", "guard_skipped_update",
-                               "skipped_updates", "vanishing_gradient", "dead_activations",
-                               "saturated_activations"}),
+    "rank_outlier": frozenset(
+        {
+            "exploding_gradient",
+            "non_finite",
+            "loss_spike",
+            "flat_loss",
+            "overfitting_signal",
+            "update_ratio",
+            "guard_skipped_update",
+            "skipped_updates",
+            "vanishing_gradient",
+            "dead_activations",
+            "saturated_activations",
+        }
+    ),
     "grads_not_synced": frozenset({"replicas_diverged", "loss_spike"}),
     "replicas_diverged": frozenset({"loss_spike"}),
 }
@@ -83,8 +104,9 @@ class JobState:
         """A rank said hello (again)."""
         self.ranks[run.rank] = run.run_id
         if self.checks is None:
-            self.checks = JobChecks(tuple(run.layers), str(run.meta.get("sync") or "unknown"),
-                                    self.thresholds)
+            self.checks = JobChecks(
+                tuple(run.layers), str(run.meta.get("sync") or "unknown"), self.thresholds
+            )
 
     def rank_runs(self, runs: dict[str, RunState]) -> Iterator[RunState]:
         """The job's runs, by rank."""
@@ -95,63 +117,79 @@ class JobState:
 
     # --- records and alerts --------------------------------------------------------------
 
-    def observe_step(self, run: RunState, view: StepView,
-                     runs: dict[str, RunState]) -> list[tuple[RunState, Alert]]:
+    def observe_step(
+        self, run: RunState, view: StepView, runs: dict[str, RunState]
+    ) -> list[tuple[RunState, Alert]]:
         """A rank's step record (as its diagnosis read it): the job incidents it newly
         shows (cross-rank checks), each with the run of the rank it names (else this)."""
         if self.checks is None:
             return []
-        return [(self._named_run(incident, runs) or run, self._incident(incident))
-                for incident in self.checks.observe(run.rank, view)]
+        return [
+            (self._named_run(incident, runs) or run, self._incident(incident))
+            for incident in self.checks.observe(run.rank, view)
+        ]
 
     def hold(self, run: RunState, alerts: list[Alert]) -> None:
         """A rank's own alerts wait until every connected rank has reported their step."""
         now = time.monotonic()
         self._held += [(run.rank, alert, now) for alert in alerts]
 
-    def rank_gone(self, run: RunState, clean: bool,
-                  runs: dict[str, RunState]) -> list[tuple[RunState, Alert]]:
+    def rank_gone(
+        self, run: RunState, clean: bool, runs: dict[str, RunState]
+    ) -> list[tuple[RunState, Alert]]:
         """A rank's connection ended: without a clean end while other ranks are still
         there, it stalled the job (once per job)."""
-        others = {r.rank: r.last_step for r in self.rank_runs(runs)
-                  if r.connected and r.rank != run.rank}
+        others = {
+            r.rank: r.last_step for r in self.rank_runs(runs) if r.connected and r.rank != run.rank
+        }
         if clean or self.checks is None:
             return []
         reason = run.end_reason or run.disconnect_reason or "connection lost"
-        incident = self.checks.stalled(run.rank, last_step=run.last_step, reason=reason,
-                                       others=others)
+        incident = self.checks.stalled(
+            run.rank, last_step=run.last_step, reason=reason, others=others
+        )
         return [] if incident is None else [(run, self._incident(incident))]
 
-    def quiet_ranks(self, runs: dict[str, RunState],
-                    now: float) -> list[tuple[RunState, Alert]]:
+    def quiet_ranks(self, runs: dict[str, RunState], now: float) -> list[tuple[RunState, Alert]]:
         """A rank quiet for ``rank_stall_s`` while another went on past it has stalled."""
         live = [r for r in self.rank_runs(runs) if r.connected]
         if self.checks is None or len(live) < 2:
             return []
         for run in live:
             quiet = now - run.last_frame_at
-            ahead = {r.rank: r.last_step for r in live
-                     if r.rank != run.rank and r.last_step > run.last_step
-                     and now - r.last_frame_at < quiet}
+            ahead = {
+                r.rank: r.last_step
+                for r in live
+                if r.rank != run.rank
+                and r.last_step > run.last_step
+                and now - r.last_frame_at < quiet
+            }
             if quiet > self.thresholds.rank_stall_s and ahead:
-                incident = self.checks.stalled(run.rank, last_step=run.last_step,
-                                               reason=f"quiet for {quiet:.0f} s", others=ahead)
+                incident = self.checks.stalled(
+                    run.rank,
+                    last_step=run.last_step,
+                    reason=f"quiet for {quiet:.0f} s",
+                    others=ahead,
+                )
                 if incident is not None:
                     return [(run, self._incident(incident))]
         return []
 
-    def release(self, runs: dict[str, RunState], now: float, *, force: bool = False
-                ) -> tuple[list[tuple[RunState, Alert]], list[tuple[int, Alert]]]:
+    def release(
+        self, runs: dict[str, RunState], now: float, *, force: bool = False
+    ) -> tuple[list[tuple[RunState, Alert]], list[tuple[int, Alert]]]:
         """The held alerts whose step every connected rank has reported (or that waited
         ``HOLD_S``, or all with ``force``): those to raise, each naming the ranks that
         raised it, and those folded under a job incident (rank, alert). An alert
         another rank raised already is joined to it, neither raised nor folded."""
         if not self._held:  # nearly every record: nothing waits
             return [], []
-        complete = min((r.last_step for r in self.rank_runs(runs) if r.connected),
-                       default=None)
-        ready = [h for h in self._held if force or complete is None or h[1].step <= complete
-                 or now - h[2] > HOLD_S]
+        complete = min((r.last_step for r in self.rank_runs(runs) if r.connected), default=None)
+        ready = [
+            h
+            for h in self._held
+            if force or complete is None or h[1].step <= complete or now - h[2] > HOLD_S
+        ]
         if not ready:
             return [], []
         self._held = [h for h in self._held if h not in ready]
@@ -163,12 +201,16 @@ class JobState:
                 continue
             if self._join(alert, rank):
                 continue
-            same = {r for r, a, _ in ready
-                    if a.key == alert.key and abs(a.step - alert.step) <= JOIN_STEPS}
+            same = {
+                r
+                for r, a, _ in ready
+                if a.key == alert.key and abs(a.step - alert.step) <= JOIN_STEPS
+            }
             if self._shared(alert):  # rank 0 speaks for the all-reduced gradients
                 same = set(self.ranks)
-            labelled = replace(alert, ranks=tuple(sorted(same | {rank})),
-                               world_size=self.world_size)
+            labelled = replace(
+                alert, ranks=tuple(sorted(same | {rank})), world_size=self.world_size
+            )
             self._surfaced.append((labelled, rank))
             run = runs.get(self.ranks.get(rank, ""))
             if run is not None:
@@ -184,11 +226,11 @@ class JobState:
         """Fold ``alert`` under the job incident it is a consequence of, if any."""
         for index, incident in enumerate(self.incidents):
             if alert.kind in JOB_CONSEQUENCES.get(incident.kind, ()) and (
-                    alert.step >= incident.step - JOIN_STEPS):
+                alert.step >= incident.step - JOIN_STEPS
+            ):
                 name = f"{alert.kind}@{alert.step}"
                 if name not in incident.folded:
-                    self.incidents[index] = self.entries[index].alert = (
-                        incident.with_folded(name))
+                    self.incidents[index] = self.entries[index].alert = incident.with_folded(name)
                 return True
         return False
 
@@ -206,8 +248,7 @@ class JobState:
     def _shared(self, alert: Alert) -> bool:
         """Under DDP the per-layer rules run on rank 0 alone (every rank holds the same
         gradients and weights): what they find holds for all ranks."""
-        return (self.checks is not None and self.checks.sync == "ddp"
-                and alert.kind in SHARED_KINDS)
+        return self.checks is not None and self.checks.sync == "ddp" and alert.kind in SHARED_KINDS
 
     @staticmethod
     def is_incident(alert: Alert) -> bool:
@@ -232,9 +273,21 @@ class JobState:
         """Per rank: host, step, loss, speed, lag behind the furthest rank, records."""
         members = list(self.rank_runs(runs))
         furthest = max((r.last_step for r in members), default=0)
-        return [RankSummary(r.rank, r.run_id, str(r.meta.get("host", "?")), r.last_step,
-                            r.loss, r.steps_per_s, furthest - r.last_step, r.step_records,
-                            r.connected, now - r.last_frame_at) for r in members]
+        return [
+            RankSummary(
+                r.rank,
+                r.run_id,
+                str(r.meta.get("host", "?")),
+                r.last_step,
+                r.loss,
+                r.steps_per_s,
+                furthest - r.last_step,
+                r.step_records,
+                r.connected,
+                now - r.last_frame_at,
+            )
+            for r in members
+        ]
 
     def loss_spread(self, runs: dict[str, RunState]) -> tuple[float, float] | None:
         """The ranks' latest losses: their median and (max - min)."""

@@ -32,8 +32,10 @@ def run_demo(args: argparse.Namespace) -> int:
         print(listing())
         return 0
     if args.scenario not in SCENARIOS:
-        print(f"traintop: unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}",
-              file=sys.stderr)
+        print(
+            f"traintop: unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}",
+            file=sys.stderr,
+        )
         return 2
     folder = tempfile.mkdtemp(prefix="traintop-demo-")  # mode 0700
     address = Address("unix", path=os.path.join(folder, "monitor.sock"))
@@ -43,10 +45,17 @@ def run_demo(args: argparse.Namespace) -> int:
         from tui.cli import serve
         from tui.sources import ServerSource
 
-        status = serve(ServerSource(address), headless=args.headless, record=args.record,
-                       summary_every=args.summary_every, exit_when_done=args.headless,
-                       fail_on=args.fail_on, thresholds=args.thresholds,
-                       companion=trainer.poll, mode="demo")
+        status = serve(
+            ServerSource(address),
+            headless=args.headless,
+            record=args.record,
+            summary_every=args.summary_every,
+            exit_when_done=args.headless,
+            fail_on=args.fail_on,
+            thresholds=args.thresholds,
+            companion=trainer.poll,
+            mode="demo",
+        )
     finally:
         # A second signal must not cut the clean-up short (the trainer left running,
         # the folder left behind): held off while it runs, a second or so.
@@ -74,8 +83,14 @@ def _start_trainer(args: argparse.Namespace, address: Address, log_path: str) ->
         command.append("--fixed")
     env = {**os.environ, ADDRESS_ENV: str(address), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
-        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def _stop(trainer: subprocess.Popen) -> int | None:

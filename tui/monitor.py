@@ -47,8 +47,7 @@ class Monitor:
             self.frame_rejected(conn, f"bad {frame.get('kind')} frame: {exc}")
             return
         except Exception as exc:  # a value no check foresaw: reject it, keep the run
-            self.frame_rejected(conn, f"bad {frame.get('kind')} frame: {type(exc).__name__}: "
-                                      f"{exc}")
+            self.frame_rejected(conn, f"bad {frame.get('kind')} frame: {type(exc).__name__}: {exc}")
             return
         self._record(frame)
         if frame["kind"] == "hello":

@@ -58,7 +58,8 @@ class RunState:
     # The latest records' per-layer grad norms, one list per record (one append a record,
     # not one per layer: the monitor takes thousands of records a second).
     grad_records: deque[list[float | None]] = field(
-        default_factory=lambda: deque(maxlen=SPARK_HISTORY))
+        default_factory=lambda: deque(maxlen=SPARK_HISTORY)
+    )
     param_norms: list[float | None] = field(default_factory=list)
     update_ratios: list[float | None] = field(default_factory=list)
     learning_rates: list[float] = field(default_factory=list)
@@ -77,12 +78,16 @@ class RunState:
     _identity: tuple[str | None, int, int] = (None, 0, 1)  # job, rank, world size (hello)
     # (probe_time, duration) of recent step records that carry the probe's own time
     _probe_cost: deque[tuple[float, float]] = field(
-        default_factory=lambda: deque(maxlen=PROBE_COST_WINDOW))
+        default_factory=lambda: deque(maxlen=PROBE_COST_WINDOW)
+    )
 
     def grad_history(self, layer: int) -> list[float]:
         """A layer's latest gradient norms (for its sparkline), oldest first."""
-        return [norms[layer] for norms in self.grad_records
-                if layer < len(norms) and norms[layer] is not None]  # type: ignore[misc]
+        return [
+            norms[layer]
+            for norms in self.grad_records
+            if layer < len(norms) and norms[layer] is not None
+        ]  # type: ignore[misc]
 
     @property
     def job(self) -> str | None:
@@ -150,17 +155,25 @@ class RunState:
                 status[name] = "none_grad"
             elif grad is not None and not math.isfinite(grad):
                 status[name] = "non_finite"
-        feeding = {str(a[0]): self.layers[int(a[2])] for a in self.meta.get("activations", [])
-                   if len(a) > 2 and a[2] is not None and 0 <= int(a[2]) < len(self.layers)}
+        feeding = {
+            str(a[0]): self.layers[int(a[2])]
+            for a in self.meta.get("activations", [])
+            if len(a) > 2 and a[2] is not None and 0 <= int(a[2]) < len(self.layers)
+        }
         rank = {"dead": 0, "none_grad": 1, "vanishing": 2, "exploding": 3, "non_finite": 4}
         for alert in self.active_alerts:
-            kind = {"vanishing_gradient": "vanishing", "exploding_gradient": "exploding",
-                    "dead_activations": "dead", "saturated_activations": "dead"}.get(alert.kind)
+            kind = {
+                "vanishing_gradient": "vanishing",
+                "exploding_gradient": "exploding",
+                "dead_activations": "dead",
+                "saturated_activations": "dead",
+            }.get(alert.kind)
             if not kind:
                 continue
             # an incident names every layer it concerns (a dead ReLU: the layer feeding it)
-            layers = alert.layers or (feeding.get(alert.subject, alert.subject)
-                                      if kind == "dead" else alert.subject,)
+            layers = alert.layers or (
+                feeding.get(alert.subject, alert.subject) if kind == "dead" else alert.subject,
+            )
             for layer in layers:
                 if layer in self.layers and rank[kind] > rank.get(status.get(layer, ""), -1):
                     status[layer] = kind
@@ -170,8 +183,11 @@ class RunState:
         self.meta = {k: v for k, v in frame.items() if k not in ("v", "kind", "token")}
         world = max(_int(frame.get("world_size"), 1), 1)
         job = frame.get("job")
-        self._identity = (str(job) if job and world > 1 else None,
-                          _int(frame.get("rank"), 0), world)
+        self._identity = (
+            str(job) if job and world > 1 else None,
+            _int(frame.get("rank"), 0),
+            world,
+        )
         self.name = str(frame.get("name", self.run_id))
         layers = [str(name) for name in frame.get("layers", [])]
         if layers != self.layers:
@@ -233,8 +249,11 @@ class RunState:
 
     def diagnose(self, view: StepView | EvalView) -> list[AlertChange]:
         """Run the diagnosis rules on a step or eval record; keep what they raise."""
-        changes = (self.diagnoser.observe_step(view) if isinstance(view, StepView)
-                   else self.diagnoser.observe_eval(view))
+        changes = (
+            self.diagnoser.observe_step(view)
+            if isinstance(view, StepView)
+            else self.diagnoser.observe_eval(view)
+        )
         return self._keep(changes, view.step)
 
     def finish_diagnosis(self) -> list[AlertChange]:
@@ -263,8 +282,7 @@ class RunState:
             if key in seen:
                 continue
             seen.add(key)
-            source = self.diagnoser.probe_alerts if entry.from_probe else (
-                self.diagnoser.incidents)
+            source = self.diagnoser.probe_alerts if entry.from_probe else (self.diagnoser.incidents)
             latest = source.get(entry.alert.key)
             if latest is not None and latest.step == entry.alert.step:
                 entry.alert = latest

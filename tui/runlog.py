@@ -83,8 +83,11 @@ def check_run_log(path: str) -> None:
     except VersionMismatch as exc:
         raise ValueError(f"{path}: {exc}") from None
     except FrameError:
-        raise ValueError(f"{path} is not a run log: its first line is not a traintop frame "
-                         "(traintop --record FILE writes one)") from None
+        raise ValueError(
+            f"{path} is not a run log: its first line is not a traintop frame "
+            "(traintop --record FILE writes one)"
+        ) from None
     if frame["kind"] != "hello":
-        raise ValueError(f"{path} is not a run log: it opens with a {frame['kind']} frame, "
-                         "not a run's hello")
+        raise ValueError(
+            f"{path} is not a run log: it opens with a {frame['kind']} frame, not a run's hello"
+        )

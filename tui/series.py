@@ -73,16 +73,21 @@ class BucketedSeries:
         while len(folded) > self.capacity // 2:
             self.stride *= 2
             folded = _pairs(folded)
-        tail = list(zip(self.xs, self.last, self.low, self.high, self.counts,
-                        strict=True))[-exact:]
+        tail = list(zip(self.xs, self.last, self.low, self.high, self.counts, strict=True))[-exact:]
         self.xs, self.last, self.low, self.high, self.counts = _columns(folded + tail)
 
     def _regroup(self, end: int, stride: int) -> list[Bucket]:
         """Buckets ``[0, end)`` regrouped into buckets of ``stride`` points (the last
         group may hold fewer)."""
         groups: list[Bucket] = []
-        for bucket in zip(self.xs[:end], self.last[:end], self.low[:end], self.high[:end],
-                          self.counts[:end], strict=True):
+        for bucket in zip(
+            self.xs[:end],
+            self.last[:end],
+            self.low[:end],
+            self.high[:end],
+            self.counts[:end],
+            strict=True,
+        ):
             if groups and groups[-1][4] < stride:
                 groups[-1] = _join(groups[-1], bucket)
             else:
@@ -94,8 +99,13 @@ Bucket = tuple[float, float, float, float, int]  # last x, last y, low, high, co
 
 
 def _join(older: Bucket, newer: Bucket) -> Bucket:
-    return (newer[0], newer[1], _merge(older[2], newer[2], min),
-            _merge(older[3], newer[3], max), older[4] + newer[4])
+    return (
+        newer[0],
+        newer[1],
+        _merge(older[2], newer[2], min),
+        _merge(older[3], newer[3], max),
+        older[4] + newer[4],
+    )
 
 
 def _pairs(buckets: list[Bucket]) -> list[Bucket]:
@@ -105,8 +115,9 @@ def _pairs(buckets: list[Bucket]) -> list[Bucket]:
     return out
 
 
-def _columns(buckets: list[Bucket]) -> tuple[list[float], list[float], list[float],
-                                             list[float], list[int]]:
+def _columns(
+    buckets: list[Bucket],
+) -> tuple[list[float], list[float], list[float], list[float], list[int]]:
     xs, last, low, high, counts = [], [], [], [], []
     for x, y, lo, hi, count in buckets:
         xs.append(x)

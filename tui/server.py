@@ -174,8 +174,9 @@ class MonitorServer:
             if not data:
                 return greeted, "connection closed by the run"
             for item in frames.feed(data):
-                if isinstance(item, VersionMismatch) or (isinstance(item, FrameError)
-                                                         and not greeted):
+                if isinstance(item, VersionMismatch) or (
+                    isinstance(item, FrameError) and not greeted
+                ):
                     self.sink.frame_rejected(conn, str(item))
                     conn.refuse(str(item))
                     return greeted, f"refused: {item}"

@@ -65,8 +65,11 @@ class MonitorState:
         if kind == "step":
             view = StepView.from_record(frame)  # parsed once, for the state and diagnosis
             if not run.apply_step(view):
-                return [self.reject(run.name, f"step {frame['step']} is not after step "
-                                              f"{run.last_step}: dropped")]
+                return [
+                    self.reject(
+                        run.name, f"step {frame['step']} is not after step {run.last_step}: dropped"
+                    )
+                ]
             changes = run.diagnose(view)
             return self._job_incidents(run) + self._alert_events(run, changes)
         if kind == "eval":
@@ -99,25 +102,31 @@ class MonitorState:
             return []
         run.events.append(frame)
         if name == "paused":
-            return [RunPaused(run, int(frame.get("step", run.last_step)),
-                              str(frame.get("reason", "")))]
+            return [
+                RunPaused(run, int(frame.get("step", run.last_step)), str(frame.get("reason", "")))
+            ]
         if name == "probe_error":
             run.probe_error = str(frame.get("message", "unknown error"))
             return [ProbeSwitchedOff(run, run.probe_error)]
         return []
 
-    def _alert_events(self, run: RunState, changes: list[AlertChange], *,
-                      force: bool = False) -> list[MonitorEvent]:
+    def _alert_events(
+        self, run: RunState, changes: list[AlertChange], *, force: bool = False
+    ) -> list[MonitorEvent]:
         """The events of a run's alerts raised or cleared; a rank's go through its job
         (held until every rank has reported their step, joined, folded)."""
         job = self.jobs.get(run.job) if run.job else None
         if job is None:
-            return [AlertRaised(run, c.alert) if c.raised
-                    else AlertCleared(run, c.alert, run.last_step) for c in changes]
+            return [
+                AlertRaised(run, c.alert) if c.raised else AlertCleared(run, c.alert, run.last_step)
+                for c in changes
+            ]
         job.hold(run, [c.alert for c in changes if c.raised])
-        events: list[MonitorEvent] = [AlertCleared(run, c.alert, run.last_step)
-                                      for c in changes if not c.raised
-                                      and job.raised_by(run.rank, c.alert.key)]
+        events: list[MonitorEvent] = [
+            AlertCleared(run, c.alert, run.last_step)
+            for c in changes
+            if not c.raised and job.raised_by(run.rank, c.alert.key)
+        ]
         return events + self._release(job, force=force)
 
     def _release(self, job: JobState, *, force: bool = False) -> list[MonitorEvent]:
@@ -126,8 +135,9 @@ class MonitorState:
             run = self.runs.get(job.ranks.get(rank, ""))
             for entry in run.alerts if run is not None else ():
                 if entry.alert.key == alert.key and entry.alert.step == alert.step:
-                    entry.folded_under = next((i.kind for i in job.incidents
-                                               if alert.kind in _folds(i)), "job")
+                    entry.folded_under = next(
+                        (i.kind for i in job.incidents if alert.kind in _folds(i)), "job"
+                    )
         return [AlertRaised(run, alert) for run, alert in raised]
 
     def _job_incidents(self, run: RunState) -> list[MonitorEvent]:
@@ -165,8 +175,10 @@ class MonitorState:
         now = time.monotonic() if now is None else now
         events: list[MonitorEvent] = []
         for job in self.jobs.values():
-            events += [self._share_incident(job, run, alert)
-                       for run, alert in job.quiet_ranks(self.runs, now)]
+            events += [
+                self._share_incident(job, run, alert)
+                for run, alert in job.quiet_ranks(self.runs, now)
+            ]
             events += self._release(job)
         if events:
             self.version += 1
@@ -186,8 +198,10 @@ class MonitorState:
         job = self.jobs.get(run.job) if run.job else None
         if job is not None:
             clean = run.ended and run.end_reason == "closed"
-            events += [self._share_incident(job, run, alert)
-                       for run, alert in job.rank_gone(run, clean, self.runs)]
+            events += [
+                self._share_incident(job, run, alert)
+                for run, alert in job.rank_gone(run, clean, self.runs)
+            ]
         return [*events, RunDisconnected(run, run.disconnect_reason)]
 
     def _forget_old_runs(self) -> None:
@@ -226,8 +240,9 @@ class MonitorState:
     def _hello(self, conn_id: int, frame: Frame) -> list[MonitorEvent]:
         run_id = str(frame.get("run") or f"conn-{conn_id}")
         seen_before = run_id in self.runs
-        run = self.runs.get(run_id) or RunState(run_id, diagnoser=Diagnoser(
-            thresholds=self.thresholds))
+        run = self.runs.get(run_id) or RunState(
+            run_id, diagnoser=Diagnoser(thresholds=self.thresholds)
+        )
         self.runs[run_id] = run
         self._conn_runs[conn_id] = run_id
         run.apply_hello(frame)
@@ -235,8 +250,9 @@ class MonitorState:
         if run.job is not None:
             job = self.jobs.get(run.job)
             if job is None:
-                job = self.jobs[run.job] = JobState(run.job, run.name, run.world_size,
-                                                    self.thresholds)
+                job = self.jobs[run.job] = JobState(
+                    run.job, run.name, run.world_size, self.thresholds
+                )
             job.add_rank(run)
         return [RunConnected(run, replayed=seen_before)]
 

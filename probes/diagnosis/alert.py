@@ -74,10 +74,16 @@ class Alert:
         return replace(self, folded=(*self.folded, consequence))
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"kind": self.kind, "severity": self.severity, "step": self.step,
-                "subject": self.subject, "evidence": dict(self.evidence),
-                "signal": self.signal, "experiments": list(self.experiments),
-                "per_subject": self.per_subject}
+        data = {
+            "kind": self.kind,
+            "severity": self.severity,
+            "step": self.step,
+            "subject": self.subject,
+            "evidence": dict(self.evidence),
+            "signal": self.signal,
+            "experiments": list(self.experiments),
+            "per_subject": self.per_subject,
+        }
         if self.layers:
             data["layers"] = list(self.layers)
         if self.folded:

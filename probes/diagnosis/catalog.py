@@ -42,203 +42,367 @@ _DEAD = (
 
 CATALOG: dict[str, Entry] = {
     # --- 2. shapes, values and the loss contract ---------------------------------------
-    "non_finite": Entry(2, (
-        "A NaN or Inf reached the run's numbers: from here on updates are garbage. It says "
-        "where it was first seen, not which operation produced it."), (
-        "Run one step under anomaly mode (detect_anomaly) to find the op that made it.",
-        "Lower the learning rate alone (e.g. 10x) and rerun from the last good checkpoint.",
-        "Check the inputs and targets of the failing batch for NaN/Inf or extreme values.")),
+    "non_finite": Entry(
+        2,
+        (
+            "A NaN or Inf reached the run's numbers: from here on updates are garbage. It says "
+            "where it was first seen, not which operation produced it."
+        ),
+        (
+            "Run one step under anomaly mode (detect_anomaly) to find the op that made it.",
+            "Lower the learning rate alone (e.g. 10x) and rerun from the last good checkpoint.",
+            "Check the inputs and targets of the failing batch for NaN/Inf or extreme values.",
+        ),
+    ),
     # --- 3. the tiny-batch test ----------------------------------------------------------
-    "flat_loss": Entry(3, (
-        "The training loss has not come down from where it started: the model is not "
-        "learning. It does not say whether the wiring, the optimisation or the data is "
-        "at fault."), (
-        "Overfit a tiny batch (a few examples) with regularisers off (probes.overfit_batch).",
-        "Check that gradients reach every layer, then change the learning rate alone (10x "
-        "up and 10x down).",
-        "Check labels, shapes and the loss contract on one batch (probes.check_batch).")),
+    "flat_loss": Entry(
+        3,
+        (
+            "The training loss has not come down from where it started: the model is not "
+            "learning. It does not say whether the wiring, the optimisation or the data is "
+            "at fault."
+        ),
+        (
+            "Overfit a tiny batch (a few examples) with regularisers off (probes.overfit_batch).",
+            "Check that gradients reach every layer, then change the learning rate alone (10x "
+            "up and 10x down).",
+            "Check labels, shapes and the loss contract on one batch (probes.check_batch).",
+        ),
+    ),
     # --- 4. the gradient path -------------------------------------------------------------
-    "exploding_gradient": Entry(4, (
-        "Gradient norms are blowing up: the update path is unstable. It does not say why: "
-        "learning rate, initialisation, data scale or architecture."), (
-        "Lower the learning rate alone by 10x; nothing else changes.",
-        "Keep the learning rate and clip at a norm near the healthy values (log the "
-        "unclipped norm with probes.clip_grad_norm_).",
-        "Check the scale of inputs and targets of the batches where it began.")),
-    "vanishing_gradient": Entry(4, (
-        "These layers barely receive gradient, so they barely learn (typical of the early "
-        "layers of a deep sigmoid or tanh stack). It does not prove they are useless or "
-        "that the model cannot fit."), (
-        "Swap the saturating activation for ReLU/GELU alone, same depth and optimizer.",
-        "Add normalisation (LayerNorm/BatchNorm) or residual connections, nothing else.",
-        "Re-initialise with a variance-preserving scheme (Xavier for tanh, Kaiming for "
-        "ReLU).")),
-    "none_gradients": Entry(4, (
-        "These trainable parameters get no gradient: an unused module, a detached branch, "
-        "or gradients cleared between backward() and step(). It does not prove a bug if "
-        "the module is meant to be idle."), (
-        "Freeze the parameters (requires_grad=False) if they are meant to be idle; nothing "
-        "else.",
-        "Look for .detach(), .item() or torch.no_grad() on the path from these modules to "
-        "the loss, and for zero_grad() between backward() and step().",
-        "Check that the module is called in forward (a branch behind a condition?).")),
-    "dead_activations": Entry(4, (
-        "Most outputs of this ReLU (or most inputs of this layer) are exactly zero: those "
-        "units pass no gradient and no longer learn. It does not prove the layer is "
-        "useless: it may be sparse by design (a one-hot input looks the same)."), _DEAD),
-    "saturated_activations": Entry(4, (
-        "Most outputs of this activation sit at its flat ends, where the gradient is near "
-        "zero. It does not prove the layer cannot learn, only that it learns slowly now."), (
-        "Normalise the inputs of this layer (scale, LayerNorm) alone.",
-        "Swap the activation for ReLU/GELU in this layer only.",
-        "Re-initialise with smaller weights (Xavier) and compare the fraction.")),
+    "exploding_gradient": Entry(
+        4,
+        (
+            "Gradient norms are blowing up: the update path is unstable. It does not say why: "
+            "learning rate, initialisation, data scale or architecture."
+        ),
+        (
+            "Lower the learning rate alone by 10x; nothing else changes.",
+            "Keep the learning rate and clip at a norm near the healthy values (log the "
+            "unclipped norm with probes.clip_grad_norm_).",
+            "Check the scale of inputs and targets of the batches where it began.",
+        ),
+    ),
+    "vanishing_gradient": Entry(
+        4,
+        (
+            "These layers barely receive gradient, so they barely learn (typical of the early "
+            "layers of a deep sigmoid or tanh stack). It does not prove they are useless or "
+            "that the model cannot fit."
+        ),
+        (
+            "Swap the saturating activation for ReLU/GELU alone, same depth and optimizer.",
+            "Add normalisation (LayerNorm/BatchNorm) or residual connections, nothing else.",
+            "Re-initialise with a variance-preserving scheme (Xavier for tanh, Kaiming for ReLU).",
+        ),
+    ),
+    "none_gradients": Entry(
+        4,
+        (
+            "These trainable parameters get no gradient: an unused module, a detached branch, "
+            "or gradients cleared between backward() and step(). It does not prove a bug if "
+            "the module is meant to be idle."
+        ),
+        (
+            "Freeze the parameters (requires_grad=False) if they are meant to be idle; nothing "
+            "else.",
+            "Look for .detach(), .item() or torch.no_grad() on the path from these modules to "
+            "the loss, and for zero_grad() between backward() and step().",
+            "Check that the module is called in forward (a branch behind a condition?).",
+        ),
+    ),
+    "dead_activations": Entry(
+        4,
+        (
+            "Most outputs of this ReLU (or most inputs of this layer) are exactly zero: those "
+            "units pass no gradient and no longer learn. It does not prove the layer is "
+            "useless: it may be sparse by design (a one-hot input looks the same)."
+        ),
+        _DEAD,
+    ),
+    "saturated_activations": Entry(
+        4,
+        (
+            "Most outputs of this activation sit at its flat ends, where the gradient is near "
+            "zero. It does not prove the layer cannot learn, only that it learns slowly now."
+        ),
+        (
+            "Normalise the inputs of this layer (scale, LayerNorm) alone.",
+            "Swap the activation for ReLU/GELU in this layer only.",
+            "Re-initialise with smaller weights (Xavier) and compare the fraction.",
+        ),
+    ),
     "guard_skipped_update": Entry(4),
     # --- 5. the update ----------------------------------------------------------------------
-    "params_not_in_optimizer": Entry(5, (
-        "These trainable parameters are in no param group of the optimizer: backward gives "
-        "them gradients but optimizer.step() never changes them. It does not prove a bug "
-        "if another optimizer trains them."), (
-        "Build the optimizer from model.parameters() (or add the missing ones with "
-        "optimizer.add_param_group) after every layer exists; nothing else.",
-        "If a layer was replaced after the optimizer was built, build the optimizer again.",
-        "If they are meant to stay fixed, freeze them (requires_grad=False).")),
-    "optimizer_not_for_model": Entry(5, (
-        "The optimizer holds parameters that are not this model's (a copy made after the "
-        "optimizer was built, or another model's): optimizer.step() updates them, and this "
-        "model's weights never change."), (
-        "Build the optimizer from the model you train, after any copy, load or wrap.",
-        "Check that probes.watch gets the model the loop calls and the optimizer it steps.",
-        "Compare a weight before and after one optimizer.step().")),
-    "mostly_frozen": Entry(5, (
-        "Most of the model is frozen (requires_grad=False): only the listed layers can "
-        "learn. Intended for linear probing or fine-tuning a head; a bug when only "
-        "normalisation layers or biases are left to train."), (
-        "Unfreeze the layers that should learn (requires_grad_(True)) and rebuild the "
-        "optimizer; nothing else.",
-        "If freezing is intended, check the loss still falls with what trains.",
-        "Print the parameters with requires_grad True before building the optimizer.")),
-    "updates_not_applied": Entry(5, (
-        "These layers' gradients are non-zero, yet optimizer.step() leaves their weights "
-        "unchanged (a learning rate of 0, a scheduler stuck at its first value, or "
-        "parameters the optimizer does not hold)."), (
-        "Print the learning rates after a few steps: a warmup that starts at 0 needs "
-        "scheduler.step().",
-        "Check the param groups hold these layers' parameters (not a copy's).",
-        "Compare a weight before and after one optimizer.step().")),
-    "grad_not_cleared": Entry(5, (
-        "Gradients from earlier steps are still there when the next backward adds to them: "
-        "every update uses a growing sum. Intended only with declared gradient "
-        "accumulation."), (
-        "Call optimizer.zero_grad(set_to_none=True) once per step, before backward.",
-        "If you accumulate on purpose, declare it: probes.watch(..., grad_accumulation=True).",
-        "Compare the gradient norms of two consecutive steps on the same batch: they "
-        "should match, not double.")),
-    "update_ratio": Entry(5, (
-        "Updates are far out of proportion to the weights: too large suggests the learning "
-        "rate is too high, too small that it is too low or that the layer is frozen. A rule "
-        "of thumb, not a law: some layers differ."), (
-        "Change the learning rate alone toward the band (x0.1 if too high, x10 if too low).",
-        "Check that this layer's parameters are in the optimizer's param groups.",
-        "Compare with a per-layer learning rate for this layer only.")),
-    "skipped_updates": Entry(5, (
-        "The optimizer has not stepped for a while because every gradient is non-finite: a "
-        "GradScaler skipping each update while its loss scale keeps falling. A few skips "
-        "are normal under AMP; a streak means the gradients are non-finite at any scale."), (
-        "Run one step under anomaly mode (a) to find the op that makes the gradient "
-        "non-finite.",
-        "Compute the loss in float32 (outside autocast) and check scaler.get_scale().",
-        "Check the inputs and targets of these batches for NaN/Inf or extreme values.")),
-    "no_updates": Entry(5, (
-        "optimizer.step() has not run for many steps while the gradients are finite: the "
-        "weights are not changing, whatever the loss does. It does not say whether the "
-        "call is missing or skipped on purpose."), (
-        "Check that optimizer.step() runs every step (not behind a condition or after the "
-        "loop).",
-        "If you accumulate gradients over more steps on purpose, raise no_update_steps.",
-        "Check that the optimizer holds this model's parameters (not a copy's).")),
-    "loss_spike": Entry(5, (
-        "The loss jumped far above its recent level (and by a visible part of where it "
-        "started): a bad batch, an outlier or the start of instability. One spike is not "
-        "divergence."), (
-        "Inspect the batch of that step: inputs, labels, any extreme values.",
-        "Rerun the same steps with a lower learning rate alone.",
-        "Rerun with a different data order (seed) alone: does the spike follow the batch?")),
+    "params_not_in_optimizer": Entry(
+        5,
+        (
+            "These trainable parameters are in no param group of the optimizer: backward gives "
+            "them gradients but optimizer.step() never changes them. It does not prove a bug "
+            "if another optimizer trains them."
+        ),
+        (
+            "Build the optimizer from model.parameters() (or add the missing ones with "
+            "optimizer.add_param_group) after every layer exists; nothing else.",
+            "If a layer was replaced after the optimizer was built, build the optimizer again.",
+            "If they are meant to stay fixed, freeze them (requires_grad=False).",
+        ),
+    ),
+    "optimizer_not_for_model": Entry(
+        5,
+        (
+            "The optimizer holds parameters that are not this model's (a copy made after the "
+            "optimizer was built, or another model's): optimizer.step() updates them, and this "
+            "model's weights never change."
+        ),
+        (
+            "Build the optimizer from the model you train, after any copy, load or wrap.",
+            "Check that probes.watch gets the model the loop calls and the optimizer it steps.",
+            "Compare a weight before and after one optimizer.step().",
+        ),
+    ),
+    "mostly_frozen": Entry(
+        5,
+        (
+            "Most of the model is frozen (requires_grad=False): only the listed layers can "
+            "learn. Intended for linear probing or fine-tuning a head; a bug when only "
+            "normalisation layers or biases are left to train."
+        ),
+        (
+            "Unfreeze the layers that should learn (requires_grad_(True)) and rebuild the "
+            "optimizer; nothing else.",
+            "If freezing is intended, check the loss still falls with what trains.",
+            "Print the parameters with requires_grad True before building the optimizer.",
+        ),
+    ),
+    "updates_not_applied": Entry(
+        5,
+        (
+            "These layers' gradients are non-zero, yet optimizer.step() leaves their weights "
+            "unchanged (a learning rate of 0, a scheduler stuck at its first value, or "
+            "parameters the optimizer does not hold)."
+        ),
+        (
+            "Print the learning rates after a few steps: a warmup that starts at 0 needs "
+            "scheduler.step().",
+            "Check the param groups hold these layers' parameters (not a copy's).",
+            "Compare a weight before and after one optimizer.step().",
+        ),
+    ),
+    "grad_not_cleared": Entry(
+        5,
+        (
+            "Gradients from earlier steps are still there when the next backward adds to them: "
+            "every update uses a growing sum. Intended only with declared gradient "
+            "accumulation."
+        ),
+        (
+            "Call optimizer.zero_grad(set_to_none=True) once per step, before backward.",
+            "If you accumulate on purpose, declare it: probes.watch(..., grad_accumulation=True).",
+            "Compare the gradient norms of two consecutive steps on the same batch: they "
+            "should match, not double.",
+        ),
+    ),
+    "update_ratio": Entry(
+        5,
+        (
+            "Updates are far out of proportion to the weights: too large suggests the learning "
+            "rate is too high, too small that it is too low or that the layer is frozen. A rule "
+            "of thumb, not a law: some layers differ."
+        ),
+        (
+            "Change the learning rate alone toward the band (x0.1 if too high, x10 if too low).",
+            "Check that this layer's parameters are in the optimizer's param groups.",
+            "Compare with a per-layer learning rate for this layer only.",
+        ),
+    ),
+    "skipped_updates": Entry(
+        5,
+        (
+            "The optimizer has not stepped for a while because every gradient is non-finite: a "
+            "GradScaler skipping each update while its loss scale keeps falling. A few skips "
+            "are normal under AMP; a streak means the gradients are non-finite at any scale."
+        ),
+        (
+            "Run one step under anomaly mode (a) to find the op that makes the gradient "
+            "non-finite.",
+            "Compute the loss in float32 (outside autocast) and check scaler.get_scale().",
+            "Check the inputs and targets of these batches for NaN/Inf or extreme values.",
+        ),
+    ),
+    "no_updates": Entry(
+        5,
+        (
+            "optimizer.step() has not run for many steps while the gradients are finite: the "
+            "weights are not changing, whatever the loss does. It does not say whether the "
+            "call is missing or skipped on purpose."
+        ),
+        (
+            "Check that optimizer.step() runs every step (not behind a condition or after the "
+            "loop).",
+            "If you accumulate gradients over more steps on purpose, raise no_update_steps.",
+            "Check that the optimizer holds this model's parameters (not a copy's).",
+        ),
+    ),
+    "loss_spike": Entry(
+        5,
+        (
+            "The loss jumped far above its recent level (and by a visible part of where it "
+            "started): a bad batch, an outlier or the start of instability. One spike is not "
+            "divergence."
+        ),
+        (
+            "Inspect the batch of that step: inputs, labels, any extreme values.",
+            "Rerun the same steps with a lower learning rate alone.",
+            "Rerun with a different data order (seed) alone: does the spike follow the batch?",
+        ),
+    ),
     "lr_experiment_undone": Entry(5),
     # --- 6. evaluation ------------------------------------------------------------------------
-    "eval_in_train_mode": Entry(6, (
-        "Validation ran with model.training True: dropout and batch norm behave as in "
-        "training, so the validation numbers are not the model's. It does not say the "
-        "training itself is wrong."), (
-        "Call model.eval() before validation and model.train() after; nothing else.",
-        "Re-run the same validation both ways and compare the loss.",
-        "Check every forward in the eval loop, helpers included, for mode.")),
-    "eval_with_grad": Entry(6, (
-        "Validation recorded gradients (no torch.inference_mode / no_grad): it costs memory "
-        "and time and can leak graph references. It does not change the numbers; eval mode "
-        "is a separate switch."), (
-        "Wrap validation in torch.inference_mode(); nothing else.",
-        "Compare peak memory of one validation pass with and without it.",
-        "Check that no validation tensor is kept across steps (a growing graph).")),
-    "overfitting_signal": Entry(6, (
-        "Training loss falls while validation loss rises: a signal of overfitting, not "
-        "proof of its cause (leakage, a shifted validation set or a changed learning rate "
-        "look the same, and a small validation set is noisy)."), (
-        "Add one regulariser (weight decay or dropout) and rerun; nothing else changes.",
-        "Train on more (or augmented) data with the same model and schedule.",
-        "Check the validation split for shift or leakage against training (check_split).")),
+    "eval_in_train_mode": Entry(
+        6,
+        (
+            "Validation ran with model.training True: dropout and batch norm behave as in "
+            "training, so the validation numbers are not the model's. It does not say the "
+            "training itself is wrong."
+        ),
+        (
+            "Call model.eval() before validation and model.train() after; nothing else.",
+            "Re-run the same validation both ways and compare the loss.",
+            "Check every forward in the eval loop, helpers included, for mode.",
+        ),
+    ),
+    "eval_with_grad": Entry(
+        6,
+        (
+            "Validation recorded gradients (no torch.inference_mode / no_grad): it costs memory "
+            "and time and can leak graph references. It does not change the numbers; eval mode "
+            "is a separate switch."
+        ),
+        (
+            "Wrap validation in torch.inference_mode(); nothing else.",
+            "Compare peak memory of one validation pass with and without it.",
+            "Check that no validation tensor is kept across steps (a growing graph).",
+        ),
+    ),
+    "overfitting_signal": Entry(
+        6,
+        (
+            "Training loss falls while validation loss rises: a signal of overfitting, not "
+            "proof of its cause (leakage, a shifted validation set or a changed learning rate "
+            "look the same, and a small validation set is noisy)."
+        ),
+        (
+            "Add one regulariser (weight decay or dropout) and rerun; nothing else changes.",
+            "Train on more (or augmented) data with the same model and schedule.",
+            "Check the validation split for shift or leakage against training (check_split).",
+        ),
+    ),
     # --- across the ranks of a job (cross-rank checks in the monitor) ---------------------
-    "rank_outlier": Entry(1, (
-        "One rank's numbers (its loss, or a non-finite value) stand far from every other "
-        "rank's at the same step, while the others are fine: that rank's data shard or its "
-        "host is the first suspect. It does not prove which of the two."), (
-        "Inspect that rank's batch at this step (its shard, its data loader's worker).",
-        "Rerun with that rank's shard given to another rank (or another host) alone.",
-        "Check that host's hardware and drivers (memory errors, a different library).")),
-    "grads_not_synced": Entry(4, (
-        "Under DistributedDataParallel every rank must hold the same gradient after the "
-        "all-reduce; here the ranks disagree at the same step, so some backward skipped "
-        "the all-reduce (a forward through the inner module, no_sync left on). It does "
-        "not say which rank is right."), (
-        "Call the DDP-wrapped model in every forward, never model.module, outside "
-        "deliberate no_sync() accumulation.",
-        "Check that no_sync() is exited before the backward that must synchronise.",
-        "Compare the ranks' gradient norms at one step with find_unused_parameters on.")),
-    "replicas_diverged": Entry(5, (
-        "The ranks' copies of the model no longer agree at the same step: they trained "
-        "apart (unsynchronised gradients, different learning rates, a rank that skipped "
-        "an update). Every rank's own loss may still look fine. It does not say which "
-        "copy is right."), (
-        "Find the step where they parted (grads_not_synced names it, if the gradients "
-        "did) and the code path taken there.",
-        "Check that every rank builds the same optimizer and scheduler and steps both.",
-        "Broadcast rank 0's weights (or restart from a checkpoint) and watch them stay "
-        "equal.")),
-    "rank_stalled": Entry(7, (
-        "One rank stopped sending (it died, or hangs) while the others went on or now "
-        "wait for it in a collective. It says which rank went quiet first, not why."), (
-        "Look at that rank's process: its exit status, its last output, py-spy dump.",
-        "Check its host (memory, disk, network) and the collective timeout in effect.",
-        "Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL to see which collective waits.")),
+    "rank_outlier": Entry(
+        1,
+        (
+            "One rank's numbers (its loss, or a non-finite value) stand far from every other "
+            "rank's at the same step, while the others are fine: that rank's data shard or its "
+            "host is the first suspect. It does not prove which of the two."
+        ),
+        (
+            "Inspect that rank's batch at this step (its shard, its data loader's worker).",
+            "Rerun with that rank's shard given to another rank (or another host) alone.",
+            "Check that host's hardware and drivers (memory errors, a different library).",
+        ),
+    ),
+    "grads_not_synced": Entry(
+        4,
+        (
+            "Under DistributedDataParallel every rank must hold the same gradient after the "
+            "all-reduce; here the ranks disagree at the same step, so some backward skipped "
+            "the all-reduce (a forward through the inner module, no_sync left on). It does "
+            "not say which rank is right."
+        ),
+        (
+            "Call the DDP-wrapped model in every forward, never model.module, outside "
+            "deliberate no_sync() accumulation.",
+            "Check that no_sync() is exited before the backward that must synchronise.",
+            "Compare the ranks' gradient norms at one step with find_unused_parameters on.",
+        ),
+    ),
+    "replicas_diverged": Entry(
+        5,
+        (
+            "The ranks' copies of the model no longer agree at the same step: they trained "
+            "apart (unsynchronised gradients, different learning rates, a rank that skipped "
+            "an update). Every rank's own loss may still look fine. It does not say which "
+            "copy is right."
+        ),
+        (
+            "Find the step where they parted (grads_not_synced names it, if the gradients "
+            "did) and the code path taken there.",
+            "Check that every rank builds the same optimizer and scheduler and steps both.",
+            "Broadcast rank 0's weights (or restart from a checkpoint) and watch them stay equal.",
+        ),
+    ),
+    "rank_stalled": Entry(
+        7,
+        (
+            "One rank stopped sending (it died, or hangs) while the others went on or now "
+            "wait for it in a collective. It says which rank went quiet first, not why."
+        ),
+        (
+            "Look at that rank's process: its exit status, its last output, py-spy dump.",
+            "Check its host (memory, disk, network) and the collective timeout in effect.",
+            "Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL to see which collective waits.",
+        ),
+    ),
     # --- 7. the probe ---------------------------------------------------------------------------
-    "probe_overhead": Entry(7, (
-        "The probe's own work takes a visible share of each step's time. It does not "
-        "change the numbers it reports, only how fast the run goes."), (
-        "Measure one step in N: probes.watch(..., every=N).",
-        "Take the costlier statistics less often: probes.watch(..., sample_every=N).",
-        "Compare the steps/s with and without the probe on the same loop.")),
+    "probe_overhead": Entry(
+        7,
+        (
+            "The probe's own work takes a visible share of each step's time. It does not "
+            "change the numbers it reports, only how fast the run goes."
+        ),
+        (
+            "Measure one step in N: probes.watch(..., every=N).",
+            "Take the costlier statistics less often: probes.watch(..., sample_every=N).",
+            "Compare the steps/s with and without the probe on the same loop.",
+        ),
+    ),
 }
 
 # Kinds the training side's checks raise (their alerts carry their own message and fix).
 CHECK_RUNGS: dict[str, int] = {
-    **dict.fromkeys(("duplicate_rows", "duplicates_across_splits", "entity_overlap",
-                     "time_leak", "missing_values", "target_shift", "leakage",
-                     "preprocessing_mismatch"), 1),
-    **dict.fromkeys(("output_not_tensor", "device_mismatch", "probabilities_into_logit_loss",
-                     "logits_into_nll_loss", "float_targets_for_classification",
-                     "target_out_of_range", "bce_given_logits",
-                     "bce_with_logits_given_probabilities", "broadcast_in_loss",
-                     "shape_mismatch", "loss_error", "non_finite_loss", "loss_not_scalar",
-                     "sum_reduction"), 2),
+    **dict.fromkeys(
+        (
+            "duplicate_rows",
+            "duplicates_across_splits",
+            "entity_overlap",
+            "time_leak",
+            "missing_values",
+            "target_shift",
+            "leakage",
+            "preprocessing_mismatch",
+        ),
+        1,
+    ),
+    **dict.fromkeys(
+        (
+            "output_not_tensor",
+            "device_mismatch",
+            "probabilities_into_logit_loss",
+            "logits_into_nll_loss",
+            "float_targets_for_classification",
+            "target_out_of_range",
+            "bce_given_logits",
+            "bce_with_logits_given_probabilities",
+            "broadcast_in_loss",
+            "shape_mismatch",
+            "loss_error",
+            "non_finite_loss",
+            "loss_not_scalar",
+            "sum_reduction",
+        ),
+        2,
+    ),
     "cannot_overfit": 3,
 }
 

@@ -37,14 +37,34 @@ Record = Mapping[str, Any]
 # Along the checklist; when several alerts rise on one record, they are reported in
 # checklist order (and the growth that led to a non-finite value before it).
 #: Rules over the per-layer gradients and updates (the others read losses and records).
-LAYER_RULES: frozenset[type[Rule]] = frozenset({
-    ExplodingGradient, VanishingGradient, NoneGradients, Activations, GradNotCleared,
-    UpdatesNotApplied, UpdateRatio})
+LAYER_RULES: frozenset[type[Rule]] = frozenset(
+    {
+        ExplodingGradient,
+        VanishingGradient,
+        NoneGradients,
+        Activations,
+        GradNotCleared,
+        UpdatesNotApplied,
+        UpdateRatio,
+    }
+)
 
 RULES: tuple[type[Rule], ...] = (
-    NonFinite, FlatLoss, ExplodingGradient, VanishingGradient, NoneGradients, Activations,
-    GradNotCleared, UpdatesNotApplied, UpdateRatio, SkippedUpdates, NoUpdates, LossSpike,
-    EvalMode, OverfittingSignal, ProbeOverhead,
+    NonFinite,
+    FlatLoss,
+    ExplodingGradient,
+    VanishingGradient,
+    NoneGradients,
+    Activations,
+    GradNotCleared,
+    UpdatesNotApplied,
+    UpdateRatio,
+    SkippedUpdates,
+    NoUpdates,
+    LossSpike,
+    EvalMode,
+    OverfittingSignal,
+    ProbeOverhead,
 )
 
 
@@ -64,13 +84,13 @@ class Diagnoser:
                 print(("RAISED " if change.raised else "cleared ") + change.alert.line())
     """
 
-    def __init__(self, info: RunInfo | None = None,
-                 thresholds: Thresholds | None = None) -> None:
+    def __init__(self, info: RunInfo | None = None, thresholds: Thresholds | None = None) -> None:
         self.thresholds = thresholds or Thresholds()
         self.history = RecentPast(info or RunInfo())
         layer_rules = self.history.info.layer_rules
-        self.rules = [rule(self.thresholds) for rule in RULES
-                      if layer_rules or rule not in LAYER_RULES]
+        self.rules = [
+            rule(self.thresholds) for rule in RULES if layer_rules or rule not in LAYER_RULES
+        ]
         self.last_view: StepView | None = None  # the latest step record, as read
         self.active: dict[str, Alert] = {}  # raised and holding, by key
         self.raised_count: dict[str, int] = {}
@@ -120,8 +140,9 @@ class Diagnoser:
     def finish(self) -> list[AlertChange]:
         """The run ended: raise the consequences still waiting for a cause."""
         changes = []
-        for key, alert in sorted(self._pending.items(),
-                                 key=lambda kv: (depth(kv[1].kind), kv[1].rung)):
+        for key, alert in sorted(
+            self._pending.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)
+        ):
             del self._pending[key]
             cause = cause_for(alert, self._live_causes())
             if cause is not None:
@@ -141,8 +162,7 @@ class Diagnoser:
         what has been absent ``clear_after`` steps."""
         current = {a.key: a for findings in self._findings.values() for a in findings}
         raised: list[AlertChange] = []
-        for key, alert in sorted(current.items(), key=lambda kv: (depth(kv[1].kind),
-                                                                  kv[1].rung)):
+        for key, alert in sorted(current.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)):
             self._absent_since.pop(key, None)
             if key in self.active:
                 self._refresh(key, alert)
@@ -155,8 +175,11 @@ class Diagnoser:
                 self._pending.pop(key, None)
                 continue
             waiting = self._pending.get(key)
-            if waiting is None and alert.kind in WAIT_FOR_CAUSE and (
-                    self.thresholds.consequence_grace_steps > 0):
+            if (
+                waiting is None
+                and alert.kind in WAIT_FOR_CAUSE
+                and (self.thresholds.consequence_grace_steps > 0)
+            ):
                 self._pending[key] = alert
                 continue
             if waiting is not None:
@@ -171,8 +194,9 @@ class Diagnoser:
         (even when their condition has passed: a spike is an event)."""
         changes = []
         grace = self.thresholds.consequence_grace_steps
-        for key, alert in sorted(self._pending.items(),
-                                 key=lambda kv: (depth(kv[1].kind), kv[1].rung)):
+        for key, alert in sorted(
+            self._pending.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)
+        ):
             cause = cause_for(alert, self._live_causes())
             if cause is not None:
                 del self._pending[key]
@@ -210,8 +234,11 @@ class Diagnoser:
         were ever raised."""
         live = {a.kind: a for a in self.active.values()}
         for kind, alert in self._causes.items():
-            if kind in STICKY or self._roots.get(kind) in self.active or any(
-                    key.split(":")[0] == kind for key in self.folded):
+            if (
+                kind in STICKY
+                or self._roots.get(kind) in self.active
+                or any(key.split(":")[0] == kind for key in self.folded)
+            ):
                 live.setdefault(kind, alert)
         live.update({a.kind: a for a in self.probe_alerts.values()})
         return live
@@ -225,8 +252,7 @@ class Diagnoser:
         name = folded_name(alert)
         for table in (self.incidents, self.active, self.probe_alerts):
             root = table.get(root_key)
-            if root is not None and not any(f.split("@")[0] == alert.kind
-                                            for f in root.folded):
+            if root is not None and not any(f.split("@")[0] == alert.kind for f in root.folded):
                 table[root_key] = root.with_folded(name)
         self.revision += 1
 

@@ -20,15 +20,27 @@ class EvalMode(Rule):
         findings = []
         if view.train_mode_forwards:
             sensitive = history.info.mode_sensitive
-            findings.append(self.alert(
-                view.step, "", {"forwards_in_train_mode": view.train_mode_forwards,
-                                "forwards": view.forwards,
-                                "dropout_or_batchnorm_modules": sensitive},
-                severity="error" if sensitive else "warning"))
+            findings.append(
+                self.alert(
+                    view.step,
+                    "",
+                    {
+                        "forwards_in_train_mode": view.train_mode_forwards,
+                        "forwards": view.forwards,
+                        "dropout_or_batchnorm_modules": sensitive,
+                    },
+                    severity="error" if sensitive else "warning",
+                )
+            )
         if view.grad_forwards:
-            findings.append(self.alert(
-                view.step, "", {"forwards_with_grad": view.grad_forwards,
-                                "forwards": view.forwards}, kind="eval_with_grad"))
+            findings.append(
+                self.alert(
+                    view.step,
+                    "",
+                    {"forwards_with_grad": view.grad_forwards, "forwards": view.forwards},
+                    kind="eval_with_grad",
+                )
+            )
         return findings
 
 
@@ -43,7 +55,8 @@ class OverfittingSignal(Rule):
 
     def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
         self._train_at.setdefault(
-            view.step, history.smoothed_loss(view.step, self.t.smoothing_steps))
+            view.step, history.smoothed_loss(view.step, self.t.smoothing_steps)
+        )
         if len(self._train_at) > 2 * (history.evals.maxlen or 256):  # keep what evals keep
             kept = {e.step for e in history.evals}
             self._train_at = {k: v for k, v in self._train_at.items() if k in kept}
@@ -61,21 +74,31 @@ class OverfittingSignal(Rule):
             return []
         if train_now > train_then * (1 - self.t.overfit_train_drop):
             return []
-        return [self.alert(latest.step, "", {
-            "val_loss": latest.loss, "best_val_loss": best.loss, "best_at_step": best.step,
-            "train_loss_then": train_then, "train_loss_now": train_now})]
+        return [
+            self.alert(
+                latest.step,
+                "",
+                {
+                    "val_loss": latest.loss,
+                    "best_val_loss": best.loss,
+                    "best_at_step": best.step,
+                    "train_loss_then": train_then,
+                    "train_loss_now": train_now,
+                },
+            )
+        ]
 
     def _validation_rose(self, evals: list[EvalView], best: EvalView) -> bool:
         """The latest evals rose above the best: by ``overfit_val_rise`` on the last
         ``overfit_rising_evals`` evals in a row, or by ``overfit_val_jump`` at once. One
         noisy eval (a small validation set) is not a rise."""
         assert best.loss is not None
-        after = evals[evals.index(best) + 1:]
+        after = evals[evals.index(best) + 1 :]
         latest = after[-1].loss
         assert latest is not None
         if latest > best.loss * (1 + self.t.overfit_val_jump):
             return True
-        last = after[-self.t.overfit_rising_evals:]
+        last = after[-self.t.overfit_rising_evals :]
         return len(last) == self.t.overfit_rising_evals and all(
-            e.loss is not None and e.loss > best.loss * (1 + self.t.overfit_val_rise)
-            for e in last)
+            e.loss is not None and e.loss > best.loss * (1 + self.t.overfit_val_rise) for e in last
+        )

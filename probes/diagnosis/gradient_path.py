@@ -45,7 +45,8 @@ class ExplodingGradient(Rule):
 
     def _over(self, value: float, growth: float) -> bool:
         return value > self.t.exploding_norm or (
-            growth >= self.t.exploding_growth and value > self.t.exploding_growth_floor)
+            growth >= self.t.exploding_growth and value > self.t.exploding_growth_floor
+        )
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         # Growth matters only above its floor (and the bound alone above that): most
@@ -70,8 +71,9 @@ class ExplodingGradient(Rule):
                 if self._crossed:
                     self._crossed.pop(i, None)
             shown = view.grad_norms[i] if i < len(view.grad_norms) else None
-            window.append((view.step, shown if shown is not None and math.isfinite(shown)
-                           else peak))
+            window.append(
+                (view.step, shown if shown is not None and math.isfinite(shown) else peak)
+            )
         total = view.peak_total
         total_growth = 1.0
         if total is not None and math.isfinite(total):
@@ -82,14 +84,25 @@ class ExplodingGradient(Rule):
             order = first_failing(since)
             step, norm, growth = self._crossed[order[0]]
             names = [history.info.layer(i) for i in order]
-            return [self.alert(view.step, names[0], {
-                "grad_norm": norm, "growth": growth, "since_step": step,
-                "grad_norm_total": total if total is not None else math.nan,
-                "layers_over": len(order),
-                **_range(names, history.info.layers)}, layers=names)]
+            return [
+                self.alert(
+                    view.step,
+                    names[0],
+                    {
+                        "grad_norm": norm,
+                        "growth": growth,
+                        "since_step": step,
+                        "grad_norm_total": total if total is not None else math.nan,
+                        "layers_over": len(order),
+                        **_range(names, history.info.layers),
+                    },
+                    layers=names,
+                )
+            ]
         if total is not None and math.isfinite(total) and self._over(total, total_growth):
-            return [self.alert(view.step, "total", {"grad_norm_total": total,
-                                                    "growth": total_growth})]
+            return [
+                self.alert(view.step, "total", {"grad_norm_total": total, "growth": total_growth})
+            ]
         return []
 
 
@@ -130,7 +143,8 @@ class VanishingGradient(Rule):
             to_weight = norm / weight if weight else math.inf
             tiny = (len(finite) >= 2 and to_largest < self.t.vanishing_to_largest) or (
                 to_weight < self.t.vanishing_to_weight
-                and (len(finite) < 2 or to_largest < self.t.vanishing_to_largest_with_weight))
+                and (len(finite) < 2 or to_largest < self.t.vanishing_to_largest_with_weight)
+            )
             since = self._streaks.update(i, tiny, view)
             step = None if since is None else reached_at(since, self.t.vanishing_steps, view)
             if step is not None and since is not None:
@@ -144,10 +158,20 @@ class VanishingGradient(Rule):
         norm, to_largest, to_weight = ratios[first]
         step = reached_at(reached[first], self.t.vanishing_steps, view)
         assert step is not None
-        return [self.alert(step, names[0], {
-            "grad_norm": norm, "to_largest_layer": to_largest, "to_weight_norm": to_weight,
-            "steps": view.step - reached[first] + 1,
-            **spread(ordered_range(names, history.info.layers))}, layers=names)]
+        return [
+            self.alert(
+                step,
+                names[0],
+                {
+                    "grad_norm": norm,
+                    "to_largest_layer": to_largest,
+                    "to_weight_norm": to_weight,
+                    "steps": view.step - reached[first] + 1,
+                    **spread(ordered_range(names, history.info.layers)),
+                },
+                layers=names,
+            )
+        ]
 
     def _weight(self, index: int) -> float | None:
         if self._last_params is None or index >= len(self._last_params):
@@ -178,10 +202,19 @@ class NoneGradients(Rule):
         params = history.info.params
         names = [params[i] if i < len(params) else f"param {i}" for i in missing]
         layers = list(dict.fromkeys(_layer_of(name) for name in names))
-        return [self.alert(step, layers[0], {
-            "params": len(names), "names": ", ".join(names[:6]),
-            "steps": view.step - self._since + 1,
-            **spread(ordered_range(layers, history.info.layers))}, layers=layers)]
+        return [
+            self.alert(
+                step,
+                layers[0],
+                {
+                    "params": len(names),
+                    "names": ", ".join(names[:6]),
+                    "steps": view.step - self._since + 1,
+                    **spread(ordered_range(layers, history.info.layers)),
+                },
+                layers=layers,
+            )
+        ]
 
 
 def _layer_of(param: str) -> str:
@@ -206,8 +239,7 @@ class Activations(Rule):
         if view.activations is None:
             return None
         info = history.info
-        hits: dict[str, dict[int, float]] = {"dead_activations": {},
-                                              "saturated_activations": {}}
+        hits: dict[str, dict[int, float]] = {"dead_activations": {}, "saturated_activations": {}}
         for i, fraction in enumerate(view.activations):
             if fraction is None or i >= len(info.activations):
                 continue
@@ -220,8 +252,10 @@ class Activations(Rule):
                 continue
             self._samples[i] = self._samples.get(i, 0) + 1
             since = self._since.setdefault(i, view.step)  # a sampled step shows only itself
-            if (self._samples[i] >= self.t.activation_samples
-                    and view.step - since >= self.t.activation_steps):
+            if (
+                self._samples[i] >= self.t.activation_samples
+                and view.step - since >= self.t.activation_steps
+            ):
                 hits["dead_activations" if dead else "saturated_activations"][i] = fraction
         findings = []
         for kind, found in hits.items():
@@ -232,12 +266,19 @@ class Activations(Rule):
             names = [info.activations[i][0] for i in order]
             family = info.activations[first][1]
             measure = {"relu": "zero_fraction", "input": "input_zero_fraction"}.get(
-                family, "saturated_fraction")
+                family, "saturated_fraction"
+            )
             layers = [name for i in order for name in _layers_of(info, i)]
             step = self._since[first] + self.t.activation_steps
-            findings.append(self.alert(step, names[0], {
-                measure: found[first], "samples": self._samples[first],
-                **spread(names)}, kind=kind, layers=list(dict.fromkeys(layers))))
+            findings.append(
+                self.alert(
+                    step,
+                    names[0],
+                    {measure: found[first], "samples": self._samples[first], **spread(names)},
+                    kind=kind,
+                    layers=list(dict.fromkeys(layers)),
+                )
+            )
         return findings
 
 
@@ -252,4 +293,3 @@ def _layers_of(info: RunInfo, index: int) -> list[str]:
     if family == "input":
         layers.append(name.removesuffix(INPUT_SUFFIX))
     return layers
-

@@ -30,53 +30,95 @@ class Fold:
 
 # Causes that leave the run damaged: their consequences fold under them for the rest of
 # the run, even once the cause itself has cleared.
-STICKY = frozenset({
-    "exploding_gradient", "non_finite", "grad_not_cleared", "params_not_in_optimizer",
-    "optimizer_not_for_model", "mostly_frozen", "guard_skipped_update", *CHECK_RUNGS,
-})
+STICKY = frozenset(
+    {
+        "exploding_gradient",
+        "non_finite",
+        "grad_not_cleared",
+        "params_not_in_optimizer",
+        "optimizer_not_for_model",
+        "mostly_frozen",
+        "guard_skipped_update",
+        *CHECK_RUNGS,
+    }
+)
 
 _DAMAGE = ("exploding_gradient", "non_finite", "grad_not_cleared")
-_CONTRACT = ("probabilities_into_logit_loss", "logits_into_nll_loss", "broadcast_in_loss",
-             "shape_mismatch", "float_targets_for_classification", "bce_given_logits",
-             "cannot_overfit")
-_FROZEN = ("mostly_frozen", "params_not_in_optimizer", "optimizer_not_for_model",
-           "updates_not_applied", "no_updates", "skipped_updates")
+_CONTRACT = (
+    "probabilities_into_logit_loss",
+    "logits_into_nll_loss",
+    "broadcast_in_loss",
+    "shape_mismatch",
+    "float_targets_for_classification",
+    "bce_given_logits",
+    "cannot_overfit",
+)
+_FROZEN = (
+    "mostly_frozen",
+    "params_not_in_optimizer",
+    "optimizer_not_for_model",
+    "updates_not_applied",
+    "no_updates",
+    "skipped_updates",
+)
 
 CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
     # optimizer.zero_grad() clears only the optimizer's own parameters
-    "grad_not_cleared": (Fold("optimizer_not_for_model"),
-                         Fold("params_not_in_optimizer", overlap=True)),
+    "grad_not_cleared": (
+        Fold("optimizer_not_for_model"),
+        Fold("params_not_in_optimizer", overlap=True),
+    ),
     "exploding_gradient": (Fold("grad_not_cleared"),),
     "non_finite": (Fold("grad_not_cleared"),),
     "vanishing_gradient": (
-        Fold("dead_activations", overlap=True), Fold("saturated_activations"),
-        Fold("exploding_gradient"), Fold("non_finite")),
+        Fold("dead_activations", overlap=True),
+        Fold("saturated_activations"),
+        Fold("exploding_gradient"),
+        Fold("non_finite"),
+    ),
     "dead_activations": (Fold("exploding_gradient"), Fold("non_finite")),
     "saturated_activations": (Fold("exploding_gradient"), Fold("non_finite")),
     # float32 weights do not move by 1e-12: vanishing gradients leave them unchanged
     "updates_not_applied": (
-        Fold("params_not_in_optimizer", overlap=True), Fold("optimizer_not_for_model"),
-        Fold("vanishing_gradient", overlap=True)),
+        Fold("params_not_in_optimizer", overlap=True),
+        Fold("optimizer_not_for_model"),
+        Fold("vanishing_gradient", overlap=True),
+    ),
     "update_ratio": (
         *(Fold(kind) for kind in _DAMAGE),
         Fold("vanishing_gradient", overlap=True, side="low"),
-        Fold("dead_activations", side="low"), Fold("saturated_activations", side="low"),
+        Fold("dead_activations", side="low"),
+        Fold("saturated_activations", side="low"),
         Fold("none_gradients", overlap=True, side="low"),
         Fold("params_not_in_optimizer", overlap=True, side="low"),
         Fold("updates_not_applied", overlap=True, side="low"),
-        Fold("optimizer_not_for_model"), Fold("mostly_frozen", side="low"),
-        Fold("no_updates")),
+        Fold("optimizer_not_for_model"),
+        Fold("mostly_frozen", side="low"),
+        Fold("no_updates"),
+    ),
     "loss_spike": (*(Fold(kind) for kind in _DAMAGE), Fold("skipped_updates")),
     "overfitting_signal": (*(Fold(kind) for kind in _DAMAGE), Fold("eval_in_train_mode")),
     "flat_loss": (
         *(Fold(kind) for kind in (*_DAMAGE, *_CONTRACT, *_FROZEN)),
-        Fold("vanishing_gradient"), Fold("dead_activations"), Fold("saturated_activations"),
-        Fold("none_gradients"), Fold("update_ratio", side="low")),
+        Fold("vanishing_gradient"),
+        Fold("dead_activations"),
+        Fold("saturated_activations"),
+        Fold("none_gradients"),
+        Fold("update_ratio", side="low"),
+    ),
 }
 
 # Consequences that may be found a few steps before their cause: they wait for it.
-WAIT_FOR_CAUSE = frozenset({"loss_spike", "overfitting_signal", "flat_loss", "update_ratio",
-                            "vanishing_gradient", "updates_not_applied"})
+WAIT_FOR_CAUSE = frozenset(
+    {
+        "loss_spike",
+        "overfitting_signal",
+        "flat_loss",
+        "update_ratio",
+        "vanishing_gradient",
+        "updates_not_applied",
+    }
+)
 
 
 @cache

@@ -35,8 +35,12 @@ class ProbeOverhead(Rule):
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         probe, duration = view.probe_time, view.duration
-        if probe is None or duration is None or not (
-                math.isfinite(probe) and math.isfinite(duration)) or duration <= 0:
+        if (
+            probe is None
+            or duration is None
+            or not (math.isfinite(probe) and math.isfinite(duration))
+            or duration <= 0
+        ):
             return None
         if view.first < WARM_UP_STEPS:
             return []
@@ -49,26 +53,43 @@ class ProbeOverhead(Rule):
             self._probe_sum -= gone_probe
             self._step_sum -= gone_step
         covered = view.step - window[0][0] + 1
-        if covered < self.t.overhead_steps or self._step_sum <= 0 or (
-                self._probe_sum / self._step_sum <= self.t.overhead_fraction):
+        if (
+            covered < self.t.overhead_steps
+            or self._step_sum <= 0
+            or (self._probe_sum / self._step_sum <= self.t.overhead_fraction)
+        ):
             return []
         probe_sum = math.fsum(w[2] for w in window)  # exact, now that it may be raised
         step_sum = math.fsum(w[3] for w in window)
         share = probe_sum / step_sum
-        if (covered < self.t.overhead_steps or share <= self.t.overhead_fraction
-                or 1000 * probe_sum / covered < self.t.overhead_min_ms):
+        if (
+            covered < self.t.overhead_steps
+            or share <= self.t.overhead_fraction
+            or 1000 * probe_sum / covered < self.t.overhead_min_ms
+        ):
             return []
-        return [self.alert(view.step, "", {
-            "probe_share": share, "steps": covered,
-            "probe_ms_per_step": 1000 * probe_sum / covered,
-            "setting": self._setting(history, share)})]
+        return [
+            self.alert(
+                view.step,
+                "",
+                {
+                    "probe_share": share,
+                    "steps": covered,
+                    "probe_ms_per_step": 1000 * probe_sum / covered,
+                    "setting": self._setting(history, share),
+                },
+            )
+        ]
 
     def _setting(self, history: RecentPast, share: float) -> str:
         """The setting that would bring the share under the threshold: measure fewer
         steps (``every``) when plain steps cost too much, else sample less often."""
         plain = [w for w in self._window if not w[4]]
-        plain_share = (math.fsum(w[2] for w in plain) / math.fsum(w[3] for w in plain)
-                       if plain and math.fsum(w[3] for w in plain) > 0 else 0.0)
+        plain_share = (
+            math.fsum(w[2] for w in plain) / math.fsum(w[3] for w in plain)
+            if plain and math.fsum(w[3] for w in plain) > 0
+            else 0.0
+        )
         target = self.t.overhead_fraction
         info = history.info
         if plain_share > target:

@@ -82,9 +82,15 @@ class JobChecks:
             self._start_loss = abs(loss)
         non_finite = loss is not None and not math.isfinite(loss)
         layered = self.sync == "ddp"  # per-layer norms compare only between replicas
-        shown = Shown(rank, view.first, loss, non_finite,
-                      view.grad_norms if layered else (),
-                      view.param_norms if layered else None, view.optimizer_stepped)
+        shown = Shown(
+            rank,
+            view.first,
+            loss,
+            non_finite,
+            view.grad_norms if layered else (),
+            view.param_norms if layered else None,
+            view.optimizer_stepped,
+        )
         peers = self._shown.get(view.step)
         if peers is None:
             peers = self._shown[view.step] = {}
@@ -108,10 +114,15 @@ class JobChecks:
         reference = next(iter(peers.values()))
         # The highest loss at most factor x the lowest: no outlier (the common case, O(1)).
         suspicious = bad or high > self.thresholds.rank_loss_factor * low
-        return [alert for alert in (self._outlier(view.step, peers) if suspicious else None,
-                                    self._grads(view.step, reference, shown),
-                                    self._params(view.step, reference, shown))
-                if alert is not None]
+        return [
+            alert
+            for alert in (
+                self._outlier(view.step, peers) if suspicious else None,
+                self._grads(view.step, reference, shown),
+                self._params(view.step, reference, shown),
+            )
+            if alert is not None
+        ]
 
     # --- the checks ----------------------------------------------------------------------
 
@@ -129,21 +140,46 @@ class JobChecks:
         others = [p.loss for r, p in peers.items() if r != suspect.rank]
         if any(o is None or not math.isfinite(o) for o in others):
             return None
-        if not suspect.non_finite_loss and suspect.loss is not None and (
-                suspect.loss <= self.thresholds.rank_loss_factor * min(others)):  # type: ignore[type-var]
+        if (
+            not suspect.non_finite_loss
+            and suspect.loss is not None
+            and (suspect.loss <= self.thresholds.rank_loss_factor * min(others))
+        ):  # type: ignore[type-var]
             return None  # (at most factor x the least: at most factor x the median)
         median = statistics.median(others)  # type: ignore[type-var]
         if suspect.non_finite_loss:
-            return self._raise("rank_outlier", step, "loss", {
-                "rank": suspect.rank, "loss": suspect.loss, "other_ranks_median": median,
-                "other_ranks": len(others), "others": "fine"})
+            return self._raise(
+                "rank_outlier",
+                step,
+                "loss",
+                {
+                    "rank": suspect.rank,
+                    "loss": suspect.loss,
+                    "other_ranks_median": median,
+                    "other_ranks": len(others),
+                    "others": "fine",
+                },
+            )
         loss = suspect.loss
         jump = self.thresholds.spike_min_jump * (self._start_loss or 0.0)
-        if loss is not None and median > 0 and (
-                loss > self.thresholds.rank_loss_factor * median and loss - median > jump):
-            return self._raise("rank_outlier", step, "loss", {
-                "rank": suspect.rank, "loss": loss, "other_ranks_median": median,
-                "times": loss / median, "other_ranks": len(others), "others": "fine"})
+        if (
+            loss is not None
+            and median > 0
+            and (loss > self.thresholds.rank_loss_factor * median and loss - median > jump)
+        ):
+            return self._raise(
+                "rank_outlier",
+                step,
+                "loss",
+                {
+                    "rank": suspect.rank,
+                    "loss": loss,
+                    "other_ranks_median": median,
+                    "times": loss / median,
+                    "other_ranks": len(others),
+                    "others": "fine",
+                },
+            )
         return None
 
     def _grads(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
@@ -157,10 +193,18 @@ class JobChecks:
         if found is None:
             return None
         layer, low, high = found
-        return self._raise("grads_not_synced", step, self._layer(layer), {
-            "ranks": sorted((reference.rank, shown.rank)), "grad_norm_low": low,
-            "grad_norm_high": high, "relative_difference": (high - low) / high},
-            layers=self._layers_apart(pair, self.thresholds.rank_grad_tolerance))
+        return self._raise(
+            "grads_not_synced",
+            step,
+            self._layer(layer),
+            {
+                "ranks": sorted((reference.rank, shown.rank)),
+                "grad_norm_low": low,
+                "grad_norm_high": high,
+                "relative_difference": (high - low) / high,
+            },
+            layers=self._layers_apart(pair, self.thresholds.rank_grad_tolerance),
+        )
 
     def _params(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
         """Under DDP, each layer's parameter norm agrees across ranks at a sampled step."""
@@ -173,57 +217,99 @@ class JobChecks:
         if found is None:
             return None
         layer, low, high = found
-        return self._raise("replicas_diverged", step, self._layer(layer), {
-            "ranks": sorted((reference.rank, shown.rank)), "param_norm_low": low,
-            "param_norm_high": high, "relative_difference": (high - low) / high},
-            layers=self._layers_apart(pair, self.thresholds.rank_param_tolerance))
+        return self._raise(
+            "replicas_diverged",
+            step,
+            self._layer(layer),
+            {
+                "ranks": sorted((reference.rank, shown.rank)),
+                "param_norm_low": low,
+                "param_norm_high": high,
+                "relative_difference": (high - low) / high,
+            },
+            layers=self._layers_apart(pair, self.thresholds.rank_param_tolerance),
+        )
 
-    def stalled(self, rank: int, *, last_step: int, reason: str,
-                others: Mapping[int, int]) -> Alert | None:
+    def stalled(
+        self, rank: int, *, last_step: int, reason: str, others: Mapping[int, int]
+    ) -> Alert | None:
         """Rank ``rank`` stopped (``reason``) at ``last_step`` while ``others`` (rank ->
         last step) are still there; the incident, once per job."""
         if "rank_stalled" in self.found or not others:
             return None
-        return self._raise("rank_stalled", last_step, f"rank {rank}", {
-            "rank": rank, "last_step": last_step, "reason": reason,
-            "other_ranks_at": max(others.values())}, severity="error")
+        return self._raise(
+            "rank_stalled",
+            last_step,
+            f"rank {rank}",
+            {
+                "rank": rank,
+                "last_step": last_step,
+                "reason": reason,
+                "other_ranks_at": max(others.values()),
+            },
+            severity="error",
+        )
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _raise(self, kind: str, step: int, subject: str, evidence: dict[str, Any], *,
-               layers: tuple[str, ...] = (), severity: str | None = None) -> Alert | None:
+    def _raise(
+        self,
+        kind: str,
+        step: int,
+        subject: str,
+        evidence: dict[str, Any],
+        *,
+        layers: tuple[str, ...] = (),
+        severity: str | None = None,
+    ) -> Alert | None:
         partner = _ONE_CAUSE.get(kind)
         if partner in self.found:  # the same root cause, seen the other way first
             self.found[partner] = self.found[partner].with_folded(f"{kind}@{step}")
             self.found[kind] = self.found[partner]
             return None
         described = entry(kind)
-        alert = Alert(kind, severity or _SEVERITY[kind], step, subject,  # type: ignore[arg-type]
-                      evidence, described.signal, described.experiments,
-                      layers=layers)
+        alert = Alert(
+            kind,
+            severity or _SEVERITY[kind],
+            step,
+            subject,  # type: ignore[arg-type]
+            evidence,
+            described.signal,
+            described.experiments,
+            layers=layers,
+        )
         self.found[kind] = alert
         return alert
 
     def _layer(self, index: int) -> str:
         return self.layers[index] if 0 <= index < len(self.layers) else f"layer {index}"
 
-    def _layers_apart(self, norms: list[Sequence[float | None]],
-                      tolerance: float) -> tuple[str, ...]:
+    def _layers_apart(
+        self, norms: list[Sequence[float | None]], tolerance: float
+    ) -> tuple[str, ...]:
         count = min((len(n) for n in norms), default=0)
-        return tuple(self._layer(i) for i in range(count)
-                     if _apart([n[i] for n in norms], tolerance) is not None)
+        return tuple(
+            self._layer(i)
+            for i in range(count)
+            if _apart([n[i] for n in norms], tolerance) is not None
+        )
 
 
 # Unsynchronised gradients and diverged replicas are one root cause seen two ways:
 # whichever is found first is the incident, the other folds under it.
 _ONE_CAUSE = {"grads_not_synced": "replicas_diverged", "replicas_diverged": "grads_not_synced"}
 
-_SEVERITY = {"rank_outlier": "error", "grads_not_synced": "error",
-             "replicas_diverged": "error", "rank_stalled": "error"}
+_SEVERITY = {
+    "rank_outlier": "error",
+    "grads_not_synced": "error",
+    "replicas_diverged": "error",
+    "rank_stalled": "error",
+}
 
 
-def _first_disagreement(norms: list[Sequence[float | None]],
-                        tolerance: float) -> tuple[int, float, float] | None:
+def _first_disagreement(
+    norms: list[Sequence[float | None]], tolerance: float
+) -> tuple[int, float, float] | None:
     """The first layer (model order) whose norms disagree across the lists, with the
     lowest and highest value; None when they agree (or fewer than two lists)."""
     if len(norms) < 2 or all(n == norms[0] for n in norms[1:]):  # equal: the usual case

@@ -30,14 +30,29 @@ class Rule:
     def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
         return None
 
-    def alert(self, step: int, subject: str, evidence: dict[str, Any], *,
-              kind: str | None = None, severity: Severity | None = None,
-              layers: Sequence[str] = ()) -> Alert:
+    def alert(
+        self,
+        step: int,
+        subject: str,
+        evidence: dict[str, Any],
+        *,
+        kind: str | None = None,
+        severity: Severity | None = None,
+        layers: Sequence[str] = (),
+    ) -> Alert:
         """An alert of this rule's kind, its signal and experiments from the catalog."""
         kind = kind or self.kind
         described = entry(kind)
-        return Alert(kind, severity or self.severity, step, subject, evidence,
-                     described.signal, described.experiments, layers=tuple(layers))
+        return Alert(
+            kind,
+            severity or self.severity,
+            step,
+            subject,
+            evidence,
+            described.signal,
+            described.experiments,
+            layers=tuple(layers),
+        )
 
 
 class Streaks:
@@ -47,8 +62,9 @@ class Streaks:
     def __init__(self) -> None:
         self.since: dict[Hashable, int] = {}
 
-    def update(self, key: Hashable, holds: bool, view: StepView,
-               start: int | None = None) -> int | None:
+    def update(
+        self, key: Hashable, holds: bool, view: StepView, start: int | None = None
+    ) -> int | None:
         """Note whether the condition holds over ``view``'s steps (from ``start``, when
         only the last steps of its span show it); the first step of the current run, or
         None when it does not hold."""

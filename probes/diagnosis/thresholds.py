@@ -114,7 +114,6 @@ class Thresholds:
         typed: dict[str, Any] = {}
         for name, value in overrides.items():
             if isinstance(defaults[name], int) and float(value) != int(value):
-                raise ValueError(f"threshold {name} counts steps: a whole number, got "
-                                 f"{value}")
+                raise ValueError(f"threshold {name} counts steps: a whole number, got {value}")
             typed[name] = type(defaults[name])(value)  # counts stay ints (window sizes)
         return replace(self, **typed)

@@ -30,14 +30,21 @@ class FlatLoss(Rule):
         first = history.first_steps
         if self._began is None or self._began[0] != len(first):  # (fixed once they are in)
             early = [s for s in first if s.first < self.START_STEPS] or first[:1]
-            self._began = (len(first), early[-1].step if early else -1, weighted_mean(
-                [(s.loss_estimate, min(s.steps, self.START_STEPS))
-                 for s in early if s.loss_estimate is not None]))
+            self._began = (
+                len(first),
+                early[-1].step if early else -1,
+                weighted_mean(
+                    [
+                        (s.loss_estimate, min(s.steps, self.START_STEPS))
+                        for s in early
+                        if s.loss_estimate is not None
+                    ]
+                ),
+            )
         _, early_end, began = self._began
         if began is None:
             return None
-        recent = history.recent_losses(view.step, self.t.smoothing_steps,
-                                       after_step=early_end)
+        recent = history.recent_losses(view.step, self.t.smoothing_steps, after_step=early_end)
         now = weighted_mean(recent)
         if now is None or began <= 0:
             return []
@@ -49,5 +56,4 @@ class FlatLoss(Rule):
             return []
         # a record standing for several steps: judged at the first of them past the mark
         step = max(view.first, self.t.flat_after_steps)
-        return [self.alert(step, "", {"loss_at_start": began, "loss_now": now,
-                                      "steps": step})]
+        return [self.alert(step, "", {"loss_at_start": began, "loss_now": now, "steps": step})]

@@ -50,10 +50,18 @@ class GradNotCleared(Rule):
         if step is None:
             return []
         # The probe checks the first parameter's gradient: its layer is the one seen.
-        return [self.alert(step, "", {"steps": view.step - self._since + 1,
-                                      "since_step": self._since,
-                                      "grad_norm_total": view.grad_norm_total},
-                           layers=history.info.layers[:1])]
+        return [
+            self.alert(
+                step,
+                "",
+                {
+                    "steps": view.step - self._since + 1,
+                    "since_step": self._since,
+                    "grad_norm_total": view.grad_norm_total,
+                },
+                layers=history.info.layers[:1],
+            )
+        ]
 
 
 class UpdateRatio(Rule):
@@ -74,8 +82,11 @@ class UpdateRatio(Rule):
         for i, ratio in enumerate(view.update_ratios):
             side = ""
             if ratio is not None and math.isfinite(ratio):
-                side = "high" if ratio > self.t.update_high else (
-                    "low" if ratio < self.t.update_low else "")
+                side = (
+                    "high"
+                    if ratio > self.t.update_high
+                    else ("low" if ratio < self.t.update_low else "")
+                )
             if not side or side != self._side.get(i, side):
                 self._samples.pop(i, None)
                 self._since.pop(i, None)
@@ -85,8 +96,10 @@ class UpdateRatio(Rule):
             self._side[i] = side
             self._samples[i] = self._samples.get(i, 0) + 1
             since = self._since.setdefault(i, view.step)  # a sampled step shows only itself
-            if (self._samples[i] >= self.t.update_samples
-                    and view.step - since >= self.t.update_steps):
+            if (
+                self._samples[i] >= self.t.update_samples
+                and view.step - since >= self.t.update_steps
+            ):
                 found[i] = ratio  # type: ignore[assignment]
         if not found:
             return []
@@ -94,11 +107,20 @@ class UpdateRatio(Rule):
         first = order[0]
         names = [history.info.layer(i) for i in order]
         # held from its first sample on: judged at the step that makes update_steps
-        return [self.alert(self._since[first] + self.t.update_steps, names[0], {
-            "update_ratio": found[first], "side": self._side[first],
-            "samples": self._samples[first],
-            "band": f"{self.t.update_low:g}..{self.t.update_high:g}",
-            **spread(ordered_range(names, history.info.layers))}, layers=names)]
+        return [
+            self.alert(
+                self._since[first] + self.t.update_steps,
+                names[0],
+                {
+                    "update_ratio": found[first],
+                    "side": self._side[first],
+                    "samples": self._samples[first],
+                    "band": f"{self.t.update_low:g}..{self.t.update_high:g}",
+                    **spread(ordered_range(names, history.info.layers)),
+                },
+                layers=names,
+            )
+        ]
 
 
 class UpdatesNotApplied(Rule):
@@ -121,7 +143,8 @@ class UpdatesNotApplied(Rule):
         ratios = view.update_ratios
         untouched = set(view.not_stepped)
         if ratios is not None and any(
-                i in untouched and r is not None and r > 0 for i, r in enumerate(ratios)):
+            i in untouched and r is not None and r > 0 for i, r in enumerate(ratios)
+        ):
             self._versions_trusted = versions = False  # weights changed, versions did not
         lr_zero = bool(view.lrs) and all(lr == 0 for lr in view.lrs)
         reached: dict[int, int] = {}
@@ -130,8 +153,15 @@ class UpdatesNotApplied(Rule):
             if grad is None or not math.isfinite(grad) or grad <= 0:
                 continue  # no gradient to apply: no news for this layer
             ratio = None if ratios is None or i >= len(ratios) else ratios[i]
-            why = ("lr=0" if lr_zero else "not_stepped" if versions and i in untouched
-                   else "update_ratio=0" if ratio == 0 else "")
+            why = (
+                "lr=0"
+                if lr_zero
+                else "not_stepped"
+                if versions and i in untouched
+                else "update_ratio=0"
+                if ratio == 0
+                else ""
+            )
             # the optimizer touched it, at some step of the span, with a learning rate
             touched = versions and not lr_zero and i not in untouched
             changed = (ratio is not None and ratio > 0) or (touched and ratio != 0)
@@ -142,8 +172,9 @@ class UpdatesNotApplied(Rule):
                 self._streaks.drop(i)  # the steps before the one it shows were updated
             # a sampled ratio or the learning rate shows the record's own step; the
             # version check holds over the whole span
-            since = self._streaks.update(i, bool(why), view,
-                                         None if why == "not_stepped" else view.step)
+            since = self._streaks.update(
+                i, bool(why), view, None if why == "not_stepped" else view.step
+            )
             if since is None:
                 continue
             self._why[i] = why
@@ -156,10 +187,19 @@ class UpdatesNotApplied(Rule):
         names = [history.info.layer(i) for i in order]
         step = reached_at(reached[first], self.t.not_applied_steps, view)
         assert step is not None
-        return [self.alert(step, names[0], {
-            "grad_norm": view.peak_grads[first], "evidence": self._why[first],
-            "steps": view.step - reached[first] + 1,
-            **spread(ordered_range(names, history.info.layers))}, layers=names)]
+        return [
+            self.alert(
+                step,
+                names[0],
+                {
+                    "grad_norm": view.peak_grads[first],
+                    "evidence": self._why[first],
+                    "steps": view.step - reached[first] + 1,
+                    **spread(ordered_range(names, history.info.layers)),
+                },
+                layers=names,
+            )
+        ]
 
 
 class _UpdateStreak(Rule):
@@ -187,8 +227,17 @@ class _UpdateStreak(Rule):
         step = reached_at(self._since, self.threshold(), view)
         if step is None:
             return []
-        return [self.alert(step, "", {self.evidence_name: view.step - self._since + 1,
-                                      "since_step": self._since, "loss": view.loss})]
+        return [
+            self.alert(
+                step,
+                "",
+                {
+                    self.evidence_name: view.step - self._since + 1,
+                    "since_step": self._since,
+                    "loss": view.loss,
+                },
+            )
+        ]
 
 
 class SkippedUpdates(_UpdateStreak):
@@ -239,18 +288,28 @@ class LossSpike(Rule):
             self._first_step = view.first
         findings = []
         assert self._first_step is not None
-        if window and view.first - self._first_step >= self.t.spike_min_steps and (
-                loss > self.t.spike_factor * min(self._values)):
+        if (
+            window
+            and view.first - self._first_step >= self.t.spike_min_steps
+            and (loss > self.t.spike_factor * min(self._values))
+        ):
             # (below factor x the window's least, it is below factor x its median too)
             values = [value for _, value in window]
             median = statistics.median(values)
-            deviation = statistics.median(abs(x - median) for x in values) or (
-                abs(median) * 0.01)
-            if (median > 0 and loss > median * self.t.spike_factor
-                    and loss - median > self.t.spike_deviations * deviation
-                    and loss - median > self.t.spike_min_jump * abs(self._start)):
-                findings.append(self.alert(view.step, "loss", {
-                    "loss": loss, "baseline": median, "times": loss / median}))
+            deviation = statistics.median(abs(x - median) for x in values) or (abs(median) * 0.01)
+            if (
+                median > 0
+                and loss > median * self.t.spike_factor
+                and loss - median > self.t.spike_deviations * deviation
+                and loss - median > self.t.spike_min_jump * abs(self._start)
+            ):
+                findings.append(
+                    self.alert(
+                        view.step,
+                        "loss",
+                        {"loss": loss, "baseline": median, "times": loss / median},
+                    )
+                )
         shown = view.loss if view.loss is not None and math.isfinite(view.loss) else loss
         window.append((view.step, shown))
         self._values.append(shown)  # the window's values alone, for a min taken in C

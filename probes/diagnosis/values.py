@@ -29,8 +29,7 @@ class NonFinite(Rule):
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         self._step_found = _first_non_finite_step_field(view, history.info)
         # A record standing for several steps says at which one the first appeared.
-        step = view.first_non_finite_step if view.first_non_finite_step is not None else (
-            view.step)
+        step = view.first_non_finite_step if view.first_non_finite_step is not None else (view.step)
         return self._hold(step, self._step_found or self._eval_found)
 
     def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
@@ -59,14 +58,18 @@ def _first_non_finite_step_field(view: StepView, info: RunInfo) -> tuple[str, fl
     # AMP's GradScaler skips such steps by design (skipped_updates judges a streak).
     grads_applied = view.optimizer_stepped
     if grads_applied and view.non_finite_grads:
-        bad = next((i for i, g in enumerate(view.grad_norms)
-                    if g is not None and not math.isfinite(g)), None)
+        bad = next(
+            (i for i, g in enumerate(view.grad_norms) if g is not None and not math.isfinite(g)),
+            None,
+        )
         if bad is not None:
             return f"grad_norm[{info.layer(bad)}]", view.grad_norms[bad]  # type: ignore[return-value]
         return "grad_norm_total", view.grad_norm_total  # type: ignore[return-value]
-    for label, values in (("grad_norm", view.grad_norms if grads_applied else None),
-                          ("param_norm", view.param_norms),
-                          ("update_ratio", view.update_ratios)):
+    for label, values in (
+        ("grad_norm", view.grad_norms if grads_applied else None),
+        ("param_norm", view.param_norms),
+        ("update_ratio", view.update_ratios),
+    ):
         for i, value in enumerate(values or ()):
             if value is not None and not math.isfinite(value):
                 return f"{label}[{info.layer(i)}]", value
@@ -84,5 +87,6 @@ def _all_finite(view: StepView) -> bool:
     for values in (view.grad_norms, view.param_norms, view.update_ratios, view.activations):
         if values:
             total += sum(filter(None, values))  # (None and 0.0 drop out: both finite)
-    return math.isfinite(total) and (view.grad_norm_total is None
-                                     or math.isfinite(view.grad_norm_total))
+    return math.isfinite(total) and (
+        view.grad_norm_total is None or math.isfinite(view.grad_norm_total)
+    )

@@ -42,8 +42,7 @@ class RecentPast:
     first_steps: list[StepView] = field(default_factory=list)  # the run's start, kept
     # (step, loss estimate, steps) of the latest records: the smoothed loss reads them
     # (three numbers a record, not the record: a monitor holds the histories of many runs)
-    _losses: deque[tuple[int, float | None, int]] = field(
-        default_factory=lambda: deque(maxlen=256))
+    _losses: deque[tuple[int, float | None, int]] = field(default_factory=lambda: deque(maxlen=256))
 
     MIN_RECORDS: ClassVar[int] = 3  # a smoothed loss averages at least this many records
 
@@ -52,8 +51,9 @@ class RecentPast:
         if len(self.first_steps) < keep_first:
             self.first_steps.append(view)
 
-    def recent_losses(self, up_to_step: int, steps: int,
-                      after_step: int = -1) -> list[tuple[float, int]]:
+    def recent_losses(
+        self, up_to_step: int, steps: int, after_step: int = -1
+    ) -> list[tuple[float, int]]:
         """``(loss, steps it stands for)`` of the records in the last ``steps`` steps at
         or before ``up_to_step`` (and after ``after_step``), finite ones only; the last
         ``MIN_RECORDS`` when those are fewer and cover fewer steps (sparse records
@@ -67,13 +67,12 @@ class RecentPast:
         for step, loss, count in reversed(self._losses):
             if step > up_to_step or loss is None:
                 continue
-            if step <= after_step or (step <= window_start
-                                      and len(gathered) >= self.MIN_RECORDS):
+            if step <= after_step or (step <= window_start and len(gathered) >= self.MIN_RECORDS):
                 break
             gathered.append((step, loss, count))
         recent = [(loss, count) for step, loss, count in gathered if step > window_start]
         if len(recent) < self.MIN_RECORDS and sum(c for _, c in recent) < steps:
-            recent = [(loss, count) for _, loss, count in gathered[:self.MIN_RECORDS]]
+            recent = [(loss, count) for _, loss, count in gathered[: self.MIN_RECORDS]]
         recent.reverse()
         return recent
 

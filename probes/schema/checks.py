@@ -84,9 +84,12 @@ def _hello(frame: Frame) -> None:
         raise ValueError("layers holds the same name twice")
     _numbers(frame, "param_counts")
     for entry in frame.get("activations") or []:
-        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
-                and (entry[2] is None or (isinstance(entry[2], int)
-                                          and not isinstance(entry[2], bool)))):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and isinstance(entry[0], str)
+            and (entry[2] is None or (isinstance(entry[2], int) and not isinstance(entry[2], bool)))
+        ):
             raise ValueError(f"activations holds {entry!r:.60}, not [name, family, layer]")
 
 
@@ -100,15 +103,17 @@ def _step(frame: Frame) -> None:
     _integer(frame, "none_grads")
     _scalars(frame)
     _numbers(frame, "lr")
-    for name in ("grad_norms", "param_norms", "update_ratios", "activations",
-                 "grad_norms_max"):
+    for name in ("grad_norms", "param_norms", "update_ratios", "activations", "grad_norms_max"):
         _numbers(frame, name, nullable=True)
     for name in ("none_grad_params", "not_stepped"):
         _indices(frame, name)
     # a record standing for several steps: its span and the peaks of its steps
     span = frame.get("span")
-    if span is not None and not (isinstance(span, list) and len(span) == 2 and all(
-            isinstance(s, int) and not isinstance(s, bool) for s in span)):
+    if span is not None and not (
+        isinstance(span, list)
+        and len(span) == 2
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in span)
+    ):
         raise ValueError(f"span must be [first, last], got {span!r:.40}")
     for name in ("grad_norm_total_max", "duration", "probe_time"):
         _number(frame, name)
@@ -123,7 +128,8 @@ def _step(frame: Frame) -> None:
 def _indices(frame: Frame, name: str) -> None:
     indices = frame.get(name) or []
     if not isinstance(indices, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in indices):
+        isinstance(i, int) and not isinstance(i, bool) for i in indices
+    ):
         raise ValueError(f"{name} must be a list of indices")
 
 
@@ -131,8 +137,11 @@ def _span(frame: Frame) -> None:
     span = frame.get("span")
     if span is None:
         return
-    if not (isinstance(span, list) and len(span) == 2 and all(
-            isinstance(s, int) and not isinstance(s, bool) for s in span)):
+    if not (
+        isinstance(span, list)
+        and len(span) == 2
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in span)
+    ):
         raise ValueError(f"span must be [first step, last step], got {span!r:.40}")
 
 
@@ -169,7 +178,11 @@ def _ack(frame: Frame) -> None:
 
 
 _CHECKERS: dict[str, Callable[[Frame], None]] = {
-    "hello": _hello, "step": _step, "eval": _eval, "event": _event, "anomaly": _anomaly,
-    "alert": _alert, "ack": _ack,
+    "hello": _hello,
+    "step": _step,
+    "eval": _eval,
+    "event": _event,
+    "anomaly": _anomaly,
+    "alert": _alert,
+    "ack": _ack,
 }
-

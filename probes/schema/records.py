@@ -150,6 +150,7 @@ class _AckRecordRequired(TypedDict):
     step: int  # the boundary it was applied at
     state: ControlStateFields
 
+
 #: Names that are the validation loss, whatever else an eval record holds.
 VALIDATION_LOSS_NAMES = ("val_loss", "eval_loss", "valid_loss", "validation_loss")
 

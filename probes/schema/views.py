@@ -120,8 +120,9 @@ class StepView:
 
     @property
     def peak_total(self) -> float | None:
-        return self.grad_norm_total if self.grad_norm_total_max is None else (
-            self.grad_norm_total_max)
+        return (
+            self.grad_norm_total if self.grad_norm_total_max is None else (self.grad_norm_total_max)
+        )
 
     @property
     def loss_max(self) -> float | None:
@@ -259,5 +260,3 @@ def _opt_dict(values: Any) -> dict[str, float] | None:
     if not isinstance(values, Mapping):
         return None
     return {str(k): as_number(v) for k, v in values.items()}
-
-

@@ -41,11 +41,22 @@ class Case:
     pending: str = ""  # why it cannot be judged yet (then it is not run)
 
 
-def train(probe: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
-          data: Iterator[Batch], loss_fn: Callable[..., torch.Tensor], steps: int, *,
-          zero_grad: str = "before", step_optimizer: bool = True, clip: float | None = None,
-          val: Batch | None = None, eval_every: int = 25, eval_mode: bool = True,
-          eval_no_grad: bool = True) -> None:
+def train(
+    probe: Any,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: Iterator[Batch],
+    loss_fn: Callable[..., torch.Tensor],
+    steps: int,
+    *,
+    zero_grad: str = "before",
+    step_optimizer: bool = True,
+    clip: float | None = None,
+    val: Batch | None = None,
+    eval_every: int = 25,
+    eval_mode: bool = True,
+    eval_no_grad: bool = True,
+) -> None:
     """A plain loop; each keyword is one way to get it wrong."""
     for step in range(steps):
         x, y = next(data)
@@ -65,8 +76,15 @@ def train(probe: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
             validate(probe, model, val, loss_fn, eval_mode=eval_mode, no_grad=eval_no_grad)
 
 
-def validate(probe: Any, model: nn.Module, val: Batch, loss_fn: Callable[..., torch.Tensor],
-             *, eval_mode: bool = True, no_grad: bool = True) -> None:
+def validate(
+    probe: Any,
+    model: nn.Module,
+    val: Batch,
+    loss_fn: Callable[..., torch.Tensor],
+    *,
+    eval_mode: bool = True,
+    no_grad: bool = True,
+) -> None:
     with probe.evaluate():
         if eval_mode:
             model.eval()
@@ -191,8 +209,15 @@ def zero_grad_before_step(twin: bool, watch: Watch, steps: int) -> None:
     model = m.SmallCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     with watch(model, optimizer) as probe:
-        train(probe, model, optimizer, data, F.cross_entropy, steps,
-              zero_grad="before" if twin else "after_backward")
+        train(
+            probe,
+            model,
+            optimizer,
+            data,
+            F.cross_entropy,
+            steps,
+            zero_grad="before" if twin else "after_backward",
+        )
 
 
 def explosion_under_clipping(twin: bool, watch: Watch, steps: int) -> None:
@@ -219,8 +244,16 @@ def missing_zero_grad(twin: bool, watch: Watch, steps: int) -> None:
     model = m.SmallCNN()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     with watch(model, optimizer) as probe:
-        train(probe, model, optimizer, data, F.cross_entropy, steps, val=val,
-              zero_grad="before" if twin else "never")
+        train(
+            probe,
+            model,
+            optimizer,
+            data,
+            F.cross_entropy,
+            steps,
+            val=val,
+            zero_grad="before" if twin else "never",
+        )
 
 
 def frozen_but_batch_norm(twin: bool, watch: Watch, steps: int) -> None:
@@ -238,8 +271,9 @@ def frozen_but_batch_norm(twin: bool, watch: Watch, steps: int) -> None:
 def layer_not_in_optimizer(twin: bool, watch: Watch, steps: int) -> None:
     data, val = text_data()
     model = m.RecurrentLM(cell="gru")
-    params = (list(model.parameters()) if twin
-              else [*model.embed.parameters(), *model.rnn.parameters()])
+    params = (
+        list(model.parameters()) if twin else [*model.embed.parameters(), *model.rnn.parameters()]
+    )
     optimizer = torch.optim.Adam(params, lr=3e-3)
     with watch(model, optimizer) as probe:
         train(probe, model, optimizer, data, m.lm_loss, steps, val=val)
@@ -313,81 +347,239 @@ def _not_run(twin: bool, watch: Watch, steps: int) -> None:
     raise RuntimeError("pending")
 
 
-KARPATHY = "A. Karpathy, 'most common neural net mistakes' (2018) and 'A Recipe for Training " \
-           "Neural Networks' (2019)"
+KARPATHY = (
+    "A. Karpathy, 'most common neural net mistakes' (2018) and 'A Recipe for Training "
+    "Neural Networks' (2019)"
+)
 
 CASES: list[Case] = [
-    Case("duplicate-test-rows", "CNN+BN", "40 test images are copies of training images",
-         "Barz & Denzler, 'Do We Train on Test Data? Purging CIFAR of Near-Duplicates' (2020)",
-         "duplicates_across_splits", "train/val", 120, duplicate_test_rows),
-    Case("shuffled-labels", "CNN+BN", "images and labels shuffled with two permutations",
-         "'Trying to classify MNIST where pixels are shuffled' (cs.stackexchange 78123): "
-         "inputs decoupled from labels leave nothing to learn", "flat_loss", "", 240,
-         shuffled_labels),
-    Case("softmax-into-ce", "CNN+BN", "the model ends in softmax, the loss is CrossEntropyLoss",
-         KARPATHY + " #4: softmaxed outputs to a loss that expects logits",
-         "probabilities_into_logit_loss", "outputs", 120, softmax_into_cross_entropy),
-    Case("mse-broadcast", "MLP 4xReLU", "MSELoss on outputs [B, 1] and targets [B]",
-         "torch's UserWarning 'Using a target size that is different to the input size', "
-         "a frequent forum thread", "broadcast_in_loss", "targets", 120, mse_broadcast),
-    Case("nan-log-zero", "MLP 3xReLU", "textbook BCE: log(1 - sigmoid(z)) reaches log(0)",
-         "tensorflow/models#181 (hand-written cross-entropy turns NaN), "
-         "summerlvsong/Aggregation-Cross-Entropy#2 (torch.log of a 0 probability)",
-         "non_finite", "loss", 300, nan_from_log_zero),
-    Case("vanishing-sigmoid-20", "MLP 20xSigmoid", "20 Linear+Sigmoid layers",
-         "Glorot & Bengio (2010); the issue's own 20-layer run (33 ALERT lines)",
-         "vanishing_gradient", "0", 200, vanishing_sigmoid_stack),
-    Case("dead-functional-relu", "MLP F.relu", "fc1's bias at -10 before F.relu: all dead",
-         "Lu et al., 'Dying ReLU and Initialization' (2019); F.relu is invisible to module "
-         "hooks", "dead_activations", "fc2(input)", 160, dead_functional_relu),
-    Case("unscaled-inputs-tanh", "MLP 6xTanh", "features around 100 +- 40 fed unscaled",
-         "LeCun et al., 'Efficient BackProp' (1998): unnormalised inputs saturate the first "
-         "sigmoid/tanh layer", "saturated_activations", "1", 160, unscaled_inputs_tanh),
-    Case("detached-positions", "transformer", "positional embedding .detach()-ed in forward",
-         "'.detach()/.data in forward cuts the graph' (PyTorch autograd mechanics notes)",
-         "none_gradients", "pos", 120, detached_positions),
-    Case("zero-grad-after-backward", "CNN+BN", "zero_grad() between backward() and step()",
-         "Tony-Y/pytorch_warmup#12: 'does not optimize model parameters at all because "
-         "optimizer.zero_grad() is called after loss.backward()'", "none_gradients", "conv1",
-         120, zero_grad_before_step),
-    Case("explode-under-clipping", "LSTM forecaster",
-         "series in raw units (~300), MSE, clip_grad_norm_(1.0) keeps it finite",
-         "the lesson: clipping can keep one run finite, log the unclipped norm; the many "
-         "'LSTM loss huge, forgot to scale the data' threads", "exploding_gradient", "rnn",
-         160, explosion_under_clipping),
-    Case("lr-far-too-high", "CNN+BN", "SGD at lr 30",
-         "the issue's CNN diverging under SGD at lr 30 (also raised overfitting_signal)",
-         "exploding_gradient", "bn1", 150, lr_far_too_high),
-    Case("missing-zero-grad", "CNN+BN", "optimizer.zero_grad() never called (Adam)",
-         KARPATHY + " #3: forgot .zero_grad() before .backward()", "grad_not_cleared", "",
-         120, missing_zero_grad),
-    Case("frozen-but-batch-norm", "CNN+BN", "requires_grad off for all but batch-norm params",
-         "discuss.pytorch.org/t/why-if-bn-not-in-name-param-requires-grad-false/114098; "
-         "the issue's forum report: the model 'does not learn'", "mostly_frozen", "", 260,
-         frozen_but_batch_norm),
-    Case("layer-not-in-optimizer", "GRU LM", "the decoder's parameters left out of Adam",
-         "zjunlp/HVPNeT#5 (crf and fc never added to the optimizer), ACEsuit/mace#525",
-         "params_not_in_optimizer", "head", 120, layer_not_in_optimizer),
-    Case("stale-optimizer", "transformer", "model deep-copied after the optimizer was built",
-         "skorch-dev/skorch#317 (weights don't update after copy.deepcopy), "
-         "pytorch/pytorch#14467 (warn when the optimizer's params are not the model's)",
-         "optimizer_not_for_model", "", 120, stale_optimizer),
-    Case("lr-far-too-low", "transformer", "Adam at lr 1e-7",
-         "the lesson: 'lower (or raise) the learning rate as a controlled experiment'",
-         "update_ratio", "embed", 160, lr_far_too_low),
-    Case("warmup-never-stepped", "LSTM LM", "LambdaLR warmup from 0, scheduler.step() missing",
-         "huggingface/transformers#1144: the warmup lambda only advances with "
-         "scheduler.step()", "updates_not_applied", "embed", 120, warmup_never_stepped),
-    Case("no-optimizer-step", "LSTM LM", "optimizer.step() missing from the loop",
-         "pytorch/text#671 and many forum threads: the loss never moves", "no_updates", "",
-         160, no_optimizer_step),
-    Case("eval-in-train-mode", "CNN+BN+dropout", "validation without model.eval()",
-         KARPATHY + " #2: forgot to toggle train/eval mode", "eval_in_train_mode", "", 120,
-         eval_in_train_mode),
-    Case("eval-with-grad", "GRU LM", "validation without torch.inference_mode()",
-         "the lesson's common mistake: eval() and disabled gradient recording are "
-         "orthogonal", "eval_with_grad", "", 120, eval_with_grad),
-    Case("stale-ddp-replicas", "CNN+BN x2 ranks", "one rank's replica diverges (no sync)",
-         "DDP replicas out of sync after a rank-local change", "replicas_diverged", "", 0,
-         _not_run, pending="issue 11 (cross-rank checks)"),
+    Case(
+        "duplicate-test-rows",
+        "CNN+BN",
+        "40 test images are copies of training images",
+        "Barz & Denzler, 'Do We Train on Test Data? Purging CIFAR of Near-Duplicates' (2020)",
+        "duplicates_across_splits",
+        "train/val",
+        120,
+        duplicate_test_rows,
+    ),
+    Case(
+        "shuffled-labels",
+        "CNN+BN",
+        "images and labels shuffled with two permutations",
+        "'Trying to classify MNIST where pixels are shuffled' (cs.stackexchange 78123): "
+        "inputs decoupled from labels leave nothing to learn",
+        "flat_loss",
+        "",
+        240,
+        shuffled_labels,
+    ),
+    Case(
+        "softmax-into-ce",
+        "CNN+BN",
+        "the model ends in softmax, the loss is CrossEntropyLoss",
+        KARPATHY + " #4: softmaxed outputs to a loss that expects logits",
+        "probabilities_into_logit_loss",
+        "outputs",
+        120,
+        softmax_into_cross_entropy,
+    ),
+    Case(
+        "mse-broadcast",
+        "MLP 4xReLU",
+        "MSELoss on outputs [B, 1] and targets [B]",
+        "torch's UserWarning 'Using a target size that is different to the input size', "
+        "a frequent forum thread",
+        "broadcast_in_loss",
+        "targets",
+        120,
+        mse_broadcast,
+    ),
+    Case(
+        "nan-log-zero",
+        "MLP 3xReLU",
+        "textbook BCE: log(1 - sigmoid(z)) reaches log(0)",
+        "tensorflow/models#181 (hand-written cross-entropy turns NaN), "
+        "summerlvsong/Aggregation-Cross-Entropy#2 (torch.log of a 0 probability)",
+        "non_finite",
+        "loss",
+        300,
+        nan_from_log_zero,
+    ),
+    Case(
+        "vanishing-sigmoid-20",
+        "MLP 20xSigmoid",
+        "20 Linear+Sigmoid layers",
+        "Glorot & Bengio (2010); the issue's own 20-layer run (33 ALERT lines)",
+        "vanishing_gradient",
+        "0",
+        200,
+        vanishing_sigmoid_stack,
+    ),
+    Case(
+        "dead-functional-relu",
+        "MLP F.relu",
+        "fc1's bias at -10 before F.relu: all dead",
+        "Lu et al., 'Dying ReLU and Initialization' (2019); F.relu is invisible to module hooks",
+        "dead_activations",
+        "fc2(input)",
+        160,
+        dead_functional_relu,
+    ),
+    Case(
+        "unscaled-inputs-tanh",
+        "MLP 6xTanh",
+        "features around 100 +- 40 fed unscaled",
+        "LeCun et al., 'Efficient BackProp' (1998): unnormalised inputs saturate the first "
+        "sigmoid/tanh layer",
+        "saturated_activations",
+        "1",
+        160,
+        unscaled_inputs_tanh,
+    ),
+    Case(
+        "detached-positions",
+        "transformer",
+        "positional embedding .detach()-ed in forward",
+        "'.detach()/.data in forward cuts the graph' (PyTorch autograd mechanics notes)",
+        "none_gradients",
+        "pos",
+        120,
+        detached_positions,
+    ),
+    Case(
+        "zero-grad-after-backward",
+        "CNN+BN",
+        "zero_grad() between backward() and step()",
+        "Tony-Y/pytorch_warmup#12: 'does not optimize model parameters at all because "
+        "optimizer.zero_grad() is called after loss.backward()'",
+        "none_gradients",
+        "conv1",
+        120,
+        zero_grad_before_step,
+    ),
+    Case(
+        "explode-under-clipping",
+        "LSTM forecaster",
+        "series in raw units (~300), MSE, clip_grad_norm_(1.0) keeps it finite",
+        "the lesson: clipping can keep one run finite, log the unclipped norm; the many "
+        "'LSTM loss huge, forgot to scale the data' threads",
+        "exploding_gradient",
+        "rnn",
+        160,
+        explosion_under_clipping,
+    ),
+    Case(
+        "lr-far-too-high",
+        "CNN+BN",
+        "SGD at lr 30",
+        "the issue's CNN diverging under SGD at lr 30 (also raised overfitting_signal)",
+        "exploding_gradient",
+        "bn1",
+        150,
+        lr_far_too_high,
+    ),
+    Case(
+        "missing-zero-grad",
+        "CNN+BN",
+        "optimizer.zero_grad() never called (Adam)",
+        KARPATHY + " #3: forgot .zero_grad() before .backward()",
+        "grad_not_cleared",
+        "",
+        120,
+        missing_zero_grad,
+    ),
+    Case(
+        "frozen-but-batch-norm",
+        "CNN+BN",
+        "requires_grad off for all but batch-norm params",
+        "discuss.pytorch.org/t/why-if-bn-not-in-name-param-requires-grad-false/114098; "
+        "the issue's forum report: the model 'does not learn'",
+        "mostly_frozen",
+        "",
+        260,
+        frozen_but_batch_norm,
+    ),
+    Case(
+        "layer-not-in-optimizer",
+        "GRU LM",
+        "the decoder's parameters left out of Adam",
+        "zjunlp/HVPNeT#5 (crf and fc never added to the optimizer), ACEsuit/mace#525",
+        "params_not_in_optimizer",
+        "head",
+        120,
+        layer_not_in_optimizer,
+    ),
+    Case(
+        "stale-optimizer",
+        "transformer",
+        "model deep-copied after the optimizer was built",
+        "skorch-dev/skorch#317 (weights don't update after copy.deepcopy), "
+        "pytorch/pytorch#14467 (warn when the optimizer's params are not the model's)",
+        "optimizer_not_for_model",
+        "",
+        120,
+        stale_optimizer,
+    ),
+    Case(
+        "lr-far-too-low",
+        "transformer",
+        "Adam at lr 1e-7",
+        "the lesson: 'lower (or raise) the learning rate as a controlled experiment'",
+        "update_ratio",
+        "embed",
+        160,
+        lr_far_too_low,
+    ),
+    Case(
+        "warmup-never-stepped",
+        "LSTM LM",
+        "LambdaLR warmup from 0, scheduler.step() missing",
+        "huggingface/transformers#1144: the warmup lambda only advances with scheduler.step()",
+        "updates_not_applied",
+        "embed",
+        120,
+        warmup_never_stepped,
+    ),
+    Case(
+        "no-optimizer-step",
+        "LSTM LM",
+        "optimizer.step() missing from the loop",
+        "pytorch/text#671 and many forum threads: the loss never moves",
+        "no_updates",
+        "",
+        160,
+        no_optimizer_step,
+    ),
+    Case(
+        "eval-in-train-mode",
+        "CNN+BN+dropout",
+        "validation without model.eval()",
+        KARPATHY + " #2: forgot to toggle train/eval mode",
+        "eval_in_train_mode",
+        "",
+        120,
+        eval_in_train_mode,
+    ),
+    Case(
+        "eval-with-grad",
+        "GRU LM",
+        "validation without torch.inference_mode()",
+        "the lesson's common mistake: eval() and disabled gradient recording are orthogonal",
+        "eval_with_grad",
+        "",
+        120,
+        eval_with_grad,
+    ),
+    Case(
+        "stale-ddp-replicas",
+        "CNN+BN x2 ranks",
+        "one rank's replica diverges (no sync)",
+        "DDP replicas out of sync after a rank-local change",
+        "replicas_diverged",
+        "",
+        0,
+        _not_run,
+        pending="issue 11 (cross-rank checks)",
+    ),
 ]

@@ -20,8 +20,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 # --- data -------------------------------------------------------------------------------
 
 
-def images(count: int, *, classes: int = 4, size: int = 12, seed: int = 0,
-           noise: float = 0.6) -> Batch:
+def images(
+    count: int, *, classes: int = 4, size: int = 12, seed: int = 0, noise: float = 0.6
+) -> Batch:
     """Noisy copies of one random template per class: a CNN learns them in a few
     hundred steps. Inputs [count, 1, size, size], int64 labels."""
     gen = torch.Generator().manual_seed(seed)
@@ -77,8 +78,7 @@ def series(count: int, *, length: int = 24, raw_units: bool = True, seed: int = 
     phase = torch.rand(count, 1, generator=gen) * 2 * math.pi
     freq = 0.2 + 0.3 * torch.rand(count, 1, generator=gen)
     t = torch.arange(length + 1).float()
-    s = 300 + 120 * torch.sin(freq * t + phase) + 10 * torch.randn(count, length + 1,
-                                                                   generator=gen)
+    s = 300 + 120 * torch.sin(freq * t + phase) + 10 * torch.randn(count, length + 1, generator=gen)
     if not raw_units:
         s = (s - s.mean()) / s.std()
     return s[:, :-1, None], s[:, -1:]
@@ -155,13 +155,15 @@ class TinyTransformer(nn.Module):
     """A causal two-layer transformer language model; ``detach_positions`` cuts the
     positional embedding out of the graph (a bug)."""
 
-    def __init__(self, vocab: int = 16, dim: int = 32, length: int = 12,
-                 detach_positions: bool = False) -> None:
+    def __init__(
+        self, vocab: int = 16, dim: int = 32, length: int = 12, detach_positions: bool = False
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(length, dim)
-        layer = nn.TransformerEncoderLayer(dim, 2, dim_feedforward=64, dropout=0.0,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            dim, 2, dim_feedforward=64, dropout=0.0, batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.head = nn.Linear(dim, vocab)
         self.detach_positions = detach_positions
@@ -177,8 +179,9 @@ class TinyTransformer(nn.Module):
         return self.head(h)
 
 
-def deep_mlp(depth: int, activation: Callable[[], nn.Module], *, dim: int = 16,
-             width: int = 32, out: int = 1) -> nn.Sequential:
+def deep_mlp(
+    depth: int, activation: Callable[[], nn.Module], *, dim: int = 16, width: int = 32, out: int = 1
+) -> nn.Sequential:
     """``depth`` Linear+activation blocks and a linear output (layers 0, 2, 4, ...)."""
     layers: list[nn.Module] = []
     size = dim

@@ -62,14 +62,24 @@ try:
 except ImportError:  # an older probes: its own thinning (keep the last of each group)
     from probes.replay import merge_steps, thin
 
-    def thin_records(records: list[dict[str, Any]], group: int, *,
-                     keep_first: bool = True) -> list[dict[str, Any]]:
+    def thin_records(
+        records: list[dict[str, Any]], group: int, *, keep_first: bool = True
+    ) -> list[dict[str, Any]]:
         steps = sum(r.get("kind") == "step" for r in records)
-        return thin(records, max(1, steps // group), is_step=lambda r: r.get("kind") == "step",
-                    merge=lambda g: [merge_steps(g)], keep_first=keep_first)
+        return thin(
+            records,
+            max(1, steps // group),
+            is_step=lambda r: r.get("kind") == "step",
+            merge=lambda g: [merge_steps(g)],
+            keep_first=keep_first,
+        )
 
-MODES = {"every": "every step a record", "full": "full speed, thinned",
-         "x50": "every-step records thinned x50 (a 3,000 steps/s run)"}
+
+MODES = {
+    "every": "every step a record",
+    "full": "full speed, thinned",
+    "x50": "every-step records thinned x50 (a 3,000 steps/s run)",
+}
 THINNED = 50  # steps per record for x50: 3,000 steps/s at the sender's 60 records/s
 
 
@@ -96,16 +106,22 @@ def run(case: Case, *, twin: bool, mode: str, steps: int | None = None) -> Outco
     options = {"max_steps_per_s": 1e9} if mode == "every" else {}
 
     def watch(model: Any, optimizer: Any, **kw: Any) -> Any:
-        return probes.watch(model, optimizer, address=collector.address,
-                            run=f"{case.name}{'-twin' if twin else ''}", **{**options, **kw})
+        return probes.watch(
+            model,
+            optimizer,
+            address=collector.address,
+            run=f"{case.name}{'-twin' if twin else ''}",
+            **{**options, **kw},
+        )
 
     torch.manual_seed(0)
     started = time.perf_counter()
     try:
         case.run(twin, watch, steps or case.steps)
         seconds = time.perf_counter() - started
-        if not collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames),
-                                  timeout=30):
+        if not collector.wait_for(
+            lambda frames: any(f["kind"] == "bye" for f in frames), timeout=30
+        ):
             raise RuntimeError(f"{case.name}: the probe never said bye")
         return monitor(list(collector.frames), seconds)
     finally:
@@ -162,8 +178,10 @@ def table(rows: list[Row]) -> str:
     for row in rows:
         case = row.case
         if case.pending:
-            lines.append(f"| {case.name} | {case.model} | {case.expect} | - | pending: "
-                         f"{case.pending} |" + " |" * (columns - 5))
+            lines.append(
+                f"| {case.name} | {case.model} | {case.expect} | - | pending: "
+                f"{case.pending} |" + " |" * (columns - 5)
+            )
             continue
         cells = [case.name, case.model, case.expect, case.subject or "(run)"]
         for mode in MODES:
@@ -179,9 +197,11 @@ def table(rows: list[Row]) -> str:
         hits = sum(v[0] for v in verdicts)
         alarms = sum(v[4] for v in verdicts)
         over = sum(v[3] > 3 for v in verdicts)
-        lines.append(f"\n{label}: raised with the right kind and first layer {hits}/"
-                     f"{len(judged)}; false alarms on twins {alarms}; cases with more than 3 "
-                     f"ALERT lines {over}")
+        lines.append(
+            f"\n{label}: raised with the right kind and first layer {hits}/"
+            f"{len(judged)}; false alarms on twins {alarms}; cases with more than 3 "
+            f"ALERT lines {over}"
+        )
     return "\n".join(lines)
 
 
@@ -189,8 +209,10 @@ def details(rows: list[Row]) -> str:
     out = []
     for row in rows:
         for mode, (bug, twin) in row.results.items():
-            out.append(f"## {row.case.name} [{mode}] {bug.steps} steps in {bug.records} "
-                       f"records, {bug.seconds:.1f} s")
+            out.append(
+                f"## {row.case.name} [{mode}] {bug.steps} steps in {bug.records} "
+                f"records, {bug.seconds:.1f} s"
+            )
             out += [f"   {line}" for line in bug.lines]
             if bug.causes:
                 out.append(f"   {bug.causes}")
@@ -203,9 +225,11 @@ class ReferenceProbe:
     directly (``p.grad``, float64) just before ``optimizer.step()``."""
 
     def __init__(self, model: Any, optimizer: Any) -> None:
-        self.layers = {name or "(root)": ps for name, module in model.named_modules()
-                       if (ps := [p for p in module.parameters(recurse=False)
-                                  if p.requires_grad])}
+        self.layers = {
+            name or "(root)": ps
+            for name, module in model.named_modules()
+            if (ps := [p for p in module.parameters(recurse=False) if p.requires_grad])
+        }
         self.norms: list[dict[str, float]] = []
         self._hook = optimizer.register_step_pre_hook(self._read)
         self._read_before_clip = False
@@ -242,14 +266,19 @@ class ReferenceProbe:
         self._hook.remove()
 
 
-def first_crossing(norms: list[dict[str, float]], bound: float = 100.0, growth: float = 50.0,
-                   floor: float = 10.0, window: int = 10) -> tuple[int, list[str]] | None:
+def first_crossing(
+    norms: list[dict[str, float]],
+    bound: float = 100.0,
+    growth: float = 50.0,
+    floor: float = 10.0,
+    window: int = 10,
+) -> tuple[int, list[str]] | None:
     """The first step a layer's norm is over ``bound``, or over ``floor`` and ``growth``
     times its low of the ``window`` steps before; the layers that are, in model order."""
     for step, now in enumerate(norms):
         over = []
         for name, value in now.items():
-            before = [n[name] for n in norms[max(0, step - window):step] if name in n]
+            before = [n[name] for n in norms[max(0, step - window) : step] if name in n]
             low = min(before, default=0.0)
             if value > bound or (value > floor and low > 0 and value >= growth * low):
                 over.append(name)
@@ -288,9 +317,9 @@ def reference(case: Case, steps: int | None) -> str:
 
 def train_alone(case: Case, twin: bool, delay: float, steps: int | None) -> None:
     """The case as a plain script against whatever monitor listens (TRAINTOP_ADDRESS)."""
+
     def watch(model: Any, optimizer: Any, **kw: Any) -> Any:
-        probe = probes.watch(model, optimizer, run=f"{case.name}{'-twin' if twin else ''}",
-                             **kw)
+        probe = probes.watch(model, optimizer, run=f"{case.name}{'-twin' if twin else ''}", **kw)
         if delay:
             original = probe.step
 
@@ -308,8 +337,12 @@ def train_alone(case: Case, twin: bool, delay: float, steps: int | None) -> None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", help="run only these cases")
-    parser.add_argument("--mode", action="append", choices=list(MODES),
-                        help="x50 thins the every-step records (it needs every)")
+    parser.add_argument(
+        "--mode",
+        action="append",
+        choices=list(MODES),
+        help="x50 thins the every-step records (it needs every)",
+    )
     parser.add_argument("--train", help="run one case as a training script")
     parser.add_argument("--twin", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0)
@@ -334,11 +367,16 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 if mode == "x50":
                     continue
-                results[mode] = (run(case, twin=False, mode=mode, steps=args.steps),
-                                 run(case, twin=True, mode=mode, steps=args.steps))
+                results[mode] = (
+                    run(case, twin=False, mode=mode, steps=args.steps),
+                    run(case, twin=True, mode=mode, steps=args.steps),
+                )
                 bug, twin = results[mode]
-                print(f"{case.name} [{mode}]: {len(bug.lines)} lines, twin {len(twin.lines)}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{case.name} [{mode}]: {len(bug.lines)} lines, twin {len(twin.lines)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if "every" in results and "x50" in modes:
                 results["x50"] = tuple(thinned(o) for o in results["every"])  # type: ignore[assignment]
         for mode in MODES:  # a mode not run reads as empty

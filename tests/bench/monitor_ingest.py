@@ -51,24 +51,49 @@ class Load:
 def rank_frames(load: Load, rank: int, job: str) -> bytes:
     """A rank's hello and step records, encoded as a probe sends them."""
     rng = random.Random(rank)
-    layers = [f"blocks.{i // 4}.{('attn', 'mlp', 'norm1', 'norm2')[i % 4]}"
-              for i in range(load.layers)]
-    out = [encode_frame(make_frame(
-        "hello", run=f"{job}-r{rank}", name="ingest", pid=1000 + rank, host=f"node{rank // 8}",
-        job=job, rank=rank, local_rank=rank % 8, world_size=load.ranks, sync="ddp",
-        torch="2.13.0", layers=layers, param_counts=[1000] * load.layers,
-        config={"every": 1, "sample_every": 20}))]
+    layers = [
+        f"blocks.{i // 4}.{('attn', 'mlp', 'norm1', 'norm2')[i % 4]}" for i in range(load.layers)
+    ]
+    out = [
+        encode_frame(
+            make_frame(
+                "hello",
+                run=f"{job}-r{rank}",
+                name="ingest",
+                pid=1000 + rank,
+                host=f"node{rank // 8}",
+                job=job,
+                rank=rank,
+                local_rank=rank % 8,
+                world_size=load.ranks,
+                sync="ddp",
+                torch="2.13.0",
+                layers=layers,
+                param_counts=[1000] * load.layers,
+                config={"every": 1, "sample_every": 20},
+            )
+        )
+    ]
     span = load.span
     for index in range(load.records):
         last = (index + 1) * span - 1
         # as a probe sends them: float32 values in 9 significant digits
         grads = [float(f"{0.1 + 0.01 * rng.random():.9g}") for _ in range(load.layers)]
-        frame = make_frame("step", run=f"{job}-r{rank}", step=last, time=1000.0 + last / 100,
-                           duration=0.01 * span, probe_time=0.0002 * span,
-                           scalars={"loss": 1.0 / (1 + last / 1000) + 0.01 * rng.random()},
-                           lr=[1e-3], grad_norms=grads,
-                           grad_norm_total=math.sqrt(sum(g * g for g in grads)),
-                           none_grads=0, dropped=0, seq=index + 1)
+        frame = make_frame(
+            "step",
+            run=f"{job}-r{rank}",
+            step=last,
+            time=1000.0 + last / 100,
+            duration=0.01 * span,
+            probe_time=0.0002 * span,
+            scalars={"loss": 1.0 / (1 + last / 1000) + 0.01 * rng.random()},
+            lr=[1e-3],
+            grad_norms=grads,
+            grad_norm_total=math.sqrt(sum(g * g for g in grads)),
+            none_grads=0,
+            dropped=0,
+            seq=index + 1,
+        )
         if span > 1:
             frame["span"] = [last - span + 1, last]
             frame["grad_norms_max"] = [float(f"{g * 1.1:.9g}") for g in grads]
@@ -102,8 +127,10 @@ async def absorb(load: Load, path: str) -> tuple[float, int]:
     # every client has made its records and connected by then
     start = time.time() + 2.0 + 0.05 * load.ranks + load.records * load.ranks * 2e-5
     context = multiprocessing.get_context("fork")
-    clients = [context.Process(target=client, args=(path, load, rank, job, start))
-               for rank in range(load.ranks)]
+    clients = [
+        context.Process(target=client, args=(path, load, rank, job, start))
+        for rank in range(load.ranks)
+    ]
     for process in clients:
         process.start()
     expected = load.ranks * load.records
@@ -149,20 +176,29 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer and smaller rows")
     args = parser.parse_args()
     scale = 4 if args.quick else 1
-    rate_rows = [Load(1, 200, 20000 // scale, 20000 // scale),
-                 Load(8, 200, 3000 // scale, 3000 // scale),
-                 Load(64, 200, 400 // scale, 400 // scale),
-                 Load(8, 50, 3000 // scale, 3000 // scale),
-                 Load(8, 1000, 600 // scale, 600 // scale)]
+    rate_rows = [
+        Load(1, 200, 20000 // scale, 20000 // scale),
+        Load(8, 200, 3000 // scale, 3000 // scale),
+        Load(64, 200, 400 // scale, 400 // scale),
+        Load(8, 50, 3000 // scale, 3000 // scale),
+        Load(8, 1000, 600 // scale, 600 // scale),
+    ]
     memory_rows = [Load(64, 200, 2000 // scale, 100_000)]
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; the monitor in one "
-          "process, each rank a client process on its own connection")
-    print(f"{'ranks':>6}{'layers':>8}{'records/rank':>14}{'steps/rank':>12}"
-          f"{'records/s':>12}{'peak MB':>10}")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cores; the monitor in one "
+        "process, each rank a client process on its own connection"
+    )
+    print(
+        f"{'ranks':>6}{'layers':>8}{'records/rank':>14}{'steps/rank':>12}"
+        f"{'records/s':>12}{'peak MB':>10}"
+    )
     for load in rate_rows + memory_rows:
         rate, memory = measure(load)
-        print(f"{load.ranks:>6}{load.layers:>8}{load.records:>14,}{load.steps:>12,}"
-              f"{rate:>12,.0f}{memory:>10.0f}", flush=True)
+        print(
+            f"{load.ranks:>6}{load.layers:>8}{load.records:>14,}{load.steps:>12,}"
+            f"{rate:>12,.0f}{memory:>10.0f}",
+            flush=True,
+        )
     return 0
 
 

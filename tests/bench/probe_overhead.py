@@ -56,8 +56,9 @@ def mlp24() -> nn.Module:
 class TinyTransformer(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, batch_first=True,
-                                           dropout=0.0)
+        layer = nn.TransformerEncoderLayer(
+            256, 4, dim_feedforward=1024, batch_first=True, dropout=0.0
+        )
         self.encoder = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
         self.head = nn.Linear(256, 1)
 
@@ -66,24 +67,41 @@ class TinyTransformer(nn.Module):
 
 
 def mlp3() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                         nn.Linear(64, 1))
+    return nn.Sequential(
+        nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)
+    )
 
 
 def workloads(quick: bool) -> list[Workload]:
     scale = 2 if quick else 1
     return [
-        Workload("(a) MLP 24 x Linear(512,512), b64, Adam", mlp24,
-                 lambda p: torch.optim.Adam(p, lr=1e-4),
-                 lambda: (torch.randn(64, 512), torch.randn(64, 512)), nn.functional.mse_loss,
-                 rounds=12 // scale, block=10),
-        Workload("(b) Transformer 6 x d256 h4, seq128 b8, AdamW", TinyTransformer,
-                 lambda p: torch.optim.AdamW(p, lr=1e-4),
-                 lambda: (torch.randn(8, 128, 256), torch.randn(8, 128, 1)),
-                 nn.functional.mse_loss, rounds=6 // scale, block=3),
-        Workload("(c) MLP 3 x width 64, b32", mlp3, lambda p: torch.optim.Adam(p, lr=1e-3),
-                 lambda: (torch.randn(32, 64), torch.randn(32, 1)), nn.functional.mse_loss,
-                 rounds=20 // scale, block=200),
+        Workload(
+            "(a) MLP 24 x Linear(512,512), b64, Adam",
+            mlp24,
+            lambda p: torch.optim.Adam(p, lr=1e-4),
+            lambda: (torch.randn(64, 512), torch.randn(64, 512)),
+            nn.functional.mse_loss,
+            rounds=12 // scale,
+            block=10,
+        ),
+        Workload(
+            "(b) Transformer 6 x d256 h4, seq128 b8, AdamW",
+            TinyTransformer,
+            lambda p: torch.optim.AdamW(p, lr=1e-4),
+            lambda: (torch.randn(8, 128, 256), torch.randn(8, 128, 1)),
+            nn.functional.mse_loss,
+            rounds=6 // scale,
+            block=3,
+        ),
+        Workload(
+            "(c) MLP 3 x width 64, b32",
+            mlp3,
+            lambda p: torch.optim.Adam(p, lr=1e-3),
+            lambda: (torch.randn(32, 64), torch.randn(32, 1)),
+            nn.functional.mse_loss,
+            rounds=20 // scale,
+            block=200,
+        ),
     ]
 
 
@@ -130,6 +148,7 @@ def make_variants(work: Workload, address: str, names: list[str]) -> list[Varian
             loss = work.loss(model(x), y)
             loss.backward()
             opt.step()
+
         return Variant("bare loop", model, opt, step)
 
     def probed(label: str, *, guard: bool = False, anomaly: bool = False) -> Variant:
@@ -147,6 +166,7 @@ def make_variants(work: Workload, address: str, names: list[str]) -> list[Varian
                 loss.backward()
                 opt.step()
                 probe.log(loss=loss)
+
         return Variant(label, model, opt, step, probe=probe, own=own)
 
     def tensorboard() -> Variant | None:
@@ -169,6 +189,7 @@ def make_variants(work: Workload, address: str, names: list[str]) -> list[Varian
                 writer.add_scalar(f"grad_norm/{name}", param.grad.norm().item(), counter[0])
             opt.step()
             counter[0] += 1
+
         return Variant("tensorboard add_scalar", model, opt, step)
 
     builders: dict[str, Callable[[], Variant | None]] = {
@@ -252,16 +273,20 @@ def measure(variants: list[Variant], work: Workload) -> dict[str, float]:
 
 def table(variants: list[Variant], own: dict[str, float], budget: float) -> list[str]:
     bare = statistics.median(variants[0].times)
-    rows = [f"  {'variant':<24}{'median step':>14}{'ratio':>9}{'added':>12}"
-            f"{'own time':>12}{'verdict':>11}"]
+    rows = [
+        f"  {'variant':<24}{'median step':>14}{'ratio':>9}{'added':>12}"
+        f"{'own time':>12}{'verdict':>11}"
+    ]
     for variant in variants:
         median = statistics.median(variant.times)
         own_time = f"{own[variant.name] * 1e6:9.1f} us" if variant.name in own else ""
         verdict = ""
         if variant.name == "traintop probe":
             verdict = "ok" if own[variant.name] <= budget else "OVER"
-        rows.append(f"  {variant.name:<24}{median * 1e3:11.3f} ms{median / bare:9.3f}"
-                    f"{(median - bare) * 1e6:9.1f} us{own_time:>12}{verdict:>11}")
+        rows.append(
+            f"  {variant.name:<24}{median * 1e3:11.3f} ms{median / bare:9.3f}"
+            f"{(median - bare) * 1e6:9.1f} us{own_time:>12}{verdict:>11}"
+        )
     return rows
 
 
@@ -275,15 +300,17 @@ def run_workload(work: Workload, address: str) -> list[str]:
     foreach, naive = floor_costs(work)
     in_step = floor_in_step(work, min(work.rounds * work.block, 400))
     budget = 1.5 * in_step + 30e-6
-    return [f"\n{work.name}   ({work.rounds} rounds x {work.block} steps per variant)",
-            f"  floor, one _foreach_norm over all grads: {in_step * 1e6:.1f} us in the step "
-            f"(after backward), {foreach * 1e6:.1f} us in a tight loop",
-            f"  naive p.grad.norm().item() loop: {naive * 1e6:.1f} us   "
-            f"budget = 1.5 x floor in the step + 30 us = {budget * 1e6:.0f} us",
-            "  default settings (probe every step, sampled statistics every 20):",
-            *table(main, own, budget),
-            "  not on by default (a separate pass against its own bare loop):",
-            *table(costly, own, budget)]
+    return [
+        f"\n{work.name}   ({work.rounds} rounds x {work.block} steps per variant)",
+        f"  floor, one _foreach_norm over all grads: {in_step * 1e6:.1f} us in the step "
+        f"(after backward), {foreach * 1e6:.1f} us in a tight loop",
+        f"  naive p.grad.norm().item() loop: {naive * 1e6:.1f} us   "
+        f"budget = 1.5 x floor in the step + 30 us = {budget * 1e6:.0f} us",
+        "  default settings (probe every step, sampled statistics every 20):",
+        *table(main, own, budget),
+        "  not on by default (a separate pass against its own bare loop):",
+        *table(costly, own, budget),
+    ]
 
 
 # --- the frameworks: a bare Trainer against the same Trainer with the callback --------
@@ -320,15 +347,28 @@ def hf_round(address: str | None, steps: int, clock: StepClock) -> list[float]:
             clock.tick()
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=512,
-                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=128,
+        n_head=4,
+        vocab_size=512,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(config)
     ids = torch.randint(0, 512, (64,))
     data = [{"input_ids": ids, "labels": ids}] * (8 * steps)
     args = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="tt-bench-hf-"), max_steps=steps,
-        per_device_train_batch_size=8, report_to="none", save_strategy="no", use_cpu=True,
-        disable_tqdm=True, logging_strategy="no")
+        output_dir=tempfile.mkdtemp(prefix="tt-bench-hf-"),
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_strategy="no",
+    )
     callbacks: list[Any] = [Clock()]
     own_lists: list[list[float]] = []
     if address is not None:
@@ -341,8 +381,7 @@ def hf_round(address: str | None, steps: int, clock: StepClock) -> list[float]:
 
         callbacks += [traintop, CountOwn()]  # (after traintop: its probe exists by then)
     clock.restart()
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                   callbacks=callbacks)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
     trainer.train()
     return [t for counted in own_lists for t in counted]
 
@@ -358,8 +397,9 @@ def lightning_round(address: str | None, steps: int, clock: StepClock) -> list[f
         def __init__(self) -> None:
             super().__init__()
             torch.manual_seed(0)
-            self.net = nn.Sequential(*[m for _ in range(8)
-                                       for m in (nn.Linear(256, 256), nn.ReLU())])
+            self.net = nn.Sequential(
+                *[m for _ in range(8) for m in (nn.Linear(256, 256), nn.ReLU())]
+            )
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
@@ -374,7 +414,8 @@ def lightning_round(address: str | None, steps: int, clock: StepClock) -> list[f
 
     x = torch.randn(64, 256)
     loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(x.repeat(steps, 1), x.repeat(steps, 1)), batch_size=64)
+        torch.utils.data.TensorDataset(x.repeat(steps, 1), x.repeat(steps, 1)), batch_size=64
+    )
     callbacks: list[Any] = [Clock()]
     own_lists: list[list[float]] = []
     if address is not None:
@@ -387,9 +428,15 @@ def lightning_round(address: str | None, steps: int, clock: StepClock) -> list[f
 
         callbacks += [traintop, CountOwn()]
     clock.restart()
-    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=callbacks)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
     trainer.fit(Module(), loader)
     return [t for counted in own_lists for t in counted]
 
@@ -402,45 +449,57 @@ def framework_rows(address: str, rounds: int, steps: int) -> list[str]:
 
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
-    rows = ["\n(d, e) the frameworks: Trainer alone against Trainer + TraintopCallback "
-            f"({rounds} rounds x {steps} steps each)",
-            f"  {'framework':<34}{'bare step':>12}{'with callback':>15}{'ratio':>8}"
-            f"{'added':>11}{'probe own':>12}"]
-    for name, run_round in (("(d) HF Trainer, GPT-2 2 x d128", hf_round),
-                            ("(e) Lightning, MLP 8 x 256", lightning_round)):
+    rows = [
+        "\n(d, e) the frameworks: Trainer alone against Trainer + TraintopCallback "
+        f"({rounds} rounds x {steps} steps each)",
+        f"  {'framework':<34}{'bare step':>12}{'with callback':>15}{'ratio':>8}"
+        f"{'added':>11}{'probe own':>12}",
+    ]
+    for name, run_round in (
+        ("(d) HF Trainer, GPT-2 2 x d128", hf_round),
+        ("(e) Lightning, MLP 8 x 256", lightning_round),
+    ):
         bare, watched, own = StepClock(), StepClock(), []
         for _ in range(rounds):
             run_round(None, steps, bare)
             own += run_round(address, steps, watched)
         bare_median = statistics.median(bare.times)
         watched_median = statistics.median(watched.times)
-        rows.append(f"  {name:<34}{bare_median * 1e3:9.2f} ms{watched_median * 1e3:12.2f} ms"
-                    f"{watched_median / bare_median:8.3f}"
-                    f"{(watched_median - bare_median) * 1e6:8.0f} us"
-                    f"{statistics.fmean(own) * 1e6:9.0f} us")
+        rows.append(
+            f"  {name:<34}{bare_median * 1e3:9.2f} ms{watched_median * 1e3:12.2f} ms"
+            f"{watched_median / bare_median:8.3f}"
+            f"{(watched_median - bare_median) * 1e6:8.0f} us"
+            f"{statistics.fmean(own) * 1e6:9.0f} us"
+        )
     return rows
 
 
 def start_monitor(address: str) -> subprocess.Popen:
     env = {**os.environ, "TRAINTOP_ADDRESS": address}
-    return subprocess.Popen([sys.executable, "-m", "tui.cli", "--headless",
-                             "--summary-every", "1000000000"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", "--headless", "--summary-every", "1000000000"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--only", help="run only workloads whose name contains this")
-    parser.add_argument("--no-frameworks", action="store_true",
-                        help="skip the HF Trainer and Lightning rows")
+    parser.add_argument(
+        "--no-frameworks", action="store_true", help="skip the HF Trainer and Lightning rows"
+    )
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     folder = tempfile.mkdtemp(prefix="tt-bench-")
     address = f"unix:{folder}/monitor.sock"
     monitor = start_monitor(address)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"probes {probes.__name__}, monitor pid {monitor.pid}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"probes {probes.__name__}, monitor pid {monitor.pid}"
+    )
     try:
         for work in workloads(args.quick):
             if args.only and args.only not in work.name:

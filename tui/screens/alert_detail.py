@@ -30,8 +30,7 @@ class AlertDetail(PanelScreen):
         with VerticalScroll():
             yield Static(self._title(), id="title")
             yield Static(evidence_table(alert), id="evidence")
-            yield Static(Text.assemble(("What it signals. ", "bold"), alert.signal),
-                         id="signal")
+            yield Static(Text.assemble(("What it signals. ", "bold"), alert.signal), id="signal")
             if len(alert.layers) > 1 or alert.folded:
                 yield Static(incident_text(alert), id="incident")
             yield Static(experiments_text(alert), id="experiments")
@@ -52,8 +51,9 @@ class AlertDetail(PanelScreen):
 
 def evidence_table(alert: Alert) -> Table:
     """The numbers that triggered the alert."""
-    table = Table(title="Evidence", title_justify="left", show_header=False, box=None,
-                  padding=(0, 2, 0, 0))
+    table = Table(
+        title="Evidence", title_justify="left", show_header=False, box=None, padding=(0, 2, 0, 0)
+    )
     table.add_column("what", style="bold")
     table.add_column("value")
     for key, value in alert.evidence.items():
@@ -68,13 +68,19 @@ def incident_text(alert: Alert) -> Text:
     text = Text()
     if len(alert.layers) > 1:
         text.append("Layers ", style="bold")
-        text.append(f"({len(alert.layers)}, the first failing first): "
-                    + ", ".join(alert.layers[:12]) + (" ..." if len(alert.layers) > 12 else "")
-                    + "\n")
+        text.append(
+            f"({len(alert.layers)}, the first failing first): "
+            + ", ".join(alert.layers[:12])
+            + (" ..." if len(alert.layers) > 12 else "")
+            + "\n"
+        )
     if alert.folded:
         text.append("Folded under it ", style="bold")
-        text.append("(consequences, not raised on their own): "
-                    + ", ".join(f.replace("@", " at step ") for f in alert.folded) + "\n")
+        text.append(
+            "(consequences, not raised on their own): "
+            + ", ".join(f.replace("@", " at step ") for f in alert.folded)
+            + "\n"
+        )
     return text
 
 

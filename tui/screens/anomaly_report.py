@@ -47,8 +47,7 @@ class AnomalyReportScreen(PanelScreen):
             first = self.report.get("first_non_finite")
             if first:
                 yield Static(module_table(first), id="first-module")
-            yield Static(traceback_text(self.report.get("forward_traceback") or []),
-                         id="traceback")
+            yield Static(traceback_text(self.report.get("forward_traceback") or []), id="traceback")
             yield Static(Text("Escape closes.", style="dim"))
 
     def _headline(self) -> Text:
@@ -80,8 +79,7 @@ class AnomalyReportScreen(PanelScreen):
             text.append("first non-finite forward output  ", style="bold")
             text.append(f"{first['name']} ({first['type']})", style="bold red")
         elif op:
-            text.append("forward outputs all finite: the NaN was born in the backward",
-                        style="dim")
+            text.append("forward outputs all finite: the NaN was born in the backward", style="dim")
         return text
 
 
@@ -113,7 +111,8 @@ def traceback_text(frames: list[dict[str, Any]]) -> Text:
     if not frames:
         text.append("  none recorded", style="dim")
     for frame in frames:
-        text.append(f"  {frame.get('file')}:{frame.get('line')} in {frame.get('function')}\n",
-                    style="cyan")
+        text.append(
+            f"  {frame.get('file')}:{frame.get('line')} in {frame.get('function')}\n", style="cyan"
+        )
         text.append(f"      {frame.get('code', '')}\n")
     return text

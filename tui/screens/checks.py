@@ -32,13 +32,20 @@ class ChecksScreen(PanelScreen):
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             if not self.reports:
-                yield Static(Text("No checks yet. Run probes.check_split, check_batch, "
-                                  "check_preprocessing or overfit_batch with probe=... to "
-                                  "see them here.", style="dim"), id="empty")
+                yield Static(
+                    Text(
+                        "No checks yet. Run probes.check_split, check_batch, "
+                        "check_preprocessing or overfit_batch with probe=... to "
+                        "see them here.",
+                        style="dim",
+                    ),
+                    id="empty",
+                )
             for index, report in enumerate(self.reports):
                 style = "green" if report.get("ok") else "bold red"
                 title = Text(f"{report.get('check')}  ", style="bold")
                 title.append("ok" if report.get("ok") else "findings", style=style)
                 title.append(f"  (step {report.get('step')})", style="dim")
-                yield Static(Text.assemble(title, "\n", str(report.get("text", ""))),
-                             id=f"check-{index}")
+                yield Static(
+                    Text.assemble(title, "\n", str(report.get("text", ""))), id=f"check-{index}"
+                )

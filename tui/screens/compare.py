@@ -54,14 +54,24 @@ class ComparePicker(ModalScreen[list[str] | None]):
         runs = list(self.state.runs.values())
         every = len(runs) <= PRESELECT_UP_TO
         with Vertical():
-            yield Static(Text.assemble(
-                ("Compare runs\n", "bold"),
-                "space or Enter picks a run; the first picked is the reference "
-                "(r changes it there). ", ("m", "bold"), " compares, ", ("Escape", "bold"),
-                " cancels."))
-            yield SelectionList[str](*(
-                Selection(run_label(run), run.run_id, every or run.run_id == self.current)
-                for run in runs), id="picked")
+            yield Static(
+                Text.assemble(
+                    ("Compare runs\n", "bold"),
+                    "space or Enter picks a run; the first picked is the reference "
+                    "(r changes it there). ",
+                    ("m", "bold"),
+                    " compares, ",
+                    ("Escape", "bold"),
+                    " cancels.",
+                )
+            )
+            yield SelectionList[str](
+                *(
+                    Selection(run_label(run), run.run_id, every or run.run_id == self.current)
+                    for run in runs
+                ),
+                id="picked",
+            )
 
     def action_compare(self) -> None:
         picked = self.query_one(SelectionList).selected
@@ -165,11 +175,16 @@ class CompareScreen(Screen[None]):
             text.append("● ", style=run_color(index))
             text.append(run.name.ljust(width), style="bold")
             val = validation_label(run)
-            text.append(f"  step {run.last_step:,}  loss {number(run.loss)}"
-                        + (f"  val {val}" if val else "") + f"  {alerts_label(run, short=True)}")
+            text.append(
+                f"  step {run.last_step:,}  loss {number(run.loss)}"
+                + (f"  val {val}" if val else "")
+                + f"  {alerts_label(run, short=True)}"
+            )
         if len(runs) > 1:
-            text.append("\nratios to ref: latest grad norm, peak (largest finite); "
-                        "! went non-finite", style="dim")
+            text.append(
+                "\nratios to ref: latest grad norm, peak (largest finite); ! went non-finite",
+                style="dim",
+            )
         self.header_text = text.plain
         self.query_one("#compare-runs", Static).update(text)
 
@@ -207,14 +222,14 @@ class CompareScreen(Screen[None]):
         self.dismiss()
 
     def action_main_screen_only(self) -> None:
-        self.notify("that key acts on the main screen's run: Escape goes back to it",
-                    timeout=3)
+        self.notify("that key acts on the main screen's run: Escape goes back to it", timeout=3)
 
 
 def _cells(row: LayerRatio) -> list[Text | str]:
     cells: list[Text | str] = [short_name(row.layer, 24), number(row.reference)]
-    for latest, now, peak, bad in zip(row.latest, row.ratios, row.peak_ratios,
-                                      row.went_non_finite, strict=True):
+    for latest, now, peak, bad in zip(
+        row.latest, row.ratios, row.peak_ratios, row.went_non_finite, strict=True
+    ):
         cells += [number(latest), _ratio_text(now), _ratio_text(peak, " !" if bad else "")]
     return cells
 

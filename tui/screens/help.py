@@ -13,12 +13,14 @@ from tui.screens.panel import PanelScreen
 KEYS = (
     ("p", "pause the run at the next step boundary, or resume it"),
     ("n", "while paused: run exactly one step"),
-    ("a", "run the next step under torch.autograd.detect_anomaly (3a: the next three);"
-          " while paused, it runs now"),
+    (
+        "a",
+        "run the next step under torch.autograd.detect_anomaly (3a: the next three);"
+        " while paused, it runs now",
+    ),
     ("v", "view the last anomaly report"),
     ("c", "view the reports of the data and batch checks (check_split, ...)"),
-    ("g", "guard on/off: non-finite gradients skip optimizer.step() and pause (one sync "
-          "a step)"),
+    ("g", "guard on/off: non-finite gradients skip optimizer.step() and pause (one sync a step)"),
     ("-  +", "learning-rate experiment: scale every group's LR by 0.5 or 2 (asks first)"),
     ("enter", "on an alert: its evidence, what it signals and the next experiments"),
     ("l  s", "loss chart: scale (auto, log, linear), smoothing of the train loss"),
@@ -40,8 +42,9 @@ def keys_for(mode: str) -> list[tuple[str, str]]:
     """The key table as true for ``mode`` (``live``, ``demo`` or ``replay``)."""
     keys = list(KEYS)
     if mode == "replay":
-        keys.append(("", f"{' '.join(LIVE_ONLY)}: commands to a live run (a replay has "
-                         "none to take them)"))
+        keys.append(
+            ("", f"{' '.join(LIVE_ONLY)}: commands to a live run (a replay has none to take them)")
+        )
     return [*keys, ("q", QUIT.get(mode, QUIT["live"]))]
 
 
@@ -63,8 +66,13 @@ class HelpScreen(PanelScreen):
         self.mode = mode
 
     def compose(self) -> ComposeResult:
-        table = Table(title="traintop keys", box=None, show_header=False,
-                      padding=(0, 2, 0, 0), title_justify="left")
+        table = Table(
+            title="traintop keys",
+            box=None,
+            show_header=False,
+            padding=(0, 2, 0, 0),
+            title_justify="left",
+        )
         table.add_column("key", style="bold cyan")
         table.add_column("does")
         for key, does in keys_for(self.mode):

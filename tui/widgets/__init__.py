@@ -8,5 +8,12 @@ from tui.widgets.ranks_panel import RanksPanel
 from tui.widgets.run_list import RunList
 from tui.widgets.status_line import StatusLine
 
-__all__ = ["AlertsPanel", "GradHeatmapView", "LayerTable", "LossChart", "RanksPanel",
-           "RunList", "StatusLine"]
+__all__ = [
+    "AlertsPanel",
+    "GradHeatmapView",
+    "LayerTable",
+    "LossChart",
+    "RanksPanel",
+    "RunList",
+    "StatusLine",
+]

@@ -53,10 +53,13 @@ class AlertsPanel(DataTable[Text | str]):
             alert = entry.alert
             style = SEVERITY_STYLE.get(alert.severity, "") if entry.active else "dim"
             others = len(alert.layers) - 1 if alert.subject in alert.layers else 0
-            self.add_row(Text(SEVERITY_MARK.get(alert.severity, "?"), style=style),
-                         f"{alert.step:,}", Text(alert.kind, style=style),
-                         (alert.subject or "run") + (f" +{others}" if others > 0 else ""),
-                         _state(entry))
+            self.add_row(
+                Text(SEVERITY_MARK.get(alert.severity, "?"), style=style),
+                f"{alert.step:,}",
+                Text(alert.kind, style=style),
+                (alert.subject or "run") + (f" +{others}" if others > 0 else ""),
+                _state(entry),
+            )
         if entries:
             self.move_cursor(row=min(cursor, len(entries) - 1))
 
@@ -71,18 +74,25 @@ def sorted_alerts(entries: list[AlertEntry]) -> list[AlertEntry]:
     """Active before cleared; then along the checklist (its rung); within a rung errors
     before warnings before infos; then by step (then in the order raised)."""
     shown = [e for e in entries if not e.folded_under]  # (listed under the job's incident)
-    return sorted(shown, key=lambda e: (not e.active, e.alert.rung,
-                                          -SEVERITY_ORDER.get(e.alert.severity, 0),
-                                          e.alert.step))
+    return sorted(
+        shown,
+        key=lambda e: (
+            not e.active,
+            e.alert.rung,
+            -SEVERITY_ORDER.get(e.alert.severity, 0),
+            e.alert.step,
+        ),
+    )
 
 
 def _state(entry: AlertEntry) -> str:
     """Cleared or not, and the consequences folded under it."""
     parts = []
     if entry.alert.folded:
-        parts.append(f"+{len(entry.alert.folded)} folded: "
-                     + ", ".join(f.split("@")[0] for f in entry.alert.folded))
+        parts.append(
+            f"+{len(entry.alert.folded)} folded: "
+            + ", ".join(f.split("@")[0] for f in entry.alert.folded)
+        )
     if not entry.active:
-        parts.append("cleared" if entry.cleared_at is None
-                     else f"cleared at {entry.cleared_at:,}")
+        parts.append("cleared" if entry.cleared_at is None else f"cleared at {entry.cleared_at:,}")
     return "; ".join(parts)

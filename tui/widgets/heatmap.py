@@ -25,8 +25,7 @@ from tui.widgets.layer_table import short_name
 
 BARS = "▁▂▃▄▅▆▇█"
 # viridis, low to high: dark to bright, readable on a dark or a light background
-COLORS = ("#440154", "#46327e", "#365c8d", "#277f8e", "#1fa187", "#4ac16d", "#a0da39",
-          "#fde725")
+COLORS = ("#440154", "#46327e", "#365c8d", "#277f8e", "#1fa187", "#4ac16d", "#a0da39", "#fde725")
 NON_FINITE_STYLE = "bold white on red"
 NAME_WIDTH_MAX = 16
 REDRAW_EVERY_S = 1.0
@@ -77,8 +76,9 @@ class GradHeatmapView(Vertical):
         shape = (id(run), self.size, run.heatmap.stride if run else 0)
         if shape == self._shown and now - self._drawn_at < REDRAW_EVERY_S:
             if self._catch_up is None:  # draw what came meanwhile, once it is time
-                self._catch_up = self.set_timer(self._drawn_at + REDRAW_EVERY_S - now,
-                                                lambda: self._draw_late(run))
+                self._catch_up = self.set_timer(
+                    self._drawn_at + REDRAW_EVERY_S - now, lambda: self._draw_late(run)
+                )
             return
         self._shown, self._drawn_at = shape, now
         width = self.size.width or 80
@@ -88,7 +88,8 @@ class GradHeatmapView(Vertical):
         heat = run.heatmap if run is not None else None
         if heat is None or heat.columns == 0:
             self.query_one("#heat-legend", Static).update(
-                Text("grad norm heatmap: no gradients yet", style="dim"))
+                Text("grad norm heatmap: no gradients yet", style="dim")
+            )
             self.query_one("#heat-rows", Static).update("")
             self.query_one("#heat-axis", Static).update("")
             self.legend_text, self.axis_text, self.rows_text = "", "", []
@@ -198,14 +199,17 @@ def _legend(scale: tuple[float, float], marks: set[str], steps_per_cell: float) 
 def _axis(first: int, last: int, indent: int, cells: int) -> str:
     """The step axis under the cells: first, middle and last step."""
     line = [" "] * (indent + cells)
-    labels = [(indent, f"{first:,}"), (indent + cells // 2, f"{(first + last) // 2:,}"),
-              (indent + cells, f"{last:,}")]
+    labels = [
+        (indent, f"{first:,}"),
+        (indent + cells // 2, f"{(first + last) // 2:,}"),
+        (indent + cells, f"{last:,}"),
+    ]
     for position, label in labels:
         start = min(max(position - len(label) // 2, indent), indent + cells - len(label))
         if position == indent:
             start = indent
         if position == indent + cells:
             start = indent + cells - len(label)
-        if all(c == " " for c in line[max(start - 1, 0):start + len(label) + 1]):
-            line[start:start + len(label)] = label
+        if all(c == " " for c in line[max(start - 1, 0) : start + len(label) + 1]):
+            line[start : start + len(label)] = label
     return "".join(line).rstrip()

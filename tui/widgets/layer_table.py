@@ -23,8 +23,13 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
 NAME_WIDTH = 40  # longer layer names are shortened in the middle
 VISIBLE_MARGIN = 5  # rows above and below the screen kept up to date too
 UNLAID_ROWS = 100  # rows filled before the table has a size
-STATUS_STYLE = {"non_finite": "bold red", "exploding": "red", "vanishing": "yellow",
-                "none_grad": "magenta", "dead": "bright_black"}
+STATUS_STYLE = {
+    "non_finite": "bold red",
+    "exploding": "red",
+    "vanishing": "yellow",
+    "none_grad": "magenta",
+    "dead": "bright_black",
+}
 
 
 class LayerTable(DataTable[Text | str]):

@@ -57,8 +57,9 @@ class LossChart(PlotextPlot):
         for label, color, xs, ys in lines:
             xs, ys = downsample(xs, ys, limit)
             if xs:
-                plt.plot(xs, ys, label=label, color=color,
-                         marker="braille" if len(xs) > 1 else "dot")
+                plt.plot(
+                    xs, ys, label=label, color=color, marker="braille" if len(xs) > 1 else "dot"
+                )
                 self.plotted[label] = ys
         self._axes(run, [y for _, _, _, ys in lines for y in ys], log)
         self.refresh()
@@ -143,8 +144,9 @@ def _lr_markers(run: RunState | None) -> list[tuple[int, str]]:
     """(step, colour) of each learning-rate experiment run from the monitor."""
     if run is None:
         return []
-    return [(int(e.get("step", 0)), LR_COLOR) for e in run.events
-            if e.get("name") == "lr_scale"][-MAX_MARKERS:]
+    return [(int(e.get("step", 0)), LR_COLOR) for e in run.events if e.get("name") == "lr_scale"][
+        -MAX_MARKERS:
+    ]
 
 
 def _first_non_finite(run: RunState | None) -> float | None:

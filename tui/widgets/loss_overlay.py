@@ -9,9 +9,16 @@ from tui.run import RunState
 from tui.widgets.loss_chart import SMOOTHING, _log_points, ema
 
 # (plotext's name, Rich's name) of one colour: the chart's line and the table's text
-RUN_COLORS = (("cyan", "cyan"), ("orange", "dark_orange"), ("magenta", "magenta"),
-              ("green", "green"), ("yellow", "yellow"), ("blue", "blue"), ("red", "red"),
-              ("white", "white"))
+RUN_COLORS = (
+    ("cyan", "cyan"),
+    ("orange", "dark_orange"),
+    ("magenta", "magenta"),
+    ("green", "green"),
+    ("yellow", "yellow"),
+    ("blue", "blue"),
+    ("red", "red"),
+    ("white", "white"),
+)
 
 
 def run_color(index: int) -> str:
@@ -52,8 +59,9 @@ class LossOverlay(PlotextPlot):
             if series is None:
                 continue
             xs, ys = series.points()
-            lines.append((run.name, _plot_color(index), xs, ema(ys, SMOOTHING),
-                          series.first_non_finite_x()))
+            lines.append(
+                (run.name, _plot_color(index), xs, ema(ys, SMOOTHING), series.first_non_finite_x())
+            )
         every_y = [y for line in lines for y in line[3]]
         log = wants_log_scale(every_y)
         limit = max(2 * self.size.width, 16)
@@ -64,15 +72,22 @@ class LossOverlay(PlotextPlot):
                 xs, ys = _log_points(xs, ys)
             xs, ys = downsample(xs, ys, limit)
             if xs:
-                plt.plot(xs, ys, label=name, color=color,
-                         marker="braille" if len(xs) > 1 else "dot")
+                plt.plot(
+                    xs, ys, label=name, color=color, marker="braille" if len(xs) > 1 else "dot"
+                )
                 self.plotted[name] = ys
                 drawn += ys
             if bad_x is not None:
                 plt.vline(bad_x, color)
-        plt.title("train loss, smoothed" + (", log scale" if log else "")
-                  + ("; a vertical line: the run's first non-finite loss"
-                     if any(line[4] is not None for line in lines) else ""))
+        plt.title(
+            "train loss, smoothed"
+            + (", log scale" if log else "")
+            + (
+                "; a vertical line: the run's first non-finite loss"
+                if any(line[4] is not None for line in lines)
+                else ""
+            )
+        )
         if last_step > 0:
             plt.xlim(0, last_step)
             steps: list[float] = sorted({round(t) for t in axis_ticks(0, last_step, 5)})

@@ -18,8 +18,16 @@ from tui.jobs import JobState, RankSummary
 from tui.run import RunState
 from tui.state import MonitorState
 
-COLUMNS = (("rank", 5), ("host", 12), ("step", 9), ("loss", 9), ("steps/s", 8),
-           ("lag", 6), ("records", 8), ("state", 12))
+COLUMNS = (
+    ("rank", 5),
+    ("host", 12),
+    ("step", 9),
+    ("loss", 9),
+    ("steps/s", 8),
+    ("lag", 6),
+    ("records", 8),
+    ("state", 12),
+)
 MAX_ROWS = 5  # ranks shown at once (the table scrolls for more)
 
 
@@ -61,8 +69,9 @@ class RanksPanel(DataTable[Text | str]):
         summary = job.summary(monitor.runs, time.monotonic())
         self.border_title = job_title(job, monitor, summary)
         rows = [rank_row(line, selected=line.run_id == run.run_id) for line in summary]
-        shown = [tuple(cell.plain if isinstance(cell, Text) else cell for cell in row)
-                 for row in rows]
+        shown = [
+            tuple(cell.plain if isinstance(cell, Text) else cell for cell in row) for row in rows
+        ]
         if shown == self._shown:
             return
         self._shown = shown
@@ -98,8 +107,13 @@ def rank_row(line: RankSummary, *, selected: bool) -> tuple[Text | str, ...]:
     if line.connected and line.quiet_s >= 10:
         state = f"quiet {line.quiet_s:.0f}s"
     style = "bold" if selected else ""
-    return (Text(("▶" if selected else " ") + f"r{line.rank}", style=style), line.host,
-            f"{line.step:,}", number(line.loss),
-            "-" if line.steps_per_s is None else f"{line.steps_per_s:.1f}",
-            str(line.lag), f"{line.records:,}",
-            Text(state, style="" if line.connected else "red"))
+    return (
+        Text(("▶" if selected else " ") + f"r{line.rank}", style=style),
+        line.host,
+        f"{line.step:,}",
+        number(line.loss),
+        "-" if line.steps_per_s is None else f"{line.steps_per_s:.1f}",
+        str(line.lag),
+        f"{line.records:,}",
+        Text(state, style="" if line.connected else "red"),
+    )

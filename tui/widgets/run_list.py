@@ -29,8 +29,9 @@ class RunList(OptionList):
         self.set_class(len(monitor.runs) > 1, "-several")
         ids = [item_id for item_id, _, _ in items]
         if ids != [self.get_option_at_index(i).id for i in range(self.option_count)]:
-            self.set_options(Option(label, id=item_id, disabled=header)
-                             for item_id, label, header in items)
+            self.set_options(
+                Option(label, id=item_id, disabled=header) for item_id, label, header in items
+            )
         else:
             for item_id, label, _ in items:
                 self.replace_option_prompt(item_id, label)

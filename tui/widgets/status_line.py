@@ -48,8 +48,7 @@ def _style(field: str, run: RunState | None) -> str:
     if field.startswith("probe "):
         share = run.probe_share if run is not None else None
         return "yellow" if share is not None and share > PROBE_COST_WARN else ""
-    if (field.startswith(("disconnected", "rejected", "rej ", "probe off"))
-            or "error" in field):
+    if field.startswith(("disconnected", "rejected", "rej ", "probe off")) or "error" in field:
         return "bold red"
     if field.startswith(("dropped", "drop ")) and field not in ("dropped 0", "drop 0"):
         return "yellow"
