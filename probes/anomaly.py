@@ -127,7 +127,7 @@ class AnomalyStep:
             self._handles.append(module.register_forward_hook(eager(self._check)))
         if self.catch:
             self._backward = torch.autograd.backward
-            torch.autograd.backward = self._backward_catching  # type: ignore[assignment]
+            torch.autograd.backward = self._backward_catching
 
     def _backward_catching(self, *args: Any, **kwargs: Any) -> None:
         """torch's backward; the error anomaly mode raises for a non-finite gradient is
@@ -152,7 +152,7 @@ class AnomalyStep:
     def _restore_backward(self) -> None:
         if self._backward is not None:
             if torch.autograd.backward == self._backward_catching:  # ours, still
-                torch.autograd.backward = self._backward  # type: ignore[assignment]
+                torch.autograd.backward = self._backward
             self._backward = None
 
     def _check(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -185,7 +185,7 @@ class AnomalyStep:
         scalars: dict[str, float],
         paused: bool,
         raise_on_anomaly: bool,
-    ) -> dict[str, Any]:
+    ) -> AnomalyReport:
         """Turn everything off and return the anomaly report (a record)."""
         duration = time.perf_counter() - self.started
         self._restore_backward()

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from probes.schema.records import ControlStateFields
 from probes.sender import warn
 from probes.wire import command_signature
 
@@ -39,7 +40,7 @@ class ControlState:
     anomaly_armed: int = 0  # steps still to run under anomaly mode
     guard: bool = False
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ControlStateFields:
         return {"paused": self.paused, "anomaly_armed": self.anomaly_armed, "guard": self.guard}
 
 

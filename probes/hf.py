@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 try:
@@ -41,7 +42,7 @@ from probes.sender import warn
 _STACK_DEPTH = 12  # frames searched above on_train_begin for the Trainer
 
 
-class TraintopCallback(TrainerCallback):  # type: ignore[misc]
+class TraintopCallback(TrainerCallback):
     """Watch a ``transformers.Trainer`` run with traintop.
 
     Args:
@@ -172,7 +173,7 @@ class TraintopCallback(TrainerCallback):  # type: ignore[misc]
 
 def _calling_trainer() -> Any:
     """The ``transformers.Trainer`` whose callback handler called us, from the stack."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(_STACK_DEPTH):
         if frame is None:
             return None

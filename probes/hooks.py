@@ -42,7 +42,7 @@ def eager(hook: Hook) -> Hook:
     of stall in the middle of a run that never compiles)."""
     if not compiling_possible():
         return hook
-    return torch.compiler.disable(hook)  # type: ignore[return-value]
+    return torch.compiler.disable(hook)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

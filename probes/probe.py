@@ -265,7 +265,7 @@ class Probe(StepBoundary):
             return
         try:
             self._log_into(scope.tensors, scope.floats, scalars)
-            self._put_after_step(scope.record())
+            self._put_after_step(dict(scope.record()))
         except Exception as exc:
             scope.remove_hooks()
             self._fail(exc)

@@ -240,7 +240,7 @@ class UpdateNorms:
         """Copy the sampled weights (one batched op)."""
         with torch.no_grad():
             self._views = [self._view(p) for p in self.params]
-            self._before = torch._foreach_mul(self._views, 1.0)
+            self._before = list(torch._foreach_mul(self._views, 1.0))
 
     def after_step(self) -> tuple[list[torch.Tensor], tuple[int, ...] | None] | None:
         """Norms of the sampled change, then of the sampled weights (0-d tensors, one

@@ -20,8 +20,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeGuard
 
 from probes import thinning
 from probes.replay import ReplayHistory, thin
@@ -66,7 +66,7 @@ class PendingRecord(Protocol):
     def to_record(self) -> Record: ...
 
 
-def _is_step(item: Record | PendingRecord) -> bool:
+def _is_step(item: Record | PendingRecord) -> TypeGuard[PendingRecord]:
     return not isinstance(item, dict)
 
 
@@ -137,7 +137,7 @@ class PendingMerge:
                 thinning.Member.of(
                     non_finite=False, keep=False, total=total, scalars=scalars or {}, grads=grads
                 )
-            )  # type: ignore[arg-type]
+            )
         if members:
             self.reference = thinning.ceiling(members)
 
@@ -185,7 +185,7 @@ class Sender:
     def __init__(
         self,
         address: Address,
-        hello: Record,
+        hello: Mapping[str, Any],
         *,
         queue_size: int = 8192,
         flush_interval: float = 0.05,
@@ -193,7 +193,7 @@ class Sender:
         history_capacity: int = 1024,
         on_command: Callable[[Frame], None] | None = None,
         connected: threading.Event | None = None,
-        hello_state: Callable[[], Record] | None = None,
+        hello_state: Callable[[], Mapping[str, Any]] | None = None,
         anchor_every: int = 0,
     ) -> None:
         self.address = address
@@ -206,7 +206,7 @@ class Sender:
         self._history = ReplayHistory(history_capacity)
         self._merge = PendingMerge(anchor_every)
         self._on_command = on_command
-        self._waiting: deque[PendingRecord] = deque()  # popped but not ready yet
+        self._waiting: deque[Record | PendingRecord] = deque()  # popped, not ready yet
         self._outbox: list[Record] = []
         self._sock: socket.socket | None = None
         self._reader = FrameReader()
@@ -282,7 +282,9 @@ class Sender:
         while self._waiting:
             item = self._waiting[0]
             # A copy still in flight: wait for it, unless closing or far behind.
-            if _is_step(item) and not (final or len(self._waiting) > 64 or item.ready()):
+            if not isinstance(item, dict) and not (
+                final or len(self._waiting) > 64 or item.ready()
+            ):
                 break
             ready.append(self._waiting.popleft())
         now = time.monotonic()
@@ -300,7 +302,7 @@ class Sender:
         self._merge.note_sent(_steps(kept))
         connected = self._sock is not None
         for item in kept:
-            record = item.to_record() if _is_step(item) else item
+            record = item if isinstance(item, dict) else item.to_record()
             self._first_step_seen = self._first_step_seen or record["kind"] == "step"
             self._seq += 1
             record["seq"] = self._seq

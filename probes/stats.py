@@ -11,11 +11,12 @@ later; the training thread never waits for the device.
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import torch
 
 from probes.layers import LayerMap, combine_layer_norms
-from probes.schema import StepRecord
+from probes.schema.records import ClipFields, StepRecord
 from probes.thinning import apply as apply_merged
 
 #: The name a clip's total norm (torch's, before clipping) travels under among a step's
@@ -130,7 +131,7 @@ class Measurement:
         """True once ``values`` can be read without waiting for the device."""
         return self.event is None or self.event.query()
 
-    def to_record(self) -> StepRecord:
+    def to_record(self) -> dict[str, Any]:
         """The step record (a dict of plain numbers); waits for the copy if needed."""
         layers = self.layer_map
         values = self._values()
@@ -176,9 +177,10 @@ class Measurement:
             record["not_stepped"] = self.not_stepped
         if self.span is not None:
             record["span"] = list(self.span)
+        plain = cast(dict[str, Any], record)  # (the sender adds its own fields: seq, ...)
         if self.merged is not None:
-            apply_merged(record, self.merged, self.optimizer_step is True)
-        return record
+            apply_merged(plain, self.merged, self.optimizer_step is True)
+        return plain
 
     def peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]:
         """Per-layer gradient norms, their total and the scalars: what a merged record
@@ -214,7 +216,7 @@ class Measurement:
         per_layer_weight = combine_layer_norms(weights, weight_order, self.layer_map)
         return [_ratio(u, w) for u, w in zip(per_layer_change, per_layer_weight, strict=True)]
 
-    def _clip(self, tail: list[float]) -> dict[str, float | None]:
+    def _clip(self, tail: list[float]) -> ClipFields:
         """Max norm and norm type of the clip; torch's total norm before it, and the
         total it scaled the gradients to (torch multiplies by max_norm / (total + 1e-6)
         when that is below 1)."""
@@ -304,19 +306,20 @@ class NormReducer:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = _plan(tensors)
-        single, wide, cast = plan
+        single, wide, widen = plan
         if single:
-            if cast:  # e.g. float16 grads: norms in float32 (a float16 norm overflows)
+            if widen:  # e.g. float16 grads: norms in float32 (a float16 norm overflows)
                 return list(torch._foreach_norm(tensors, 2, dtype=wide)), None
             return list(torch._foreach_norm(tensors)), None
         grouped = torch.utils._foreach_utils._group_tensors_by_device_and_dtype(
-            [tensors], with_indices=True
+            [cast(list[torch.Tensor | None], tensors)], with_indices=True
         )
         norms: list[torch.Tensor] = []
         order: list[int] = []
         for [group], indices in grouped.values():
-            group_norms = torch._foreach_norm(group, 2, dtype=wide)
-            if group[0].device != first.device:
+            present = cast(list[torch.Tensor], group)  # (every tensor given is one)
+            group_norms = list(torch._foreach_norm(present, 2, dtype=wide))
+            if present[0].device != first.device:
                 group_norms = [n.to(first.device, non_blocking=True) for n in group_norms]
             norms.extend(group_norms)
             order.extend(indices)

@@ -193,7 +193,7 @@ class StepBoundary:
         if pause:
             self._control.pause("the anomaly step found a non-finite gradient", self._index)
         report["state"] = self._control.state.as_dict()
-        self.sender.put(report)
+        self.sender.put(dict(report))
         return pause
 
     def _anomaly_caught(self, error: BaseException) -> None:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from probes.diagnosis import Alert
+from probes.diagnosis import Alert, Severity
 from probes.diagnosis.catalog import entry
 from probes.layers import LayerMap
 
@@ -52,7 +52,7 @@ def watch_time_alerts(
 
 
 def _alert(
-    kind: str, severity: str, subject: str, evidence: dict[str, Any], layers: Sequence[str]
+    kind: str, severity: Severity, subject: str, evidence: dict[str, Any], layers: Sequence[str]
 ) -> Alert:
     described = entry(kind)
     return Alert(
@@ -61,7 +61,7 @@ def _alert(
         0,
         subject,
         evidence,
-        described.signal,  # type: ignore[arg-type]
+        described.signal,
         described.experiments,
         layers=tuple(layers),
     )

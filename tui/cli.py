@@ -19,6 +19,7 @@ from probes.diagnosis import Thresholds
 from probes.diagnosis.thresholds import RENAMED
 from probes.wire import TOKEN_ENV, resolve_address
 from tui.server import ServerError
+from tui.sources import FrameSource
 from tui.state import MonitorState
 
 SEVERITIES = ("info", "warning", "error")
@@ -191,7 +192,7 @@ def parse_thresholds(pairs: list[str]) -> Thresholds:
 
 
 def serve(
-    source: object,
+    source: FrameSource,
     *,
     headless: bool,
     record: str | None,
@@ -219,7 +220,7 @@ def serve(
         return asyncio.run(
             run_headless(
                 source,
-                monitor,  # type: ignore[arg-type]
+                monitor,
                 exit_when_done=exit_when_done,
                 companion=companion,
             )
@@ -229,7 +230,7 @@ def serve(
     app = make_app(
         source,
         record_path=record,
-        state=state,  # type: ignore[arg-type]
+        state=state,
         companion=companion,
         mode=mode,
         compare_on_start=compare_on_start,

@@ -84,10 +84,10 @@ class RunState:
     def grad_history(self, layer: int) -> list[float]:
         """A layer's latest gradient norms (for its sparkline), oldest first."""
         return [
-            norms[layer]
+            value
             for norms in self.grad_records
-            if layer < len(norms) and norms[layer] is not None
-        ]  # type: ignore[misc]
+            if layer < len(norms) and (value := norms[layer]) is not None
+        ]
 
     @property
     def job(self) -> str | None:

@@ -11,9 +11,16 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from probes.wire import Address, Frame, FrameError
-from tui.monitor import Monitor
 from tui.runlog import read_run_log
-from tui.server import Connection, MonitorServer
+from tui.server import Connection, FrameSink, MonitorServer
+
+
+class MonitorSink(FrameSink, Protocol):
+    """What a source feeds: a ``Monitor``, or headless mode's (which composes one)."""
+
+    token: str | None  # signs commands when the probe expects it
+
+    def source_ended(self, reason: str) -> None: ...
 
 
 class FrameSource(Protocol):
@@ -21,7 +28,7 @@ class FrameSource(Protocol):
 
     description: str
 
-    async def run(self, monitor: Monitor) -> None: ...
+    async def run(self, monitor: MonitorSink) -> None: ...
 
 
 class ServerSource:
@@ -34,7 +41,7 @@ class ServerSource:
         self.server: MonitorServer | None = None
         self.listening = asyncio.Event()
 
-    async def run(self, monitor: Monitor) -> None:
+    async def run(self, monitor: MonitorSink) -> None:
         self.server = MonitorServer(self.address, monitor, token=self.token)
         monitor.token = self.token
         await self.server.start()
@@ -53,7 +60,7 @@ class FrameListSource:
         self.frames = frames
         self.description = description
 
-    async def run(self, monitor: Monitor) -> None:
+    async def run(self, monitor: MonitorSink) -> None:
         conn = Connection(0, self.description, None)
         for count, item in enumerate(self.frames):
             if isinstance(item, FrameError):
@@ -74,7 +81,7 @@ class ReplaySource:
         self.paths = paths
         self.description = "replay of " + ", ".join(paths)
 
-    async def run(self, monitor: Monitor) -> None:
+    async def run(self, monitor: MonitorSink) -> None:
         count = 0
         for conn_id, path in enumerate(self.paths):
             conn = Connection(conn_id, path, None)

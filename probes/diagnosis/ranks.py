@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.diagnosis.alert import Alert
+from probes.diagnosis.alert import Alert, Severity
 from probes.diagnosis.catalog import entry
 from probes.diagnosis.thresholds import Thresholds
 from probes.diagnosis.views import StepView
@@ -136,51 +136,28 @@ class JobChecks:
             finite = [p for p in peers.values() if p.loss is not None]
             if len(finite) < 2:
                 return None
-            suspect = max(finite, key=lambda p: p.loss)  # type: ignore[arg-type, return-value]
-        others = [p.loss for r, p in peers.items() if r != suspect.rank]
-        if any(o is None or not math.isfinite(o) for o in others):
-            return None
-        if (
-            not suspect.non_finite_loss
-            and suspect.loss is not None
-            and (suspect.loss <= self.thresholds.rank_loss_factor * min(others))
-        ):  # type: ignore[type-var]
-            return None  # (at most factor x the least: at most factor x the median)
-        median = statistics.median(others)  # type: ignore[type-var]
-        if suspect.non_finite_loss:
-            return self._raise(
-                "rank_outlier",
-                step,
-                "loss",
-                {
-                    "rank": suspect.rank,
-                    "loss": suspect.loss,
-                    "other_ranks_median": median,
-                    "other_ranks": len(others),
-                    "others": "fine",
-                },
-            )
+            suspect = max(finite, key=lambda p: p.loss or 0.0)
+        others = [p.loss for r, p in peers.items() if r != suspect.rank and p.loss is not None]
+        if len(others) < len(peers) - 1 or not all(math.isfinite(o) for o in others):
+            return None  # another rank is not fine either: not one rank's
         loss = suspect.loss
-        jump = self.thresholds.spike_min_jump * (self._start_loss or 0.0)
-        if (
-            loss is not None
-            and median > 0
-            and (loss > self.thresholds.rank_loss_factor * median and loss - median > jump)
-        ):
-            return self._raise(
-                "rank_outlier",
-                step,
-                "loss",
-                {
-                    "rank": suspect.rank,
-                    "loss": loss,
-                    "other_ranks_median": median,
-                    "times": loss / median,
-                    "other_ranks": len(others),
-                    "others": "fine",
-                },
-            )
-        return None
+        factor = self.thresholds.rank_loss_factor
+        if not suspect.non_finite_loss and (loss is None or loss <= factor * min(others)):
+            return None  # (at most factor x the least: at most factor x the median)
+        median = statistics.median(others)
+        evidence: dict[str, Any] = {
+            "rank": suspect.rank,
+            "loss": loss,
+            "other_ranks_median": median,
+        }
+        if not suspect.non_finite_loss:
+            assert loss is not None
+            jump = self.thresholds.spike_min_jump * (self._start_loss or 0.0)
+            if median <= 0 or loss <= factor * median or loss - median <= jump:
+                return None
+            evidence["times"] = loss / median
+        evidence.update(other_ranks=len(others), others="fine")
+        return self._raise("rank_outlier", step, "loss", evidence)
 
     def _grads(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
         """Under DDP, each layer's gradient norm agrees across ranks at a step."""
@@ -260,7 +237,7 @@ class JobChecks:
         evidence: dict[str, Any],
         *,
         layers: tuple[str, ...] = (),
-        severity: str | None = None,
+        severity: Severity | None = None,
     ) -> Alert | None:
         partner = _ONE_CAUSE.get(kind)
         if partner in self.found:  # the same root cause, seen the other way first
@@ -272,7 +249,7 @@ class JobChecks:
             kind,
             severity or _SEVERITY[kind],
             step,
-            subject,  # type: ignore[arg-type]
+            subject,
             evidence,
             described.signal,
             described.experiments,
@@ -299,7 +276,7 @@ class JobChecks:
 # whichever is found first is the incident, the other folds under it.
 _ONE_CAUSE = {"grads_not_synced": "replicas_diverged", "replicas_diverged": "grads_not_synced"}
 
-_SEVERITY = {
+_SEVERITY: dict[str, Severity] = {
     "rank_outlier": "error",
     "grads_not_synced": "error",
     "replicas_diverged": "error",

@@ -70,13 +70,13 @@ def _first_non_finite_step_field(view: StepView, info: RunInfo) -> tuple[str, fl
         ("param_norm", view.param_norms),
         ("update_ratio", view.update_ratios),
     ):
-        for i, value in enumerate(values or ()):
-            if value is not None and not math.isfinite(value):
-                return f"{label}[{info.layer(i)}]", value
-    for i, value in enumerate(view.activations or ()):
-        if value is not None and not math.isfinite(value):
+        for i, number in enumerate(values or ()):
+            if number is not None and not math.isfinite(number):
+                return f"{label}[{info.layer(i)}]", number
+    for i, number in enumerate(view.activations or ()):
+        if number is not None and not math.isfinite(number):
             name = info.activations[i][0] if i < len(info.activations) else f"activation {i}"
-            return f"activation[{name}]", value
+            return f"activation[{name}]", number
     return None
 
 

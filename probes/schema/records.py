@@ -79,12 +79,12 @@ class _StepRecordRequired(TypedDict):
     grad_norms: list[float | None]  # per layer (None: no gradient)
     grad_norm_total: float | None
     none_grads: int  # parameters without a gradient
-    dropped: int  # records the probe's queue dropped so far (added by the sender)
 
 
 class StepRecord(_StepRecordRequired, total=False):
     """One step (or, with ``span``, the steps of a thinned record, shown by its last)."""
 
+    dropped: int  # records the probe's queue dropped so far (added by the sender)
     none_grad_params: list[int]
     param_norms: list[float | None]  # sampled steps
     update_ratios: list[float | None]  # per layer |dw|/|w|, sampled updates
@@ -130,12 +130,12 @@ class _AnomalyReportRequired(TypedDict):
     update_skipped: bool
     paused: bool
     raised: bool
-    state: ControlStateFields
 
 
 class AnomalyReport(_AnomalyReportRequired, total=False):
     """What one step under anomaly detection found."""
 
+    state: ControlStateFields  # added by the probe, after the step
     batch: int
 
 

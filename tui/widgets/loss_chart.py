@@ -94,7 +94,7 @@ class LossChart(PlotextPlot):
         if run is not None and run.last_step > 0:
             plt.xlim(0, run.last_step)
             steps = sorted({round(t) for t in axis_ticks(0, run.last_step, 5)})
-            plt.xticks(steps, [f"{t:,}" for t in steps])
+            plt.xticks([float(t) for t in steps], [f"{t:,}" for t in steps])
         if ys:
             ticks = axis_ticks(min(ys), max(ys), 5)
             labels = [number(10**t if log else t, 3) for t in ticks]
