@@ -23,12 +23,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from probes.batch_checks import check_batch, overfit_batch
+    from probes.batch_checks import check_batch
     from probes.clip import clip_grad_norm_
     from probes.data_checks import check_preprocessing, check_split
     from probes.diagnosis import Alert, Diagnoser, Thresholds
     from probes.options import WatchOptions
     from probes.probe import Probe, watch
+    from probes.tiny_batch import overfit_batch
 
 __all__ = [
     "Alert",
@@ -55,7 +56,7 @@ _LAZY = {
     "check_split": "probes.data_checks",
     "check_preprocessing": "probes.data_checks",
     "check_batch": "probes.batch_checks",
-    "overfit_batch": "probes.batch_checks",
+    "overfit_batch": "probes.tiny_batch",
 }
 
 

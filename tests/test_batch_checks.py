@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 import probes
-from probes.batch_checks import check_batch, overfit_batch
+from probes.batch_checks import check_batch
 from probes.reports import CheckReport, Finding
+from probes.tiny_batch import overfit_batch
 from tests.collector import FrameCollector
 
 B = 8  # batch size
