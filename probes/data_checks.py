@@ -6,19 +6,24 @@ missing values, and a shift of the target's prevalence. ``check_preprocessing`` 
 whether normalisation statistics were fitted on the training split alone.
 
 Splits may be tensors, NumPy arrays, lists of rows or map-style ``Dataset``s; they are
-read in chunks, so a large split never has to fit in memory twice.
+read in chunks, so a large split never has to fit in memory twice. Only torch is
+needed: NumPy is a development dependency, so its arrays are recognised when the caller
+has imported NumPy, and this module never imports it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import math
+import struct
+import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
 import torch
 
 from probes.reports import CheckReport, Finding
@@ -32,22 +37,163 @@ EXAMPLES = 5
 PREVALENCE_SHIFT = 0.10  # absolute change of a class's share between splits
 MEAN_SHIFT_STDS = 0.5  # change of a continuous target's mean, in training stds
 MAX_CLASSES = 50  # more distinct target values than this: treated as continuous
+SMALL_FIELD = 64  # up to this many values, a field's NaNs are found in Python (no kernel)
+
+
+# --- reading values without NumPy ---------------------------------------------------------
+
+
+def _numpy_types() -> tuple[type, ...]:
+    """NumPy's array and scalar types if the caller has imported NumPy, else ()."""
+    numpy = sys.modules.get("numpy")
+    return () if numpy is None else (numpy.ndarray, numpy.generic)
+
+
+def _is_numpy(value: Any) -> bool:
+    """A NumPy array or scalar (NumPy is loaded then: the caller made it)."""
+    return isinstance(value, _numpy_types())
+
+
+def _is_array(data: Any) -> bool:
+    """A tensor or a NumPy array: read a chunk of rows at a time."""
+    return isinstance(data, (torch.Tensor, *_numpy_types()[:1]))
+
+
+def as_tensor(value: Any) -> torch.Tensor:
+    """``value`` as a CPU tensor, read as NumPy would: Python floats become float64
+    (not torch's float32 default, which would merge rows differing in the 8th digit),
+    NumPy arrays keep their dtype. TypeError or RuntimeError when torch cannot hold it."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach() if value.requires_grad else value
+    elif _is_numpy(value):
+        tensor = _from_numpy(value)
+    else:
+        tensor = torch.as_tensor(value)
+        if tensor.is_floating_point() and tensor.dtype != torch.float64:
+            tensor = torch.as_tensor(value, dtype=torch.float64)
+        elif tensor.is_complex() and tensor.dtype != torch.complex128:
+            tensor = torch.as_tensor(value, dtype=torch.complex128)
+    return tensor if tensor.device.type == "cpu" else tensor.cpu()
+
+
+def _from_numpy(array: Any) -> torch.Tensor:
+    """A NumPy array or scalar as a tensor sharing its memory (torch needs no NumPy
+    import for that). Read-only arrays (memory maps) are only read here: torch's warning
+    that writing to them is undefined does not apply."""
+    if getattr(array, "ndim", 0) and not array.flags.writeable:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.as_tensor(array)
+    return torch.as_tensor(array)
+
+
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor as plain row-major memory: strided, contiguous, no lazy conj/neg."""
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    return tensor.contiguous()
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """A copy of the bytes of a CPU tensor's values, in row-major order.
+
+    Read from the tensor's own memory: ``bytes(tensor.untyped_storage())`` would copy
+    the whole storage a row is a view of, one Python int per byte (a second for a 600 KB
+    image), and ``.numpy()`` needs NumPy."""
+    tensor = _dense(tensor)
+    if tensor.numel() == 0:
+        return b""
+    return ctypes.string_at(tensor.data_ptr(), tensor.nbytes)
+
+
+def _memory(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a dense CPU tensor, in place: valid only while ``tensor`` lives."""
+    if tensor.numel() == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+_HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}
+
+
+def _header(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
+    """What a row's hash mixes in before a field's bytes: its dtype and shape."""
+    header = _HEADERS.get((dtype, shape))
+    if header is None:
+        header = _HEADERS[(dtype, shape)] = f"{dtype}{tuple(shape)}".encode()
+    return header
+
+
+class RowField(NamedTuple):
+    """One field of a row, read once: what its hash mixes in, and where its NaNs are."""
+
+    header: bytes  # dtype and shape (or the type of a value torch cannot hold)
+    content: bytes
+    nans: tuple[int, ...]  # positions of NaN values in the flattened field
+    width: int  # columns it spans
+
+
+_FLOAT64, _INT64, _BOOL = (_header(d, ()) for d in (torch.float64, torch.int64, torch.bool))
+
+
+def read_field(value: Any) -> RowField:
+    """A field of a row: a tensor, an array, a number or a list of numbers; anything
+    else (a string, an id) is hashed by its repr and spans one column."""
+    kind = type(value)
+    # Python scalars straight to bytes, as a 0-d float64/int64/bool tensor would give.
+    if kind is float:
+        return RowField(_FLOAT64, struct.pack("=d", value), (0,) if value != value else (), 1)
+    if kind is bool:
+        return RowField(_BOOL, b"\x01" if value else b"\x00", (), 1)
+    if kind is int and -(2**63) <= value < 2**63:
+        return RowField(_INT64, struct.pack("=q", value), (), 1)
+    try:
+        tensor = as_tensor(value)
+    except (TypeError, RuntimeError, ValueError):
+        if _is_numpy(value):  # strings, objects, dates: NumPy's own bytes
+            return RowField(f"numpy.{value.dtype}{value.shape}".encode(), value.tobytes(),
+                            (), int(value.size))
+        return RowField(f"{kind.__module__}.{kind.__qualname__}".encode(),
+                        repr(value).encode(), (), 1)
+    return RowField(_header(tensor.dtype, tuple(tensor.shape)), tensor_bytes(tensor),
+                    _nan_positions(tensor), tensor.numel())
+
+
+def _nan_positions(tensor: torch.Tensor) -> tuple[int, ...]:
+    if not tensor.is_floating_point():
+        return ()
+    flat = tensor.reshape(-1)
+    if flat.numel() <= SMALL_FIELD:
+        return tuple(i for i, v in enumerate(flat.tolist()) if v != v)
+    missing = torch.isnan(flat)
+    if not missing.any():
+        return ()
+    return tuple(missing.nonzero().reshape(-1).tolist())
+
+
+def plain_value(value: Any) -> Any:
+    """A selected value as a hashable Python value: a number, or the bytes of an array."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        return value.item() if value.numel() == 1 else tensor_bytes(value.cpu())
+    if _is_numpy(value):  # NumPy's own methods: no import needed
+        return value.item() if value.size == 1 else value.tobytes()
+    return value
 
 
 # --- reading rows -----------------------------------------------------------------------
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
-def iter_chunks(data: Any) -> Iterator[tuple[int, list[Any]]]:
-    """(first index, rows) chunks of a tensor, array, list or Dataset."""
-    if isinstance(data, torch.Tensor | np.ndarray):
+def iter_chunks(data: Any) -> Iterator[tuple[int, Any]]:
+    """(first index, chunk) pairs: a chunk is a slice of a tensor or an array, or a list
+    of a Dataset's (or a list's) rows."""
+    if _is_array(data):
         for start in range(0, len(data), CHUNK_ROWS):
-            yield start, list(_to_numpy(data[start : start + CHUNK_ROWS]))
+            yield start, data[start : start + CHUNK_ROWS]
         return
     if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
         raise TypeError(f"a split must be a tensor, an array, a list of rows or a Dataset "
@@ -57,45 +203,40 @@ def iter_chunks(data: Any) -> Iterator[tuple[int, list[Any]]]:
         yield start, [data[i] for i in range(start, stop)]
 
 
-def row_fields(row: Any) -> list[np.ndarray]:
-    """A row as a list of arrays (a tuple row (x, y) gives two)."""
+def row_fields(row: Any) -> list[RowField]:
+    """A row as a list of fields (a tuple row (x, y) gives two, a dict one per key)."""
     if isinstance(row, Mapping):
-        return [_to_numpy(row[k]) for k in sorted(row)]
+        return [read_field(row[k]) for k in sorted(row)]
     if isinstance(row, tuple | list) and row and any(
-            isinstance(item, torch.Tensor | np.ndarray | Sequence) and not isinstance(item, str)
-            for item in row):
-        return [_to_numpy(item) for item in row]
-    return [_to_numpy(row)]
+            isinstance(item, (torch.Tensor, Sequence, *_numpy_types()[:1]))
+            and not isinstance(item, str) for item in row):
+        return [read_field(item) for item in row]
+    return [read_field(row)]
 
 
-def row_hash(fields: list[np.ndarray]) -> bytes:
+def row_hash(fields: list[RowField]) -> bytes:
     """A 128-bit digest of a row's content (dtype and shape included)."""
     digest = hashlib.blake2b(digest_size=16)
-    for array in fields:
-        contiguous = np.ascontiguousarray(array)
-        digest.update(f"{contiguous.dtype}{contiguous.shape}".encode())
-        digest.update(contiguous.tobytes())
+    for item in fields:
+        digest.update(item.header)
+        digest.update(item.content)
     return digest.digest()
 
 
-def select(row: Any, selector: Selector) -> Any:
-    """The value ``selector`` picks from a row: a column/field index, a key, or f(row)."""
+def select(row: Any, selector: Selector, fields: list[RowField] | None = None) -> Any:
+    """The value ``selector`` picks from a row: a column/field index, a key, or f(row).
+    ``fields``: the row's ``row_fields``, when already read."""
     if selector is None:
         return None
     if callable(selector):
         value = selector(row)
     elif isinstance(selector, str):
         value = row[selector] if isinstance(row, Mapping) else getattr(row, selector)
-    elif isinstance(row, tuple | list) and len(row_fields(row)) > 1:
+    elif isinstance(row, tuple | list) and len(fields or row_fields(row)) > 1:
         value = row[selector]
     else:
-        value = _to_numpy(row).reshape(-1)[selector]
-    value = _to_numpy(value) if isinstance(value, torch.Tensor) else value
-    if isinstance(value, np.ndarray):
-        return value.item() if value.size == 1 else value.tobytes()
-    if isinstance(value, np.generic):  # a NumPy scalar (a float32 column): a Python number
-        return value.item()
-    return value
+        value = as_tensor(row).reshape(-1)[selector]
+    return plain_value(value)
 
 
 # --- one pass over a split ----------------------------------------------------------------
@@ -123,47 +264,113 @@ def scan_split(name: str, data: Any, *, target: Selector, key: Selector,
                time: Selector) -> SplitScan:
     """Hash every row, collect keys, times, NaNs per column and target values."""
     scan = SplitScan(name)
-    for start, rows in iter_chunks(data):
-        for offset, row in enumerate(rows):
+    for start, chunk in iter_chunks(data):
+        block = _block(chunk)
+        if block is not None:  # a tensor's or an array's rows: read as one tensor
+            digests = _block_digests(block)
+            _count_block_nans(scan, block)
+            chunk_rows = _ChunkRows(chunk, block, None)
+        else:
+            fields = [row_fields(row) for row in chunk]
+            digests = [row_hash(row) for row in fields]
+            for row in fields:
+                _count_nans(scan, row)
+            chunk_rows = _ChunkRows(chunk, None, fields)
+        keys = chunk_rows.select(key)
+        moments = chunk_rows.select(time)
+        targets = chunk_rows.select(target)
+        for offset, digest in enumerate(digests):
             index = start + offset
-            fields = row_fields(row)
-            digest = row_hash(fields)
             if digest in scan.first_seen:
                 scan.duplicate_count += 1
                 if len(scan.duplicates) < EXAMPLES:
                     scan.duplicates.append((scan.first_seen[digest], index))
             else:
                 scan.first_seen[digest] = index
-            _count_nans(scan, fields)
-            _collect(scan, row, index, target=target, key=key, time=time)
-        scan.rows = start + len(rows)
+            if keys is not None:
+                scan.keys.setdefault(keys[offset], index)
+            if moments is not None:
+                _add_time(scan, moments[offset], index)
+            if targets is not None:
+                _add_target(scan, targets[offset])
+        scan.rows = start + len(digests)
     return scan
 
 
-def _count_nans(scan: SplitScan, fields: list[np.ndarray]) -> None:
+def _block(chunk: Any) -> torch.Tensor | None:
+    """A tensor's or an array's chunk as one tensor (None: a list of rows, or an array
+    of strings or objects, which is read row by row)."""
+    if not _is_array(chunk):
+        return None
+    try:
+        return _dense(as_tensor(chunk))
+    except (TypeError, RuntimeError, ValueError):
+        return None
+
+
+def _block_digests(block: torch.Tensor) -> list[bytes]:
+    """``row_hash`` of each row of a tensor, read in place (no copy of the chunk)."""
+    rows = len(block)
+    memory = _memory(block)
+    size = len(memory) // rows if rows else 0
+    empty = hashlib.blake2b(_header(block.dtype, tuple(block.shape[1:])), digest_size=16)
+    digests = []
+    for row in range(rows):
+        digest = empty.copy()
+        digest.update(memory[row * size : (row + 1) * size])
+        digests.append(digest.digest())
+    return digests
+
+
+def _count_block_nans(scan: SplitScan, block: torch.Tensor) -> None:
+    if not block.is_floating_point() or not len(block):
+        return
+    flat = block.reshape(len(block), -1)
+    step = max(1, 2**22 // max(flat.shape[1], 1))  # a bounded mask, for rows of images
+    for low in range(0, len(flat), step):
+        per_column = torch.isnan(flat[low : low + step]).sum(dim=0)
+        columns = per_column.nonzero().reshape(-1)
+        for column, count in zip(columns.tolist(), per_column[columns].tolist(),
+                                 strict=True):
+            scan.nan_by_column[column] += count
+
+
+def _count_nans(scan: SplitScan, fields: list[RowField]) -> None:
     column = 0
-    for array in fields:
-        flat = array.reshape(-1)
-        if flat.dtype.kind == "f":
-            for position in np.flatnonzero(np.isnan(flat)):
-                scan.nan_by_column[column + int(position)] += 1
-        column += flat.size
+    for item in fields:
+        for position in item.nans:
+            scan.nan_by_column[column + position] += 1
+        column += item.width
 
 
-def _collect(scan: SplitScan, row: Any, index: int, *, target: Selector, key: Selector,
-             time: Selector) -> None:
-    if key is not None:
-        scan.keys.setdefault(select(row, key), index)
-    if time is not None:
-        moment = select(row, time)
-        scan.time_min = moment if scan.time_min is None else min(scan.time_min, moment)
-        scan.time_max = moment if scan.time_max is None else max(scan.time_max, moment)
-        scan.times.append((moment, index))
-    if target is not None:
-        value = select(row, target)
-        scan.targets[value] += 1
-        if isinstance(value, int | float) and len(scan.target_values) < 1_000_000:
-            scan.target_values.append(float(value))
+@dataclass
+class _ChunkRows:
+    """A chunk, to select values from: a block's columns at once, other rows one by one."""
+
+    chunk: Any
+    block: torch.Tensor | None
+    fields: list[list[RowField]] | None
+
+    def select(self, selector: Selector) -> list[Any] | None:
+        if selector is None:
+            return None
+        if self.block is not None and isinstance(selector, int):
+            return self.block.reshape(len(self.block), -1)[:, selector].tolist()
+        rows = self.chunk if isinstance(self.chunk, list) else list(self.chunk)
+        fields: list[list[RowField]] | list[None] = self.fields or [None] * len(rows)
+        return [select(row, selector, items) for row, items in zip(rows, fields, strict=True)]
+
+
+def _add_time(scan: SplitScan, moment: Any, index: int) -> None:
+    scan.time_min = moment if scan.time_min is None else min(scan.time_min, moment)
+    scan.time_max = moment if scan.time_max is None else max(scan.time_max, moment)
+    scan.times.append((moment, index))
+
+
+def _add_target(scan: SplitScan, value: Any) -> None:
+    scan.targets[value] += 1
+    if isinstance(value, int | float) and len(scan.target_values) < 1_000_000:
+        scan.target_values.append(float(value))
 
 
 # --- the check ----------------------------------------------------------------------------
@@ -332,8 +539,11 @@ def _prevalence_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Find
 
 
 def _mean_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Finding]]:
-    stats = {s.name: (float(np.mean(s.target_values)), float(np.std(s.target_values)))
-             for s in scans if s.target_values}
+    stats = {}
+    for scan in scans:
+        if scan.target_values:
+            values = torch.tensor(scan.target_values, dtype=torch.float64)
+            stats[scan.name] = (values.mean().item(), values.std(correction=0).item())
     findings = []
     train_mean, train_std = stats.get("train", (math.nan, math.nan))
     for scan in scans[1:]:
@@ -400,21 +610,29 @@ def check_preprocessing(
     unknown = set(stats) - set(STATISTICS)
     if unknown:
         raise ValueError(f"unknown statistics {sorted(unknown)}; known: {sorted(STATISTICS)}")
-    train_t = torch.as_tensor(_to_numpy(train), dtype=torch.float64)
-    every_t = None if all_rows is None else torch.as_tensor(_to_numpy(all_rows),
-                                                            dtype=torch.float64)
+    train_t = _float64(train)
+    every_t = None if all_rows is None else _float64(all_rows)
     report = CheckReport(
         "check_preprocessing",
         signal="Statistics must come from train alone; matching train does not prove the "
                "pipeline applies them to val and test the same way.")
     for name, given in stats.items():
-        used = torch.as_tensor(_to_numpy(given), dtype=torch.float64)
+        used = _float64(given)
         on_train = STATISTICS[name](train_t)
         report.summary[name] = {"used": _short(used), "train": _short(on_train)}
         if _matches(name, used, train_t, rtol):
             continue
         report.findings.append(_statistic_finding(name, used, on_train, every_t, rtol))
     return report.send(probe)
+
+
+def _float64(value: Any) -> torch.Tensor:
+    """Numbers, lists, arrays or tensors as a float64 CPU tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().to(torch.float64)
+    if _is_numpy(value):
+        return _from_numpy(value).to(torch.float64)
+    return torch.as_tensor(value, dtype=torch.float64)
 
 
 def _statistic_finding(name: str, used: torch.Tensor, on_train: torch.Tensor,
