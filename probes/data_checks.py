@@ -207,11 +207,16 @@ def row_fields(row: Any) -> list[RowField]:
     """A row as a list of fields (a tuple row (x, y) gives two, a dict one per key)."""
     if isinstance(row, Mapping):
         return [read_field(row[k]) for k in sorted(row)]
-    if isinstance(row, tuple | list) and row and any(
-            isinstance(item, (torch.Tensor, Sequence, *_numpy_types()[:1]))
-            and not isinstance(item, str) for item in row):
+    if isinstance(row, tuple | list) and _splits(row):
         return [read_field(item) for item in row]
     return [read_field(row)]
+
+
+def _splits(row: tuple[Any, ...] | list[Any]) -> bool:
+    """Whether a tuple or list row is several fields (it holds a tensor, an array or a
+    sequence) rather than one row of numbers."""
+    return any(isinstance(item, (torch.Tensor, Sequence, *_numpy_types()[:1]))
+               and not isinstance(item, str) for item in row)
 
 
 def row_hash(fields: list[RowField]) -> bytes:
@@ -223,18 +228,19 @@ def row_hash(fields: list[RowField]) -> bytes:
     return digest.digest()
 
 
-def select(row: Any, selector: Selector, fields: list[RowField] | None = None) -> Any:
-    """The value ``selector`` picks from a row: a column/field index, a key, or f(row).
-    ``fields``: the row's ``row_fields``, when already read."""
+def select(row: Any, selector: Selector) -> Any:
+    """The value ``selector`` picks from a row: a column/field index, a key, or f(row)."""
     if selector is None:
         return None
     if callable(selector):
         value = selector(row)
     elif isinstance(selector, str):
         value = row[selector] if isinstance(row, Mapping) else getattr(row, selector)
-    elif isinstance(row, tuple | list) and len(fields or row_fields(row)) > 1:
+    elif isinstance(row, tuple | list) and len(row) > 1 and _splits(row):
         value = row[selector]
-    else:
+    else:  # the row is one field: the index counts its flattened values
+        if isinstance(row, tuple | list) and len(row) == 1 and _splits(row):
+            row = row[0]
         value = as_tensor(row).reshape(-1)[selector]
     return plain_value(value)
 
@@ -264,21 +270,11 @@ def scan_split(name: str, data: Any, *, target: Selector, key: Selector,
                time: Selector) -> SplitScan:
     """Hash every row, collect keys, times, NaNs per column and target values."""
     scan = SplitScan(name)
-    for start, chunk in iter_chunks(data):
-        block = _block(chunk)
-        if block is not None:  # a tensor's or an array's rows: read as one tensor
-            digests = _block_digests(block)
-            _count_block_nans(scan, block)
-            chunk_rows = _ChunkRows(chunk, block, None)
-        else:
-            fields = [row_fields(row) for row in chunk]
-            digests = [row_hash(row) for row in fields]
-            for row in fields:
-                _count_nans(scan, row)
-            chunk_rows = _ChunkRows(chunk, None, fields)
-        keys = chunk_rows.select(key)
-        moments = chunk_rows.select(time)
-        targets = chunk_rows.select(target)
+    for start, rows in iter_chunks(data):
+        chunk = read_chunk(rows)
+        digests = chunk.digests()
+        chunk.count_nans(scan.nan_by_column)
+        keys, moments, targets = chunk.select(key), chunk.select(time), chunk.select(target)
         for offset, digest in enumerate(digests):
             index = start + offset
             if digest in scan.first_seen:
@@ -297,70 +293,6 @@ def scan_split(name: str, data: Any, *, target: Selector, key: Selector,
     return scan
 
 
-def _block(chunk: Any) -> torch.Tensor | None:
-    """A tensor's or an array's chunk as one tensor (None: a list of rows, or an array
-    of strings or objects, which is read row by row)."""
-    if not _is_array(chunk):
-        return None
-    try:
-        return _dense(as_tensor(chunk))
-    except (TypeError, RuntimeError, ValueError):
-        return None
-
-
-def _block_digests(block: torch.Tensor) -> list[bytes]:
-    """``row_hash`` of each row of a tensor, read in place (no copy of the chunk)."""
-    rows = len(block)
-    memory = _memory(block)
-    size = len(memory) // rows if rows else 0
-    empty = hashlib.blake2b(_header(block.dtype, tuple(block.shape[1:])), digest_size=16)
-    digests = []
-    for row in range(rows):
-        digest = empty.copy()
-        digest.update(memory[row * size : (row + 1) * size])
-        digests.append(digest.digest())
-    return digests
-
-
-def _count_block_nans(scan: SplitScan, block: torch.Tensor) -> None:
-    if not block.is_floating_point() or not len(block):
-        return
-    flat = block.reshape(len(block), -1)
-    step = max(1, 2**22 // max(flat.shape[1], 1))  # a bounded mask, for rows of images
-    for low in range(0, len(flat), step):
-        per_column = torch.isnan(flat[low : low + step]).sum(dim=0)
-        columns = per_column.nonzero().reshape(-1)
-        for column, count in zip(columns.tolist(), per_column[columns].tolist(),
-                                 strict=True):
-            scan.nan_by_column[column] += count
-
-
-def _count_nans(scan: SplitScan, fields: list[RowField]) -> None:
-    column = 0
-    for item in fields:
-        for position in item.nans:
-            scan.nan_by_column[column + position] += 1
-        column += item.width
-
-
-@dataclass
-class _ChunkRows:
-    """A chunk, to select values from: a block's columns at once, other rows one by one."""
-
-    chunk: Any
-    block: torch.Tensor | None
-    fields: list[list[RowField]] | None
-
-    def select(self, selector: Selector) -> list[Any] | None:
-        if selector is None:
-            return None
-        if self.block is not None and isinstance(selector, int):
-            return self.block.reshape(len(self.block), -1)[:, selector].tolist()
-        rows = self.chunk if isinstance(self.chunk, list) else list(self.chunk)
-        fields: list[list[RowField]] | list[None] = self.fields or [None] * len(rows)
-        return [select(row, selector, items) for row, items in zip(rows, fields, strict=True)]
-
-
 def _add_time(scan: SplitScan, moment: Any, index: int) -> None:
     scan.time_min = moment if scan.time_min is None else min(scan.time_min, moment)
     scan.time_max = moment if scan.time_max is None else max(scan.time_max, moment)
@@ -371,6 +303,161 @@ def _add_target(scan: SplitScan, value: Any) -> None:
     scan.targets[value] += 1
     if isinstance(value, int | float) and len(scan.target_values) < 1_000_000:
         scan.target_values.append(float(value))
+
+
+# --- a chunk of rows, read at once where the rows allow -----------------------------------
+
+
+@dataclass
+class Chunk:
+    """A chunk of a split, read once. Where every row has the same fields (a tensor's
+    rows, or a Dataset's ``(x, y)`` tuples of like tensors) each field is one tensor
+    ``[rows, ...]`` in ``blocks``, hashed and searched for NaNs a chunk at a time;
+    other rows are read one by one into ``fields``. Both give the same digests."""
+
+    rows: Any  # the chunk as given: a slice of a tensor or array, or a list of rows
+    blocks: list[torch.Tensor] | None = None
+    container: type | None = None  # the rows' type when stacked: tuple, list, dict...
+    fields: list[list[RowField]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def digests(self) -> list[bytes]:
+        """``row_hash`` of every row."""
+        if self.fields is not None:
+            return [row_hash(row) for row in self.fields]
+        assert self.blocks is not None
+        rows = len(self)
+        views = []
+        for block in self.blocks:  # the blocks are alive while their memory is read
+            memory = _memory(block)
+            views.append((_header(block.dtype, tuple(block.shape[1:])), memory,
+                          len(memory) // rows))
+        (first_header, first, first_size), rest = views[0], views[1:]
+        start = hashlib.blake2b(first_header, digest_size=16)
+        digests = []
+        for row in range(rows):
+            digest = start.copy()
+            digest.update(first[row * first_size : (row + 1) * first_size])
+            for header, memory, size in rest:
+                digest.update(header)
+                digest.update(memory[row * size : (row + 1) * size])
+            digests.append(digest.digest())
+        return digests
+
+    def count_nans(self, by_column: Counter[int]) -> None:
+        """Add the chunk's NaNs to ``by_column`` (columns counted across the fields)."""
+        if self.fields is not None:
+            for row in self.fields:
+                column = 0
+                for item in row:
+                    for position in item.nans:
+                        by_column[column + position] += 1
+                    column += item.width
+            return
+        assert self.blocks is not None
+        column = 0
+        for block in self.blocks:
+            flat = block.reshape(len(block), -1)
+            if block.is_floating_point():
+                _count_block_nans(flat, column, by_column)
+            column += flat.shape[1]
+
+    def select(self, selector: Selector) -> list[Any] | None:
+        """The values ``selector`` picks from each row (``select``), None for no selector."""
+        if selector is None:
+            return None
+        if self.blocks is not None and isinstance(selector, int):
+            if len(self.blocks) == 1 and self.container is not dict:
+                # the row is one field: the index counts its flattened values
+                return self.blocks[0].reshape(len(self), -1)[:, selector].tolist()
+            if self.container in (tuple, list):  # a field, one value a row: as ``select``
+                block = self.blocks[selector]
+                if block[0].numel() == 1:
+                    return block.reshape(-1).tolist()
+        rows = self.rows if isinstance(self.rows, list) else list(self.rows)
+        return [select(row, selector) for row in rows]
+
+
+def read_chunk(rows: Any) -> Chunk:
+    """Read a chunk from ``iter_chunks``: as blocks where its rows allow, else by row."""
+    if _is_array(rows):
+        try:
+            return Chunk(rows, [_dense(as_tensor(rows))])
+        except (TypeError, RuntimeError, ValueError):  # strings, objects: row by row
+            rows = list(rows)
+    stacked = _stack(rows)
+    if stacked is not None:
+        return Chunk(rows, stacked, type(rows[0]))
+    return Chunk(rows, fields=[row_fields(row) for row in rows])
+
+
+def _items(row: Any) -> tuple[Any, ...] | None:
+    """A row's fields as ``row_fields`` splits it, if it is a tensor or a tuple, list or
+    dict that holds a tensor (None: a row read one by one)."""
+    if isinstance(row, torch.Tensor):
+        return (row,)
+    if type(row) is dict:
+        return tuple(row[k] for k in sorted(row))
+    if type(row) in (tuple, list) and any(isinstance(item, torch.Tensor) for item in row):
+        return tuple(row)
+    return None
+
+
+def _kind(item: Any) -> Any:
+    """What must agree between rows for a field to stack: a tensor's dtype, shape and
+    device, or a Python number's type (None: not stackable)."""
+    if isinstance(item, torch.Tensor):
+        return (item.dtype, item.shape, item.device, item.layout)
+    kind = type(item)
+    return kind if kind in (float, int, bool) else None
+
+
+_SCALAR_DTYPES: dict[Any, torch.dtype] = {float: torch.float64, int: torch.int64,
+                                          bool: torch.bool}
+
+
+def _stack(rows: list[Any]) -> list[torch.Tensor] | None:
+    """The rows' fields stacked, one tensor ``[rows, ...]`` each, when every row holds
+    the same kinds of fields; else None."""
+    if not rows:
+        return None
+    first = _items(rows[0])
+    if not first:
+        return None
+    container, kinds = type(rows[0]), [_kind(item) for item in first]
+    if None in kinds:
+        return None
+    columns: list[list[Any]] = [[] for _ in kinds]
+    keys = sorted(rows[0]) if container is dict else None
+    for row in rows:
+        if type(row) is not container or (keys is not None and sorted(row) != keys):
+            return None
+        items = _items(row)
+        if items is None or len(items) != len(kinds):
+            return None
+        for column, item, kind in zip(columns, items, kinds, strict=True):
+            if _kind(item) != kind:
+                return None
+            column.append(item)
+    try:
+        with torch.no_grad():
+            return [_dense(torch.stack(column).cpu()) if isinstance(kind, tuple)
+                    else torch.tensor(column, dtype=_SCALAR_DTYPES[kind])
+                    for column, kind in zip(columns, kinds, strict=True)]
+    except (TypeError, RuntimeError, ValueError, OverflowError):
+        return None
+
+
+def _count_block_nans(flat: torch.Tensor, first_column: int, by_column: Counter[int]) -> None:
+    step = max(1, 2**22 // max(flat.shape[1], 1))  # a bounded mask, for rows of images
+    for low in range(0, len(flat), step):
+        per_column = torch.isnan(flat[low : low + step]).sum(dim=0)
+        columns = per_column.nonzero().reshape(-1)
+        for column, count in zip(columns.tolist(), per_column[columns].tolist(),
+                                 strict=True):
+            by_column[first_column + column] += count
 
 
 # --- the check ----------------------------------------------------------------------------
