@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import probes
-from probes import data_checks
+from probes import data_checks, split_rows
 from probes.data_checks import check_preprocessing, check_split
 from probes.reports import CheckReport, Finding
 from tests.collector import FrameCollector
@@ -311,7 +311,7 @@ def test_clean_data_yields_no_finding(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_duplicate_straddling_a_chunk_boundary(kind: str) -> None:
-    boundary = data_checks.CHUNK_ROWS
+    boundary = split_rows.CHUNK_ROWS
     rows = 10_000
     assert rows > 2 * boundary  # three chunks at least
     train = random_rows(rows, seed=28)
@@ -480,8 +480,8 @@ def like_rows() -> list[list[Any]]:
 def test_stacked_rows_read_as_row_by_row(case: int) -> None:
     rows = like_rows()[case]
 
-    stacked = data_checks.read_chunk(rows)
-    by_row = data_checks.Chunk(rows, fields=[data_checks.row_fields(r) for r in rows])
+    stacked = split_rows.read_chunk(rows)
+    by_row = split_rows.Chunk(rows, fields=[split_rows.row_fields(r) for r in rows])
 
     assert stacked.blocks is not None, "these rows should stack"
     digests = stacked.digests()
@@ -496,7 +496,7 @@ def test_stacked_rows_read_as_row_by_row(case: int) -> None:
     assert nans_stacked[x_column] == 1  # x[4, 1]
     for selector in (0, 1, -1):
         try:
-            expected = [data_checks.select(row, selector) for row in rows]
+            expected = [split_rows.select(row, selector) for row in rows]
         except (IndexError, RuntimeError):
             continue
         got = stacked.select(selector)
@@ -511,7 +511,7 @@ def test_a_row_is_the_same_duplicate_however_its_split_is_read() -> None:
 
     as_tensor = check_split(torch.cat([x, y[:, None]], 1), [torch.cat([x[7], y[7:8]])])
     as_rows = check_split(TensorDataset(x, y), [(x[7], y[7]), odd, (x[2], y[2])])
-    assert data_checks._stack([(x[7], y[7]), odd]) is None
+    assert split_rows.read_chunk([(x[7], y[7]), odd]).blocks is None
 
     assert only(as_tensor, "duplicates_across_splits").examples == ((7, 0),)
     assert only(as_rows, "duplicates_across_splits").examples == ((7, 0), (2, 2))
