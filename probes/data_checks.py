@@ -53,8 +53,9 @@ class SplitScan:
     target_values: list[float] = field(default_factory=list)
 
 
-def scan_split(name: str, data: Any, *, target: Selector, key: Selector,
-               time: Selector) -> SplitScan:
+def scan_split(
+    name: str, data: Any, *, target: Selector, key: Selector, time: Selector
+) -> SplitScan:
     """Hash every row, collect keys, times, NaNs per column and target values."""
     scan = SplitScan(name)
     for start, rows in iter_chunks(data):
@@ -126,15 +127,18 @@ def check_split(
         report = probes.check_split(train_x, val_x, target=-1)
         assert report.ok, report
     """
-    scans = [scan_split("train", train, target=target, key=key, time=time),
-             scan_split("val", val, target=target, key=key, time=time)]
+    scans = [
+        scan_split("train", train, target=target, key=key, time=time),
+        scan_split("val", val, target=target, key=key, time=time),
+    ]
     if test is not None:
         scans.append(scan_split("test", test, target=target, key=key, time=time))
     report = CheckReport(
         "check_split",
         summary={"rows": {s.name: s.rows for s in scans}},
         signal="A clean split is necessary, not sufficient: it cannot see leakage through "
-               "features computed from other rows.")
+        "features computed from other rows.",
+    )
     for scan in scans:
         report.findings += _duplicates_within(scan)
         report.findings += _missing_values(scan)
@@ -158,40 +162,56 @@ def _pairs(scans: list[SplitScan]) -> list[tuple[SplitScan, SplitScan]]:
 def _duplicates_within(scan: SplitScan) -> list[Finding]:
     if not scan.duplicate_count:
         return []
-    return [Finding(
-        "duplicate_rows", "warning", scan.name,
-        f"{scan.duplicate_count} of {scan.rows} rows of {scan.name} repeat an earlier row",
-        "Drop exact duplicates (or weight them on purpose); they inflate what the model "
-        "sees most and blur metrics.",
-        {"duplicates": scan.duplicate_count, "rows": scan.rows},
-        tuple(scan.duplicates))]
+    return [
+        Finding(
+            "duplicate_rows",
+            "warning",
+            scan.name,
+            f"{scan.duplicate_count} of {scan.rows} rows of {scan.name} repeat an earlier row",
+            "Drop exact duplicates (or weight them on purpose); they inflate what the model "
+            "sees most and blur metrics.",
+            {"duplicates": scan.duplicate_count, "rows": scan.rows},
+            tuple(scan.duplicates),
+        )
+    ]
 
 
 def _duplicates_across(earlier: SplitScan, later: SplitScan) -> list[Finding]:
-    shared = [(earlier.first_seen[h], i) for h, i in later.first_seen.items()
-              if h in earlier.first_seen]
+    shared = [
+        (earlier.first_seen[h], i) for h, i in later.first_seen.items() if h in earlier.first_seen
+    ]
     if not shared:
         return []
     shared.sort(key=lambda pair: pair[1])
-    return [Finding(
-        "duplicates_across_splits", "error", f"{earlier.name}/{later.name}",
-        f"{len(shared)} rows of {later.name} also appear in {earlier.name}: evaluation on "
-        "them measures memory, not generalisation",
-        f"Deduplicate before splitting, then split; remove these rows from {later.name}.",
-        {"shared_rows": len(shared), f"{later.name}_rows": later.rows},
-        tuple(shared[:EXAMPLES]))]
+    return [
+        Finding(
+            "duplicates_across_splits",
+            "error",
+            f"{earlier.name}/{later.name}",
+            f"{len(shared)} rows of {later.name} also appear in {earlier.name}: evaluation on "
+            "them measures memory, not generalisation",
+            f"Deduplicate before splitting, then split; remove these rows from {later.name}.",
+            {"shared_rows": len(shared), f"{later.name}_rows": later.rows},
+            tuple(shared[:EXAMPLES]),
+        )
+    ]
 
 
 def _entity_overlap(earlier: SplitScan, later: SplitScan) -> list[Finding]:
     shared = [k for k in later.keys if k in earlier.keys]
     if not shared:
         return []
-    return [Finding(
-        "entity_overlap", "error", f"{earlier.name}/{later.name}",
-        f"{len(shared)} entities have rows in both {earlier.name} and {later.name}",
-        "Split by entity (group split), so that each entity is in one split only.",
-        {"shared_entities": len(shared)},
-        tuple((k, earlier.keys[k], later.keys[k]) for k in shared[:EXAMPLES]))]
+    return [
+        Finding(
+            "entity_overlap",
+            "error",
+            f"{earlier.name}/{later.name}",
+            f"{len(shared)} entities have rows in both {earlier.name} and {later.name}",
+            "Split by entity (group split), so that each entity is in one split only.",
+            {"shared_entities": len(shared)},
+            tuple((k, earlier.keys[k], later.keys[k]) for k in shared[:EXAMPLES]),
+        )
+    ]
 
 
 def _time_leaks(scans: list[SplitScan]) -> list[Finding]:
@@ -202,14 +222,22 @@ def _time_leaks(scans: list[SplitScan]) -> list[Finding]:
     for scan in scans[1:]:
         early = [(t, i) for t, i in scan.times if t < train.time_max]
         if early:
-            findings.append(Finding(
-                "time_leak", "error", scan.name,
-                f"{len(early)} rows of {scan.name} are earlier than the end of training "
-                f"({train.time_max}): the model is evaluated on the past it trained after",
-                f"Split by time: every {scan.name} row after the last training row.",
-                {"rows_before_train_end": len(early), "train_end": train.time_max,
-                 f"{scan.name}_start": scan.time_min},
-                tuple(i for _, i in early[:EXAMPLES])))
+            findings.append(
+                Finding(
+                    "time_leak",
+                    "error",
+                    scan.name,
+                    f"{len(early)} rows of {scan.name} are earlier than the end of training "
+                    f"({train.time_max}): the model is evaluated on the past it trained after",
+                    f"Split by time: every {scan.name} row after the last training row.",
+                    {
+                        "rows_before_train_end": len(early),
+                        "train_end": train.time_max,
+                        f"{scan.name}_start": scan.time_min,
+                    },
+                    tuple(i for _, i in early[:EXAMPLES]),
+                )
+            )
     return findings
 
 
@@ -218,14 +246,22 @@ def _missing_values(scan: SplitScan) -> list[Finding]:
         return []
     columns = sorted(scan.nan_by_column.items())
     total = sum(scan.nan_by_column.values())
-    return [Finding(
-        "missing_values", "warning", scan.name,
-        f"{total} NaN values in {len(columns)} column(s) of {scan.name}",
-        "Impute with statistics fitted on train only (or drop the rows), and add a "
-        "missing-indicator if missingness carries signal.",
-        {"nan_values": total, "columns": len(columns),
-         "by_column": ", ".join(f"col {c}: {n}" for c, n in columns[:8])},
-        tuple(c for c, _ in columns[:EXAMPLES]))]
+    return [
+        Finding(
+            "missing_values",
+            "warning",
+            scan.name,
+            f"{total} NaN values in {len(columns)} column(s) of {scan.name}",
+            "Impute with statistics fitted on train only (or drop the rows), and add a "
+            "missing-indicator if missingness carries signal.",
+            {
+                "nan_values": total,
+                "columns": len(columns),
+                "by_column": ", ".join(f"col {c}: {n}" for c, n in columns[:8]),
+            },
+            tuple(c for c, _ in columns[:EXAMPLES]),
+        )
+    ]
 
 
 def _target_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Finding]]:
@@ -237,24 +273,30 @@ def _target_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Finding]
 
 def _prevalence_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Finding]]:
     classes = sorted({c for s in scans for c in s.targets}, key=str)
-    prevalence = {s.name: {str(c): s.targets[c] / max(s.rows, 1) for c in classes}
-                  for s in scans}
+    prevalence = {s.name: {str(c): s.targets[c] / max(s.rows, 1) for c in classes} for s in scans}
     findings = []
     train = prevalence["train"]
     for scan in scans[1:]:
         shift = max(abs(prevalence[scan.name][str(c)] - train[str(c)]) for c in classes)
         if shift > PREVALENCE_SHIFT:
-            worst = max(classes, key=lambda c: abs(prevalence[scan.name][str(c)]
-                                                   - train[str(c)]))
-            findings.append(Finding(
-                "target_shift", "warning", scan.name,
-                f"class {worst} is {prevalence[scan.name][str(worst)]:.1%} of {scan.name} "
-                f"but {train[str(worst)]:.1%} of train",
-                "Stratify the split by the target, or make sure the shift is the one "
-                "deployment will see (then weigh the metric accordingly).",
-                {"class": str(worst), "train_share": train[str(worst)],
-                 f"{scan.name}_share": prevalence[scan.name][str(worst)],
-                 "max_shift": shift}))
+            worst = max(classes, key=lambda c: abs(prevalence[scan.name][str(c)] - train[str(c)]))
+            findings.append(
+                Finding(
+                    "target_shift",
+                    "warning",
+                    scan.name,
+                    f"class {worst} is {prevalence[scan.name][str(worst)]:.1%} of {scan.name} "
+                    f"but {train[str(worst)]:.1%} of train",
+                    "Stratify the split by the target, or make sure the shift is the one "
+                    "deployment will see (then weigh the metric accordingly).",
+                    {
+                        "class": str(worst),
+                        "train_share": train[str(worst)],
+                        f"{scan.name}_share": prevalence[scan.name][str(worst)],
+                        "max_shift": shift,
+                    },
+                )
+            )
     return prevalence, findings
 
 
@@ -272,13 +314,18 @@ def _mean_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Finding]]:
         mean = stats[scan.name][0]
         shift = abs(mean - train_mean) / train_std
         if shift > MEAN_SHIFT_STDS:
-            findings.append(Finding(
-                "target_shift", "warning", scan.name,
-                f"the target's mean is {mean:.4g} in {scan.name} but {train_mean:.4g} in "
-                f"train ({shift:.2f} training stds apart)",
-                "Check how the split was made (by time? by source?) and whether deployment "
-                "looks like train or like this split.",
-                {"train_mean": train_mean, f"{scan.name}_mean": mean, "stds_apart": shift}))
+            findings.append(
+                Finding(
+                    "target_shift",
+                    "warning",
+                    scan.name,
+                    f"the target's mean is {mean:.4g} in {scan.name} but {train_mean:.4g} in "
+                    f"train ({shift:.2f} training stds apart)",
+                    "Check how the split was made (by time? by source?) and whether deployment "
+                    "looks like train or like this split.",
+                    {"train_mean": train_mean, f"{scan.name}_mean": mean, "stds_apart": shift},
+                )
+            )
     return {name: {"mean": m, "std": s} for name, (m, s) in stats.items()}, findings
 
 
@@ -335,7 +382,8 @@ def check_preprocessing(
     report = CheckReport(
         "check_preprocessing",
         signal="Statistics must come from train alone; matching train does not prove the "
-               "pipeline applies them to val and test the same way.")
+        "pipeline applies them to val and test the same way.",
+    )
     for name, given in stats.items():
         used = _float64(given)
         on_train = STATISTICS[name](train_t)
@@ -355,24 +403,32 @@ def _float64(value: Any) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.float64)
 
 
-def _statistic_finding(name: str, used: torch.Tensor, on_train: torch.Tensor,
-                       every: torch.Tensor | None, rtol: float) -> Finding:
+def _statistic_finding(
+    name: str, used: torch.Tensor, on_train: torch.Tensor, every: torch.Tensor | None, rtol: float
+) -> Finding:
     on_all = None if every is None else STATISTICS[name](every)
     evidence = {"used": _short(used), "train": _short(on_train)}
     if on_all is not None:
         evidence["all_rows"] = _short(on_all)
     if on_all is not None and every is not None and _matches(name, used, every, rtol):
         return Finding(
-            "leakage", "error", name,
+            "leakage",
+            "error",
+            name,
             f"{name} {_short(used)} matches all rows ({_short(on_all)}), not train "
             f"({_short(on_train)}): the preprocessing was fitted on the evaluation rows too",
             f"Fit the {name} on the training split only, then apply it unchanged to "
-            "validation and test.", evidence)
+            "validation and test.",
+            evidence,
+        )
     return Finding(
-        "preprocessing_mismatch", "warning", name,
+        "preprocessing_mismatch",
+        "warning",
+        name,
         f"{name} {_short(used)} is not the training split's ({_short(on_train)})",
-        f"Recompute the {name} on the training split and check where the used value "
-        "came from.", evidence)
+        f"Recompute the {name} on the training split and check where the used value came from.",
+        evidence,
+    )
 
 
 def _short(tensor: torch.Tensor) -> float | list[float]:

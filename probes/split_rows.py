@@ -142,12 +142,18 @@ def read_field(value: Any) -> RowField:
         tensor = as_tensor(value)
     except (TypeError, RuntimeError, ValueError):
         if is_numpy(value):  # strings, objects, dates: NumPy's own bytes
-            return RowField(f"numpy.{value.dtype}{value.shape}".encode(), value.tobytes(),
-                            (), int(value.size))
-        return RowField(f"{kind.__module__}.{kind.__qualname__}".encode(),
-                        repr(value).encode(), (), 1)
-    return RowField(_header(tensor.dtype, tuple(tensor.shape)), tensor_bytes(tensor),
-                    _nan_positions(tensor), tensor.numel())
+            return RowField(
+                f"numpy.{value.dtype}{value.shape}".encode(), value.tobytes(), (), int(value.size)
+            )
+        return RowField(
+            f"{kind.__module__}.{kind.__qualname__}".encode(), repr(value).encode(), (), 1
+        )
+    return RowField(
+        _header(tensor.dtype, tuple(tensor.shape)),
+        tensor_bytes(tensor),
+        _nan_positions(tensor),
+        tensor.numel(),
+    )
 
 
 def _nan_positions(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -183,8 +189,10 @@ def iter_chunks(data: Any) -> Iterator[tuple[int, Any]]:
             yield start, data[start : start + CHUNK_ROWS]
         return
     if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
-        raise TypeError(f"a split must be a tensor, an array, a list of rows or a Dataset "
-                        f"with len() and [i], got {type(data).__name__}")
+        raise TypeError(
+            f"a split must be a tensor, an array, a list of rows or a Dataset "
+            f"with len() and [i], got {type(data).__name__}"
+        )
     for start in range(0, len(data), CHUNK_ROWS):
         stop = min(start + CHUNK_ROWS, len(data))
         yield start, [data[i] for i in range(start, stop)]
@@ -202,8 +210,11 @@ def row_fields(row: Any) -> list[RowField]:
 def _splits(row: tuple[Any, ...] | list[Any]) -> bool:
     """Whether a tuple or list row is several fields (it holds a tensor, an array or a
     sequence) rather than one row of numbers."""
-    return any(isinstance(item, (torch.Tensor, Sequence, *_numpy_types()[:1]))
-               and not isinstance(item, str) for item in row)
+    return any(
+        isinstance(item, (torch.Tensor, Sequence, *_numpy_types()[:1]))
+        and not isinstance(item, str)
+        for item in row
+    )
 
 
 def row_hash(fields: list[RowField]) -> bytes:
@@ -259,8 +270,9 @@ class Chunk:
         views = []
         for block in self.blocks:  # the blocks are alive while their memory is read
             memory = _memory(block)
-            views.append((_header(block.dtype, tuple(block.shape[1:])), memory,
-                          len(memory) // rows))
+            views.append(
+                (_header(block.dtype, tuple(block.shape[1:])), memory, len(memory) // rows)
+            )
         (first_header, first, first_size), rest = views[0], views[1:]
         start = hashlib.blake2b(first_header, digest_size=16)
         digests = []
@@ -341,8 +353,7 @@ def _kind(item: Any) -> Any:
     return kind if kind in (float, int, bool) else None
 
 
-_SCALAR_DTYPES: dict[Any, torch.dtype] = {float: torch.float64, int: torch.int64,
-                                          bool: torch.bool}
+_SCALAR_DTYPES: dict[Any, torch.dtype] = {float: torch.float64, int: torch.int64, bool: torch.bool}
 
 
 def _stack(rows: list[Any]) -> list[torch.Tensor] | None:
@@ -370,9 +381,12 @@ def _stack(rows: list[Any]) -> list[torch.Tensor] | None:
             column.append(item)
     try:
         with torch.no_grad():
-            return [_dense(torch.stack(column).cpu()) if isinstance(kind, tuple)
-                    else torch.tensor(column, dtype=_SCALAR_DTYPES[kind])
-                    for column, kind in zip(columns, kinds, strict=True)]
+            return [
+                _dense(torch.stack(column).cpu())
+                if isinstance(kind, tuple)
+                else torch.tensor(column, dtype=_SCALAR_DTYPES[kind])
+                for column, kind in zip(columns, kinds, strict=True)
+            ]
     except (TypeError, RuntimeError, ValueError, OverflowError):
         return None
 
@@ -382,6 +396,5 @@ def _count_block_nans(flat: torch.Tensor, first_column: int, by_column: Counter[
     for low in range(0, len(flat), step):
         per_column = torch.isnan(flat[low : low + step]).sum(dim=0)
         columns = per_column.nonzero().reshape(-1)
-        for column, count in zip(columns.tolist(), per_column[columns].tolist(),
-                                 strict=True):
+        for column, count in zip(columns.tolist(), per_column[columns].tolist(), strict=True):
             by_column[first_column + column] += count

@@ -44,8 +44,9 @@ def make(rows: np.ndarray, kind: str) -> Any:
     if kind == "tuples":
         return [(x[i].copy(), float(y[i])) for i in range(len(rows))]
     if kind == "dataset":
-        return TensorDataset(torch.tensor(x, dtype=torch.float32),
-                             torch.tensor(y, dtype=torch.float32))
+        return TensorDataset(
+            torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+        )
     raise AssertionError(kind)
 
 
@@ -152,8 +153,7 @@ def test_entity_in_two_splits(kind: str) -> None:
 def test_entity_in_two_splits_dict_rows_by_key_name() -> None:
     def rows(users: list[str], seed: int) -> list[dict[str, Any]]:
         rng = np.random.default_rng(seed)
-        return [{"user": u, "x": rng.normal(size=3), "y": int(rng.integers(0, 2))}
-                for u in users]
+        return [{"user": u, "x": rng.normal(size=3), "y": int(rng.integers(0, 2))} for u in users]
 
     train = rows([f"u{i}" for i in range(10)], seed=8)
     val = rows(["v0", "v1", "u3", "v2"], seed=9)
@@ -180,15 +180,13 @@ def test_time_leak(kind: str) -> None:
     val[3, 1] = 5.0
     val[7, 1] = 12.0
 
-    report = check_split(make(train, kind), make(val, kind), make(test, kind),
-                         time=column(kind, 1))
+    report = check_split(make(train, kind), make(val, kind), make(test, kind), time=column(kind, 1))
 
     assert report.kinds == ["time_leak"]
     finding = report.findings[0]
     assert finding.severity == "error"
     assert finding.subject == "val"
-    assert finding.evidence == {"rows_before_train_end": 2, "train_end": 29.0,
-                                "val_start": 5.0}
+    assert finding.evidence == {"rows_before_train_end": 2, "train_end": 29.0, "val_start": 5.0}
     assert finding.examples == (3, 7)
 
 
@@ -297,8 +295,14 @@ def test_clean_data_yields_no_finding(kind: str) -> None:
         split[:, 0] = np.arange(start, start + len(split))  # distinct entities
         split[:, 1] = np.arange(start, start + len(split))  # time moves forward
 
-    report = check_split(make(train, kind), make(val, kind), make(test, kind),
-                         target=column(kind, -1), key=column(kind, 0), time=column(kind, 1))
+    report = check_split(
+        make(train, kind),
+        make(val, kind),
+        make(test, kind),
+        target=column(kind, -1),
+        key=column(kind, 0),
+        time=column(kind, 1),
+    )
 
     assert report.findings == []
     assert report.ok
@@ -378,8 +382,7 @@ def per_column_data() -> tuple[torch.Tensor, torch.Tensor]:
 def test_per_column_statistics_fitted_on_train_are_ok() -> None:
     train, every = per_column_data()
 
-    report = check_preprocessing({"mean": train.mean(dim=0), "std": train.std(dim=0)},
-                                 train, every)
+    report = check_preprocessing({"mean": train.mean(dim=0), "std": train.std(dim=0)}, train, every)
 
     assert report.findings == []
     assert report.ok
@@ -388,8 +391,7 @@ def test_per_column_statistics_fitted_on_train_are_ok() -> None:
 def test_per_column_statistics_fitted_on_all_rows_are_leakage() -> None:
     train, every = per_column_data()
 
-    report = check_preprocessing({"mean": every.mean(dim=0), "std": every.std(dim=0)},
-                                 train, every)
+    report = check_preprocessing({"mean": every.mean(dim=0), "std": every.std(dim=0)}, train, every)
 
     assert report.kinds == ["leakage", "leakage"]
     assert [f.subject for f in report.findings] == ["mean", "std"]
@@ -531,15 +533,20 @@ def test_python_numbers_are_read_as_float64_like_numpy() -> None:
 
 
 def test_string_fields_and_numpy_string_arrays_are_hashed_by_content() -> None:
-    train = [{"user": "u1", "x": [1.0, 2.0]}, {"user": "u2", "x": [1.0, 2.0]},
-             {"user": "u1", "x": [1.0, 2.0]}]
+    train = [
+        {"user": "u1", "x": [1.0, 2.0]},
+        {"user": "u2", "x": [1.0, 2.0]},
+        {"user": "u1", "x": [1.0, 2.0]},
+    ]
     names = np.array([["a", "b"], ["c", "d"], ["a", "b"]])  # torch cannot hold strings
 
     report = check_split(train, names)
 
     assert sorted(report.kinds) == ["duplicate_rows", "duplicate_rows"]
-    assert {f.subject: f.examples for f in report.findings} == {"train": ((0, 2),),
-                                                                "val": ((0, 2),)}
+    assert {f.subject: f.examples for f in report.findings} == {
+        "train": ((0, 2),),
+        "val": ((0, 2),),
+    }
 
 
 def test_a_read_only_array_is_read_without_torch_warning_about_writes() -> None:
@@ -601,20 +608,25 @@ def test_checks_run_without_numpy() -> None:
     with_numpy: dict[str, Any] = {}
     exec(CHECKS, with_numpy)  # here, where NumPy is loaded: the same findings
 
-    out = subprocess.run([sys.executable, "-c", NO_NUMPY], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", NO_NUMPY], capture_output=True, text=True, timeout=120
+    )
 
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout.splitlines()[-1])
     assert found == json.loads(json.dumps(with_numpy["RESULT"]))
     kinds = {name: sorted(f[0] for f in findings) for name, findings in found.items()}
     assert kinds == {
-        "tensors": ["duplicate_rows", "duplicates_across_splits", "entity_overlap",
-                    "missing_values", "target_shift", "time_leak"],
-        "dataset": ["duplicate_rows", "duplicates_across_splits", "missing_values",
-                    "target_shift"],
-        "rows": ["duplicate_rows", "duplicates_across_splits", "missing_values",
-                 "missing_values"],
+        "tensors": [
+            "duplicate_rows",
+            "duplicates_across_splits",
+            "entity_overlap",
+            "missing_values",
+            "target_shift",
+            "time_leak",
+        ],
+        "dataset": ["duplicate_rows", "duplicates_across_splits", "missing_values", "target_shift"],
+        "rows": ["duplicate_rows", "duplicates_across_splits", "missing_values", "missing_values"],
         "users": ["entity_overlap"],
         "leak": ["leakage"],
         "per_column": ["preprocessing_mismatch"],

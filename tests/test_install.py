@@ -25,8 +25,20 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("probes", "tui", "demo")
 TORCH = "torch==2.13.0"  # as .ci/run pins it: a bare requirement pulls a CUDA build
 # Not copied into the build: a stale build/ would hide a module the package lost.
-NOT_SOURCE = (".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
-              "*.pyc", ".pytest_cache", ".mypy_cache", ".ruff_cache", "shared")
+NOT_SOURCE = (
+    ".git",
+    ".venv",
+    "venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    "*.pyc",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    "shared",
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -118,13 +130,14 @@ print(json.dumps({"used": sorted(USED), "all": sorted(probes.__all__),
 """
 
 
-def run(command: list[str], *, timeout: float, cwd: Path, env: dict[str, str]
-        ) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                         env=env)
+def run(
+    command: list[str], *, timeout: float, cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     shown = " ".join(arg if len(arg) < 200 else "<script>" for arg in command)
     assert out.returncode == 0, (
-        f"{shown} exited {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}")
+        f"{shown} exited {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    )
     return out
 
 
@@ -136,23 +149,29 @@ def fresh_venv() -> Iterator[tuple[Path, dict[str, str]]]:
         root = Path(folder)
         # Our own interpreter's imports (PYTHONPATH to the checkout) must not leak in;
         # the rest stays: pip's settings (PIP_FIND_LINKS, an index) come from it.
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+        }
         env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
         source = root / "source"
         shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
-        run([sys.executable, "-m", "venv", str(root / "venv")], timeout=120, cwd=root,
-            env=env)
+        run([sys.executable, "-m", "venv", str(root / "venv")], timeout=120, cwd=root, env=env)
         python = root / "venv" / "bin" / "python"
-        run([str(python), "-m", "pip", "install", "--quiet", TORCH], timeout=420, cwd=root,
-            env=env)
-        run([str(python), "-m", "pip", "install", "--quiet", str(source)], timeout=300,
-            cwd=root, env=env)
+        run([str(python), "-m", "pip", "install", "--quiet", TORCH], timeout=420, cwd=root, env=env)
+        run(
+            [str(python), "-m", "pip", "install", "--quiet", str(source)],
+            timeout=300,
+            cwd=root,
+            env=env,
+        )
         yield root, env
 
 
 def test_every_public_name_of_probes_works_after_a_plain_install(
-        fresh_venv: tuple[Path, dict[str, str]]) -> None:
+    fresh_venv: tuple[Path, dict[str, str]],
+) -> None:
     root, env = fresh_venv
     python = root / "venv" / "bin" / "python"
 
@@ -168,23 +187,30 @@ def test_every_public_name_of_probes_works_after_a_plain_install(
 def test_the_package_ships_every_source_file(fresh_venv: tuple[Path, dict[str, str]]) -> None:
     root, env = fresh_venv
     python = root / "venv" / "bin" / "python"
-    out = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-              timeout=60, cwd=root, env=env)
+    out = run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        timeout=60,
+        cwd=root,
+        env=env,
+    )
     installed = Path(out.stdout.strip())
 
     # Modules, subpackages, styles (.tcss), py.typed: whatever the source tree holds.
-    missing = [str(path.relative_to(REPO)) for package in PACKAGES
-               for path in sorted((REPO / package).rglob("*"))
-               if path.is_file() and "__pycache__" not in path.parts
-               and not (installed / path.relative_to(REPO)).is_file()]
+    missing = [
+        str(path.relative_to(REPO))
+        for package in PACKAGES
+        for path in sorted((REPO / package).rglob("*"))
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and not (installed / path.relative_to(REPO)).is_file()
+    ]
     assert missing == []
 
 
 def test_the_traintop_command_starts(fresh_venv: tuple[Path, dict[str, str]]) -> None:
     root, env = fresh_venv
 
-    out = run([str(root / "venv" / "bin" / "traintop"), "--help"], timeout=60, cwd=root,
-              env=env)
+    out = run([str(root / "venv" / "bin" / "traintop"), "--help"], timeout=60, cwd=root, env=env)
 
     assert out.stdout.startswith("usage: traintop")
     assert "replay" in out.stdout
