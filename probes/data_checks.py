@@ -6,103 +6,30 @@ missing values, and a shift of the target's prevalence. ``check_preprocessing`` 
 whether normalisation statistics were fitted on the training split alone.
 
 Splits may be tensors, NumPy arrays, lists of rows or map-style ``Dataset``s; they are
-read in chunks, so a large split never has to fit in memory twice.
+read in chunks (``probes.split_rows``), so a large split never has to fit in memory
+twice. Only torch is needed: NumPy arrays are taken when NumPy is there.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from probes.reports import CheckReport, Finding
+from probes.split_rows import Selector, from_numpy, is_numpy, iter_chunks, read_chunk
 
 if TYPE_CHECKING:
     from probes.probe import Probe
 
-Selector = int | str | Callable[[Any], Any] | None
-CHUNK_ROWS = 4096
 EXAMPLES = 5
 PREVALENCE_SHIFT = 0.10  # absolute change of a class's share between splits
 MEAN_SHIFT_STDS = 0.5  # change of a continuous target's mean, in training stds
 MAX_CLASSES = 50  # more distinct target values than this: treated as continuous
-
-
-# --- reading rows -----------------------------------------------------------------------
-
-
-def _to_numpy(value: Any) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
-def iter_chunks(data: Any) -> Iterator[tuple[int, list[Any]]]:
-    """(first index, rows) chunks of a tensor, array, list or Dataset."""
-    if isinstance(data, torch.Tensor | np.ndarray):
-        for start in range(0, len(data), CHUNK_ROWS):
-            yield start, list(_to_numpy(data[start : start + CHUNK_ROWS]))
-        return
-    if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
-        raise TypeError(
-            f"a split must be a tensor, an array, a list of rows or a Dataset "
-            f"with len() and [i], got {type(data).__name__}"
-        )
-    for start in range(0, len(data), CHUNK_ROWS):
-        stop = min(start + CHUNK_ROWS, len(data))
-        yield start, [data[i] for i in range(start, stop)]
-
-
-def row_fields(row: Any) -> list[np.ndarray]:
-    """A row as a list of arrays (a tuple row (x, y) gives two)."""
-    if isinstance(row, Mapping):
-        return [_to_numpy(row[k]) for k in sorted(row)]
-    if (
-        isinstance(row, tuple | list)
-        and row
-        and any(
-            isinstance(item, torch.Tensor | np.ndarray | Sequence) and not isinstance(item, str)
-            for item in row
-        )
-    ):
-        return [_to_numpy(item) for item in row]
-    return [_to_numpy(row)]
-
-
-def row_hash(fields: list[np.ndarray]) -> bytes:
-    """A 128-bit digest of a row's content (dtype and shape included)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for array in fields:
-        contiguous = np.ascontiguousarray(array)
-        digest.update(f"{contiguous.dtype}{contiguous.shape}".encode())
-        digest.update(contiguous.tobytes())
-    return digest.digest()
-
-
-def select(row: Any, selector: Selector) -> Any:
-    """The value ``selector`` picks from a row: a column/field index, a key, or f(row)."""
-    if selector is None:
-        return None
-    if callable(selector):
-        value = selector(row)
-    elif isinstance(selector, str):
-        value = row[selector] if isinstance(row, Mapping) else getattr(row, selector)
-    elif isinstance(row, tuple | list) and len(row_fields(row)) > 1:
-        value = row[selector]
-    else:
-        value = _to_numpy(row).reshape(-1)[selector]
-    value = _to_numpy(value) if isinstance(value, torch.Tensor) else value
-    if isinstance(value, np.ndarray):
-        return value.item() if value.size == 1 else value.tobytes()
-    if isinstance(value, np.generic):  # a NumPy scalar (a float32 column): a Python number
-        return value.item()
-    return value
 
 
 # --- one pass over a split ----------------------------------------------------------------
@@ -132,47 +59,38 @@ def scan_split(
     """Hash every row, collect keys, times, NaNs per column and target values."""
     scan = SplitScan(name)
     for start, rows in iter_chunks(data):
-        for offset, row in enumerate(rows):
+        chunk = read_chunk(rows)
+        digests = chunk.digests()
+        chunk.count_nans(scan.nan_by_column)
+        keys, moments, targets = chunk.select(key), chunk.select(time), chunk.select(target)
+        for offset, digest in enumerate(digests):
             index = start + offset
-            fields = row_fields(row)
-            digest = row_hash(fields)
             if digest in scan.first_seen:
                 scan.duplicate_count += 1
                 if len(scan.duplicates) < EXAMPLES:
                     scan.duplicates.append((scan.first_seen[digest], index))
             else:
                 scan.first_seen[digest] = index
-            _count_nans(scan, fields)
-            _collect(scan, row, index, target=target, key=key, time=time)
-        scan.rows = start + len(rows)
+            if keys is not None:
+                scan.keys.setdefault(keys[offset], index)
+            if moments is not None:
+                _add_time(scan, moments[offset], index)
+            if targets is not None:
+                _add_target(scan, targets[offset])
+        scan.rows = start + len(digests)
     return scan
 
 
-def _count_nans(scan: SplitScan, fields: list[np.ndarray]) -> None:
-    column = 0
-    for array in fields:
-        flat = array.reshape(-1)
-        if flat.dtype.kind == "f":
-            for position in np.flatnonzero(np.isnan(flat)):
-                scan.nan_by_column[column + int(position)] += 1
-        column += flat.size
+def _add_time(scan: SplitScan, moment: Any, index: int) -> None:
+    scan.time_min = moment if scan.time_min is None else min(scan.time_min, moment)
+    scan.time_max = moment if scan.time_max is None else max(scan.time_max, moment)
+    scan.times.append((moment, index))
 
 
-def _collect(
-    scan: SplitScan, row: Any, index: int, *, target: Selector, key: Selector, time: Selector
-) -> None:
-    if key is not None:
-        scan.keys.setdefault(select(row, key), index)
-    if time is not None:
-        moment = select(row, time)
-        scan.time_min = moment if scan.time_min is None else min(scan.time_min, moment)
-        scan.time_max = moment if scan.time_max is None else max(scan.time_max, moment)
-        scan.times.append((moment, index))
-    if target is not None:
-        value = select(row, target)
-        scan.targets[value] += 1
-        if isinstance(value, int | float) and len(scan.target_values) < 1_000_000:
-            scan.target_values.append(float(value))
+def _add_target(scan: SplitScan, value: Any) -> None:
+    scan.targets[value] += 1
+    if isinstance(value, int | float) and len(scan.target_values) < 1_000_000:
+        scan.target_values.append(float(value))
 
 
 # --- the check ----------------------------------------------------------------------------
@@ -193,7 +111,8 @@ def check_split(
     Args:
         train, val, test: the splits (tensors, arrays, lists of rows, or Datasets).
         target: which value of a row is the target: a column index (array rows), a
-            field index (tuple rows such as ``(x, y)``), a key (dict rows) or a function.
+            field index (tuple rows such as ``(x, y)``), a key (dict rows) or a function
+            of the row (as the split gives it: a tensor's rows are tensors).
         key: the entity of a row (user id, patient id, ...), chosen the same way.
         time: the timestamp of a row, chosen the same way (any comparable value).
         probe: send the report and its findings to the monitor through this probe.
@@ -382,11 +301,11 @@ def _prevalence_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Find
 
 
 def _mean_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Finding]]:
-    stats = {
-        s.name: (float(np.mean(s.target_values)), float(np.std(s.target_values)))
-        for s in scans
-        if s.target_values
-    }
+    stats = {}
+    for scan in scans:
+        if scan.target_values:
+            values = torch.tensor(scan.target_values, dtype=torch.float64)
+            stats[scan.name] = (values.mean().item(), values.std(correction=0).item())
     findings = []
     train_mean, train_std = stats.get("train", (math.nan, math.nan))
     for scan in scans[1:]:
@@ -458,23 +377,30 @@ def check_preprocessing(
     unknown = set(stats) - set(STATISTICS)
     if unknown:
         raise ValueError(f"unknown statistics {sorted(unknown)}; known: {sorted(STATISTICS)}")
-    train_t = torch.as_tensor(_to_numpy(train), dtype=torch.float64)
-    every_t = (
-        None if all_rows is None else torch.as_tensor(_to_numpy(all_rows), dtype=torch.float64)
-    )
+    train_t = _float64(train)
+    every_t = None if all_rows is None else _float64(all_rows)
     report = CheckReport(
         "check_preprocessing",
         signal="Statistics must come from train alone; matching train does not prove the "
         "pipeline applies them to val and test the same way.",
     )
     for name, given in stats.items():
-        used = torch.as_tensor(_to_numpy(given), dtype=torch.float64)
+        used = _float64(given)
         on_train = STATISTICS[name](train_t)
         report.summary[name] = {"used": _short(used), "train": _short(on_train)}
         if _matches(name, used, train_t, rtol):
             continue
         report.findings.append(_statistic_finding(name, used, on_train, every_t, rtol))
     return report.send(probe)
+
+
+def _float64(value: Any) -> torch.Tensor:
+    """Numbers, lists, arrays or tensors as a float64 CPU tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().to(torch.float64)
+    if is_numpy(value):
+        return from_numpy(value).to(torch.float64)
+    return torch.as_tensor(value, dtype=torch.float64)
 
 
 def _statistic_finding(

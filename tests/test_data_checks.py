@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +17,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import probes
-from probes import data_checks
+from probes import data_checks, split_rows
 from probes.data_checks import check_preprocessing, check_split
 from probes.reports import CheckReport, Finding
 from tests.collector import FrameCollector
@@ -208,11 +213,12 @@ def test_nans_name_their_column(kind: str) -> None:
     assert not report.ok
 
 
-def test_nan_in_the_target_field_of_tuple_rows_is_counted_after_the_features() -> None:
+@pytest.mark.parametrize("kind", ["tuples", "dataset"])
+def test_nan_in_the_target_field_of_tuple_rows_is_counted_after_the_features(kind: str) -> None:
     train = random_rows(10, seed=16)
     train[2, -1] = np.nan  # the target: column FEATURES once the features are counted
 
-    report = check_split(make(train, "tuples"), make(random_rows(5, seed=17), "tuples"))
+    report = check_split(make(train, kind), make(random_rows(5, seed=17), kind))
 
     finding = only(report, "missing_values")
     assert finding.evidence["by_column"] == f"col {FEATURES}: 1"
@@ -307,9 +313,9 @@ def test_clean_data_yields_no_finding(kind: str) -> None:
 # --- chunks and bad input ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["tensor", "numpy", "tuples"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_duplicate_straddling_a_chunk_boundary(kind: str) -> None:
-    boundary = data_checks.CHUNK_ROWS
+    boundary = split_rows.CHUNK_ROWS
     rows = 10_000
     assert rows > 2 * boundary  # three chunks at least
     train = random_rows(rows, seed=28)
@@ -446,3 +452,196 @@ def test_a_population_std_fitted_on_train_is_not_a_mismatch() -> None:
     leaked = every.std(dim=0, correction=0)
     [finding] = probes.check_preprocessing({"std": leaked}, train, every).findings
     assert finding.kind == "leakage" and finding.severity == "error"
+
+
+# --- reading without NumPy -----------------------------------------------------------------
+#
+# Tensor and array splits are read a chunk at a time (one tensor), Dataset rows of like
+# fields are stacked a chunk at a time, other rows are read one by one; a row's digest,
+# NaN columns and selected values must not depend on which.
+
+
+def like_rows() -> list[list[Any]]:
+    """Chunks of rows that stack, each with a NaN and a repeated row."""
+    torch.manual_seed(1)
+    x = torch.randn(6, 3)
+    x[4, 1] = float("nan")
+    x[5] = x[0]
+    labels = [0.5, 1.5, float("nan"), 2.5, 3.5, 0.5]
+    return [
+        list(x),  # tensor rows
+        [(x[i], torch.tensor(labels[i])) for i in range(6)],  # (x, y) of tensors
+        [(x[i], labels[i]) for i in range(6)],  # (x, a Python float)
+        [[x[i], i % 5, i % 5 < 2] for i in range(6)],  # lists with an int and a bool
+        [{"b": x[i], "a": torch.tensor([labels[i], 1.0])} for i in range(6)],  # dicts
+        [(x[i].double().requires_grad_(),) for i in range(6)],  # one field, needs grad
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(like_rows())))
+def test_stacked_rows_read_as_row_by_row(case: int) -> None:
+    rows = like_rows()[case]
+
+    stacked = split_rows.read_chunk(rows)
+    by_row = split_rows.Chunk(rows, fields=[split_rows.row_fields(r) for r in rows])
+
+    assert stacked.blocks is not None, "these rows should stack"
+    digests = stacked.digests()
+    assert digests == by_row.digests()
+    assert digests[5] == digests[0] and len(set(digests)) == 5
+    nans_stacked: Counter[int] = Counter()
+    nans_by_row: Counter[int] = Counter()
+    stacked.count_nans(nans_stacked)
+    by_row.count_nans(nans_by_row)
+    assert nans_stacked == nans_by_row
+    x_column = 3 if case == 4 else 1  # a dict's fields in the order of its keys: a, b
+    assert nans_stacked[x_column] == 1  # x[4, 1]
+    for selector in (0, 1, -1):
+        try:
+            expected = [split_rows.select(row, selector) for row in rows]
+        except (IndexError, RuntimeError):
+            continue
+        got = stacked.select(selector)
+        assert got is not None
+        assert [repr(v) for v in got] == [repr(v) for v in expected]  # NaN == NaN here
+
+
+def test_a_row_is_the_same_duplicate_however_its_split_is_read() -> None:
+    torch.manual_seed(2)
+    x, y = torch.randn(20, 4), torch.randn(20)
+    odd = (torch.randn(3), torch.tensor(0.0))  # another shape: the list is read by row
+
+    as_tensor = check_split(torch.cat([x, y[:, None]], 1), [torch.cat([x[7], y[7:8]])])
+    as_rows = check_split(TensorDataset(x, y), [(x[7], y[7]), odd, (x[2], y[2])])
+    assert split_rows.read_chunk([(x[7], y[7]), odd]).blocks is None
+
+    assert only(as_tensor, "duplicates_across_splits").examples == ((7, 0),)
+    assert only(as_rows, "duplicates_across_splits").examples == ((7, 0), (2, 2))
+
+
+def test_python_numbers_are_read_as_float64_like_numpy() -> None:
+    base = [1.0, 2.0, 3.0]
+    close = [1.0 + 1e-9, 2.0, 3.0]  # the same row in float32, not in float64
+    assert torch.tensor(base).equal(torch.tensor(close))
+
+    report = check_split([base, close, base], [[4.0, float("nan"), 6.0]])
+
+    within = only(report, "duplicate_rows")
+    assert within.evidence == {"duplicates": 1, "rows": 3}
+    assert within.examples == ((0, 2),)
+    assert only(report, "missing_values").evidence["by_column"] == "col 1: 1"
+
+
+def test_string_fields_and_numpy_string_arrays_are_hashed_by_content() -> None:
+    train = [
+        {"user": "u1", "x": [1.0, 2.0]},
+        {"user": "u2", "x": [1.0, 2.0]},
+        {"user": "u1", "x": [1.0, 2.0]},
+    ]
+    names = np.array([["a", "b"], ["c", "d"], ["a", "b"]])  # torch cannot hold strings
+
+    report = check_split(train, names)
+
+    assert sorted(report.kinds) == ["duplicate_rows", "duplicate_rows"]
+    assert {f.subject: f.examples for f in report.findings} == {
+        "train": ((0, 2),),
+        "val": ((0, 2),),
+    }
+
+
+def test_a_read_only_array_is_read_without_torch_warning_about_writes() -> None:
+    # torch warns once a process; nothing else in the suite converts a read-only array
+    train = random_rows(10, seed=40)
+    train.flags.writeable = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = check_split(train, random_rows(5, seed=41))
+    assert report.ok
+    assert [str(w.message) for w in caught] == []
+
+
+# Splits of every kind and both checks, built with torch and Python only.
+CHECKS = """
+import torch
+from torch.utils.data import TensorDataset
+import probes
+
+def finding(f):
+    return [f.kind, f.severity, f.subject, f.evidence, [list(e) if isinstance(e, tuple)
+            else e for e in f.examples]]
+
+torch.manual_seed(0)
+train, val = torch.randn(40, 5), torch.randn(20, 5)
+train[:, 0], val[:, 0] = torch.arange(40.0), torch.arange(100.0, 120.0)  # entity
+train[:, 1], val[:, 1] = torch.arange(40.0), torch.arange(40.0, 60.0)  # time
+train[:, 4], val[:, 4] = torch.arange(40.0) % 2, (torch.arange(20.0) % 5 == 0).float()
+train[7] = train[3]
+val[2] = train[5]  # a shared row: entity 5, time 5, class 1
+train[4, 2] = float("nan")
+tensors = probes.check_split(train, val, target=-1, key=0, time=1)
+
+dataset = probes.check_split(TensorDataset(train[:, :4], train[:, 4]),
+                             TensorDataset(val[:, :4], val[:, 4]), target=1)
+rows = probes.check_split([([1.0, 2.0], 0), ([3.0, float("nan")], 1), ([1.0, 2.0], 0)],
+                          [([5.0, 6.0], 1), ([3.0, float("nan")], 1)])
+users = probes.check_split([{"user": f"u{i}", "x": [float(i)]} for i in range(5)],
+                           [{"user": "u3", "x": [9.0]}], key="user")
+leak = probes.check_preprocessing({"mean": 4.0}, [0.0, 2.0], [0.0, 2.0, 10.0])
+per_column = probes.check_preprocessing({"mean": [1.0, 5.0], "std": train[:, 2:4].std(0)},
+                                        [[0.0, 4.0], [2.0, 6.0]], train[:, 2:4])
+RESULT = {name: [finding(f) for f in report.findings] for name, report in
+          [("tensors", tensors), ("dataset", dataset), ("rows", rows), ("users", users),
+           ("leak", leak), ("per_column", per_column)]}
+"""
+NO_NUMPY = f"""
+import json, sys, warnings
+sys.modules["numpy"] = None  # from here on, import numpy fails
+import torch
+warnings.simplefilter("error")  # torch reaching for NumPy lazily would warn
+{CHECKS}
+print(json.dumps(RESULT))
+assert sys.modules["numpy"] is None
+"""
+
+
+def test_checks_run_without_numpy() -> None:
+    with_numpy: dict[str, Any] = {}
+    exec(CHECKS, with_numpy)  # here, where NumPy is loaded: the same findings
+
+    out = subprocess.run(
+        [sys.executable, "-c", NO_NUMPY], capture_output=True, text=True, timeout=120
+    )
+
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.splitlines()[-1])
+    assert found == json.loads(json.dumps(with_numpy["RESULT"]))
+    kinds = {name: sorted(f[0] for f in findings) for name, findings in found.items()}
+    assert kinds == {
+        "tensors": [
+            "duplicate_rows",
+            "duplicates_across_splits",
+            "entity_overlap",
+            "missing_values",
+            "target_shift",
+            "time_leak",
+        ],
+        "dataset": ["duplicate_rows", "duplicates_across_splits", "missing_values", "target_shift"],
+        "rows": ["duplicate_rows", "duplicates_across_splits", "missing_values", "missing_values"],
+        "users": ["entity_overlap"],
+        "leak": ["leakage"],
+        "per_column": ["preprocessing_mismatch"],
+    }
+    tensors = {f[0]: f for f in found["tensors"]}
+    assert tensors["duplicate_rows"][4] == [[3, 7]]
+    assert tensors["duplicates_across_splits"][4] == [[5, 2]]
+    assert tensors["entity_overlap"][4] == [[5.0, 5, 2]]
+    assert tensors["time_leak"][4] == [2]
+    assert tensors["missing_values"][3]["by_column"] == "col 2: 1"
+    shift = tensors["target_shift"][3]  # 15 of 20 in class 0 (50% of train), 5 in class 1
+    assert (shift["class"], shift["val_share"]) == ("0.0", pytest.approx(0.75))
+    rows = {(f[0], f[2]): f for f in found["rows"]}
+    assert rows["duplicate_rows", "train"][4] == [[0, 2]]
+    assert rows["duplicates_across_splits", "train/val"][4] == [[1, 1]]
+    assert rows["missing_values", "train"][3]["by_column"] == "col 1: 1"
+    assert found["users"][0][4] == [["u3", 3, 0]]
+    assert found["leak"][0][3] == {"used": 4.0, "train": 1.0, "all_rows": 4.0}
