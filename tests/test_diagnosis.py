@@ -682,12 +682,30 @@ def test_update_ratio_high_on_3_samples() -> None:
     assert alert.evidence["samples"] == 3
 
 
-def test_update_ratio_low_on_3_samples() -> None:
-    _, changes = run([sampled(n * 20, [1e-7, 1e-3, 1e-3]) for n in range(3)])
+def test_update_ratio_low_on_3_samples_when_most_layers_are_low() -> None:
+    _, changes = run([sampled(n * 20, [1e-7, 1e-7, 1e-3]) for n in range(3)])
     alert = only(raised(changes, "update_ratio"))
     assert alert.subject == "enc.0"
     assert alert.evidence["side"] == "low"
     assert alert.evidence["update_ratio"] == 1e-7
+
+
+def test_update_ratio_near_miss_one_layer_low_of_three() -> None:
+    """A LayerNorm's gains at a fine-tuning rate sit low while the rest learn: not the
+    learning rate's fault (a layer the optimizer leaves alone has its own alert)."""
+    _, changes = run([sampled(n * 20, [1e-7, 1e-3, 1e-3]) for n in range(5)])
+    assert "update_ratio" not in kinds(changes)
+
+
+def test_update_ratio_near_miss_in_the_tail_of_a_decay() -> None:
+    """A linear decay to zero ends with every update tiny: by design, not too low."""
+    records = []
+    for n in range(8):
+        record = sampled(n * 20, [1e-7, 1e-7, 1e-7] if n >= 4 else [1e-3, 1e-3, 1e-3])
+        record["lr"] = [5e-5 * (1 - n / 8) if n < 4 else 5e-5 * 0.1]
+        records.append(record)
+    _, changes = run(records)
+    assert "update_ratio" not in kinds(changes)
 
 
 def test_update_ratio_near_miss_in_band() -> None:

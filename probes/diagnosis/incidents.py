@@ -21,11 +21,13 @@ from probes.diagnosis.catalog import CHECK_RUNGS
 @dataclass(frozen=True)
 class Fold:
     """``cause`` explains the consequence (when they share a layer, with ``overlap``;
-    for update ratios, only on ``side``)."""
+    when most layers of the consequence are the cause's, with ``within``; for update
+    ratios, only on ``side``)."""
 
     cause: str
     overlap: bool = False
     side: str = ""
+    within: bool = False
 
 
 # Causes that leave the run damaged: their consequences fold under them for the rest of
@@ -86,7 +88,7 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
     ),
     "update_ratio": (
         *(Fold(kind) for kind in _DAMAGE),
-        Fold("vanishing_gradient", overlap=True, side="low"),
+        Fold("vanishing_gradient", within=True, side="low"),
         Fold("dead_activations", side="low"),
         Fold("saturated_activations", side="low"),
         Fold("none_gradients", overlap=True, side="low"),
@@ -138,6 +140,8 @@ def cause_for(alert: Alert, causes: Mapping[str, Alert]) -> Alert | None:
         if fold.side and alert.evidence.get("side") != fold.side:
             continue
         if fold.overlap and not set(alert.layers) & set(cause.layers):
+            continue
+        if fold.within and 2 * len(set(alert.layers) & set(cause.layers)) <= len(alert.layers):
             continue
         return cause
     return None

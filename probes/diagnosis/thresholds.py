@@ -66,6 +66,9 @@ class Thresholds:
     # sampled steps in a row (at least update_samples) spanning update_steps steps.
     update_high: float = 0.1
     update_low: float = 1e-5
+    # ... low only when most layers are, at a rate above this fraction of the run's
+    # highest (a warmup's start and a decay's end are low by design)
+    update_low_lr_fraction: float = 0.2
     update_samples: int = 2
     update_steps: int = 40
     # dead / saturated activations, on sampled steps in a row (at least

@@ -65,7 +65,13 @@ class GradNotCleared(Rule):
 
 
 class UpdateRatio(Rule):
-    """Per-layer |dw|/|w| far from the usual ~1e-3 band, on sampled steps in a row."""
+    """Per-layer |dw|/|w| far from the usual ~1e-3 band, on sampled steps in a row.
+
+    Too low counts only as the learning rate's doing: when most layers are low, and the
+    rate is not in the tail of its schedule (a warmup's start, a decay's end: below
+    ``update_low_lr_fraction`` of the run's highest). Some layers are low by nature (a
+    LayerNorm's gains at a fine-tuning rate), and a layer the optimizer leaves alone is
+    ``updates_not_applied``'s business."""
 
     kind = "update_ratio"
 
@@ -74,10 +80,23 @@ class UpdateRatio(Rule):
         self._samples: dict[int, int] = {}
         self._since: dict[int, int] = {}
         self._side: dict[int, str] = {}
+        self._top_lr = 0.0  # the highest learning rate of the run so far
+
+    def _low_counts(self, view: StepView, ratios: list[float]) -> bool:
+        """Whether a low ratio says the learning rate is too low, on this record."""
+        lr = max((x for x in view.lrs if math.isfinite(x)), default=None)
+        if lr is not None:
+            self._top_lr = max(self._top_lr, lr)
+            if lr < self.t.update_low_lr_fraction * self._top_lr:
+                return False  # a schedule's tail: low updates are its design
+        low = sum(1 for r in ratios if r < self.t.update_low)
+        return 2 * low > len(ratios)
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.update_ratios is None:
             return None  # not a sampled step: no news
+        finite = [r for r in view.update_ratios if r is not None and math.isfinite(r)]
+        low_counts = self._low_counts(view, finite)
         found: dict[int, float] = {}
         for i, ratio in enumerate(view.update_ratios):
             side = ""
@@ -85,7 +104,7 @@ class UpdateRatio(Rule):
                 side = (
                     "high"
                     if ratio > self.t.update_high
-                    else ("low" if ratio < self.t.update_low else "")
+                    else ("low" if ratio < self.t.update_low and low_counts else "")
                 )
             if not side or side != self._side.get(i, side):
                 self._samples.pop(i, None)
