@@ -267,3 +267,15 @@ def test_training_is_bitwise_the_same_with_and_without_the_callback(
         watched.model.named_parameters(), bare.model.parameters(), strict=True
     ):
         assert torch.equal(mine, theirs), f"{name} differs"
+
+
+def test_a_healthy_run_at_the_trainers_defaults_raises_nothing(
+    tmp_path: Any, collector: FrameCollector
+) -> None:
+    """AdamW at 5e-5 with a linear decay, long enough for the update ratios' samples:
+    the LayerNorm gains move by about 1e-6 of their weights a step, as they should at
+    a fine-tuning rate (the rule raised "too low" at step 120 before it knew that)."""
+    train(tmp_path, collector, max_steps=160, eval_strategy="steps", eval_steps=80)
+    frames = list(collector.frames)
+    assert len([s for s in kinds(frames, "step") if "update_ratios" in s]) >= 3
+    assert [a.line() for a in raised_alerts(frames)] == []
