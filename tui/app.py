@@ -48,6 +48,7 @@ from tui.widgets import (
     RunList,
     StatusLine,
 )
+from tui.widgets.alerts_panel import sorted_alerts
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
 TOAST_GAP_S = 2.0  # at most one toast per topic (alerts, rejected frames) this often
@@ -217,12 +218,15 @@ class TraintopApp(App[int]):
         """Share the rows between the views (``tui.layout``), for this run and size."""
         views = self.query_one("#views")
         chart, table = self.query_one(LossChart), self.query_one(LayerTable)
+        panel = self.query_one(AlertsPanel)
         # a table wider than its room has a horizontal scroll bar: one more row
         scroll_bar = int(table.virtual_size.width > table.size.width > 0)
+        panel_bar = int(panel.virtual_size.width > panel.size.width > 0)
         ranks_rows = self.query_one(RanksPanel).rows_wanted(run, self.state)
+        shown_alerts = len(sorted_alerts(run.alerts)) if run else 0  # (not those folded)
         rows = plan_rows(
             (views.size.height or self.size.height - 2) - ranks_rows,
-            alerts=len(run.alerts) if run else 0,
+            alerts=shown_alerts + panel_bar if shown_alerts else 0,
             layers=(len(run.layers) if run else 0) + scroll_bar,
             heatmap=self.heatmap_shown,
         )
@@ -231,7 +235,7 @@ class TraintopApp(App[int]):
         table.display, heat.display = not self.heatmap_shown, self.heatmap_shown
         for widget, height in (
             (chart, rows.chart),
-            (self.query_one(AlertsPanel), rows.alerts),
+            (panel, rows.alerts),
             (heat if self.heatmap_shown else table, rows.layers),
         ):
             if height and self._heights.get(widget.id or "") != height:

@@ -18,15 +18,15 @@ from tui.jobs import JobState, RankSummary
 from tui.run import RunState
 from tui.state import MonitorState
 
-COLUMNS = (
-    ("rank", 5),
-    ("host", 12),
-    ("step", 9),
+COLUMNS = (  # (label, width): 80 columns hold them all
+    ("rank", 4),
+    ("host", 10),
+    ("step", 8),
     ("loss", 9),
-    ("steps/s", 8),
-    ("lag", 6),
-    ("records", 8),
-    ("state", 12),
+    ("steps/s", 7),
+    ("lag", 5),
+    ("records", 7),
+    ("state", 10),
 )
 MAX_ROWS = 5  # ranks shown at once (the table scrolls for more)
 

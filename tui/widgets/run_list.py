@@ -26,7 +26,9 @@ class RunList(OptionList):
     def show(self, monitor: MonitorState, selected: str | None) -> None:
         """Redraw from the monitor's runs: a job's ranks together under its name."""
         items = list_items(monitor)
-        self.set_class(len(monitor.runs) > 1, "-several")
+        # several entries (runs, or jobs): one job alone has its ranks panel instead
+        entries = sum(1 for _, label, header in items if header or not label.startswith("  "))
+        self.set_class(entries > 1, "-several")
         ids = [item_id for item_id, _, _ in items]
         if ids != [self.get_option_at_index(i).id for i in range(self.option_count)]:
             self.set_options(
