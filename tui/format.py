@@ -157,7 +157,7 @@ def control_label(run: RunState) -> str:
 def alerts_label(run: RunState, *, short: bool = False) -> str:
     """``alerts 0`` when none was raised, else ``alerts 2 active / 3 raised`` (short:
     ``alerts 2/3``): the panel lists every raised one, cleared ones dimmed."""
-    raised = len(run.alerts)
+    raised = len(run.raised_alerts)
     if not raised:
         return "alerts 0"
     active = sum(1 for entry in run.alerts if entry.active)

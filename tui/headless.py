@@ -138,7 +138,7 @@ class HeadlessMonitor:
             self.send_command(event.run.run_id, "resume")
 
     def handle_run_disconnected(self, event: RunDisconnected) -> None:
-        if event.run.alerts:
+        if event.run.raised_alerts:
             self._line(causes_line(event.run))
         self._line(summary_line(event.run))
         self._line(f"disconnected run={event.run.name}{job_words(event.run)} reason={event.reason}")
@@ -241,7 +241,7 @@ def causes_line(run: RunState) -> str:
     alerts, one per root cause, in the order of the lesson's checklist, each with how
     many more layers it concerns and what was folded under it."""
     parts = []
-    for entry in sorted(run.alerts, key=lambda e: (e.alert.rung, e.alert.step)):
+    for entry in sorted(run.raised_alerts, key=lambda e: (e.alert.rung, e.alert.step)):
         alert = entry.alert
         others = len(alert.layers) - 1 if alert.subject in alert.layers else 0
         where = (alert.subject or "run") + (f" +{others}" if others > 0 else "")
@@ -281,7 +281,7 @@ def summary_line(run: RunState) -> str:
         f"steps/s={'-' if rate is None else f'{rate:.1f}'}",
         f"dropped={run.dropped}",
         f"alerts={len(run.active_alerts)}",
-        f"raised={len(run.alerts)}",
+        f"raised={len(run.raised_alerts)}",
     ]
     return " ".join(parts)
 

@@ -136,7 +136,14 @@ class RunState:
 
     @property
     def active_alerts(self) -> list[Alert]:
-        return [entry.alert for entry in self.alerts if entry.active]
+        """The alerts raised and holding (not those folded under a job's incident)."""
+        return [entry.alert for entry in self.alerts if entry.active and not entry.folded_under]
+
+    @property
+    def raised_alerts(self) -> list[AlertEntry]:
+        """Every alert raised for the run, one per root cause (a rank's alert folded under
+        its job's incident is shown there, not here)."""
+        return [entry for entry in self.alerts if not entry.folded_under]
 
     def why_gone(self, connection_reason: str) -> str:
         """Why the run is gone: "finished" after a clean bye, else what the bye said (an

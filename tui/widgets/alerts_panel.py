@@ -74,6 +74,7 @@ def sorted_alerts(entries: list[AlertEntry]) -> list[AlertEntry]:
     """Active before cleared; then along the checklist (its rung); within a rung errors
     before warnings before infos; then by step (then in the order raised)."""
     shown = [e for e in entries if not e.folded_under]  # (listed under the job's incident)
+    # (RunState.raised_alerts says the same for a run's entries)
     return sorted(
         shown,
         key=lambda e: (
