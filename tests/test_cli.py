@@ -10,6 +10,7 @@ import pytest
 
 from probes.wire import encode_frame
 from tests.frames import short_run
+from tests.waiting import wait_until
 from tui.cli import main
 
 
@@ -209,7 +210,6 @@ def test_headless_demo_stops_when_the_trainer_dies_before_connecting(monkeypatch
 
 def test_sigterm_stops_a_headless_monitor_and_removes_its_socket(socket_path: str) -> None:
     import signal
-    import time
 
     env = {**os.environ, "TRAINTOP_ADDRESS": f"unix:{socket_path}"}
     monitor = subprocess.Popen(
@@ -219,10 +219,8 @@ def test_sigterm_stops_a_headless_monitor_and_removes_its_socket(socket_path: st
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
-    while not os.path.exists(socket_path):
-        assert time.monotonic() < deadline and monitor.poll() is None, monitor.communicate()
-        time.sleep(0.05)
+    wait_until(lambda: os.path.exists(socket_path) or monitor.poll() is not None, "the socket", 30)
+    assert monitor.poll() is None, monitor.communicate()
     monitor.send_signal(signal.SIGTERM)
     assert monitor.wait(10) == 0
     assert not os.path.exists(socket_path)

@@ -13,6 +13,7 @@ import probes
 from probes.sender import Sender
 from probes.wire import resolve_address
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
+from tests.waiting import wait_until
 
 # --- helpers ---------------------------------------------------------------------------
 
@@ -537,7 +538,8 @@ def test_late_monitor_gets_hello_and_history(socket_path: str) -> None:
             with probe.evaluate():
                 probe.log(val_loss=1.0)
     assert not probe.sender.connected.is_set()
-    time.sleep(0.2)  # the sender has filed the history
+    # the sender has taken every record into its history (nobody to send it to yet)
+    wait_until(lambda: not probe.sender._queue, "the sender to take the records")
 
     collector = FrameCollector(socket_path)
     try:
@@ -576,10 +578,7 @@ def test_sender_counts_drops_when_queue_is_full() -> None:
     try:
         # Let the thread finish its first pass (collect, failed connect); it then sleeps
         # for flush_interval, so nothing drains the queue while we fill it.
-        deadline = time.monotonic() + 5
-        while sender._next_attempt == 0.0 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert sender._next_attempt > 0.0
+        wait_until(lambda: sender._next_attempt > 0.0, "the first attempt", 5, every=0.005)
         for i in range(10):
             sender.put({"kind": "event", "name": "n", "step": i})
         assert sender.dropped == 6
@@ -660,10 +659,17 @@ def test_probe_will_not_connect_through_a_default_folder_others_can_write(
         for _ in range(3):
             with probe.step():
                 pass
-        time.sleep(0.3)
+        err = ""
+
+        def refused() -> bool:
+            nonlocal err
+            err += capsys.readouterr().err
+            return "writable by others; not connecting" in err
+
+        wait_until(refused, "the sender to refuse the folder")  # it tried, and sent nothing
         probe.close()
         assert collector.frames == []
-        err = capsys.readouterr().err
+        err += capsys.readouterr().err
         assert "writable by others; not connecting" in err and err.count("traintop:") == 1
     finally:
         folder.chmod(0o700)
