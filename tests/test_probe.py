@@ -205,7 +205,9 @@ def test_a_bad_logged_value_is_dropped_with_one_warning(
     steps = collector.kinds("step")
     assert [f["step"] for f in steps] == list(range(6))
     assert all("bad" not in f["scalars"] and "loss" in f["scalars"] for f in steps)
-    assert all(f["scalars"] == {"val_loss": 0.5} for f in collector.kinds("eval"))
+    evals = collector.kinds("eval")
+    assert [f["step"] for f in evals] == [2, 3, 4, 5]  # one per evaluate block, none lost
+    assert all(f["scalars"] == {"val_loss": 0.5} for f in evals)
 
 
 def test_log_after_step_block_attaches_to_that_step(collector: FrameCollector) -> None:
