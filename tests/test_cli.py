@@ -1,4 +1,5 @@
-"""The ``traintop`` command line: headless demo, recording and replay, bad input."""
+"""The ``traintop`` command line: replay, bad input, options (the demo itself runs in
+the gallery, test_gallery.py, recording included)."""
 
 from __future__ import annotations
 
@@ -37,38 +38,6 @@ def test_unknown_scenario_is_one_clear_line(capsys) -> None:
     assert main(["demo", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown scenario 'nope'" in err
-
-
-def test_headless_demo_records_and_replays(tmp_path) -> None:
-    log = tmp_path / "run.ndjson"
-    done = traintop(
-        "demo",
-        "healthy",
-        "--headless",
-        "--steps",
-        "120",
-        "--delay",
-        "0",
-        "--record",
-        str(log),
-        "--summary-every",
-        "50",
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith("listening on unix:") and lines[0].endswith("/monitor.sock")
-    assert lines[1].startswith("connected run=healthy ")
-    assert any(line.startswith("run=healthy step=0 ") for line in lines)
-    assert any(line.startswith("run=healthy step=119 ") for line in lines)
-    assert lines[-1] == "disconnected run=healthy reason=finished"
-    recorded = log.read_text().splitlines()
-    assert recorded[0].startswith('{"v":1,"kind":"hello"')
-    assert recorded[-1].startswith('{"v":1,"kind":"bye"')
-
-    replay = traintop("replay", str(log), "--headless", "--summary-every", "50")
-    assert replay.returncode == 0, replay.stderr
-    assert replay.stdout.splitlines()[0].startswith("connected run=healthy ")
-    assert "run=healthy step=119 " in replay.stdout
 
 
 def test_replay_counts_bad_lines_and_keeps_the_rest(tmp_path, capsys) -> None:
@@ -224,3 +193,10 @@ def test_sigterm_stops_a_headless_monitor_and_removes_its_socket(socket_path: st
     monitor.send_signal(signal.SIGTERM)
     assert monitor.wait(10) == 0
     assert not os.path.exists(socket_path)
+
+
+def test_fail_on_needs_headless(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--fail-on", "error"])
+    assert exit_info.value.code == 2
+    assert "--fail-on needs --headless" in capsys.readouterr().err
