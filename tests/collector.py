@@ -65,12 +65,14 @@ class FrameCollector:
                 conn, _ = self._server.accept()
             except (TimeoutError, OSError):
                 continue
+            # Set before close() can see it: a reader that starts after close() then
+            # finds a closed socket (and returns), not one it must configure.
+            conn.settimeout(0.1)
             self._conns.append(conn)
             threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
     def _read(self, conn: socket.socket) -> None:
         reader = FrameReader()
-        conn.settimeout(0.1)
         while not self._stop.is_set():
             try:
                 data = conn.recv(65536)
