@@ -1,10 +1,13 @@
 """The demo gallery: every scenario raises the alert it teaches, and its fix raises none.
 
 Each scenario runs as a user would run it (``traintop demo NAME --headless``), at full
-speed; the runs go two at a time, since each spends most of its time starting torch.
-All runs are queued when the module starts, in the order the tests ask for them, and
-each test waits only for its own run: a slow machine stretches the whole, not one test,
-and a run that hangs fails its own test with its own output.
+speed; the runs go two at a time, since each spends most of its time starting torch
+(one at a time under pytest-xdist, whose other worker keeps the second core busy: a
+demo that shares its core measures its probe as slower than it is). All runs are
+queued when the module starts, in the order the tests ask for them, and each test
+waits only for its own run: a slow machine stretches the whole, not one test, and a run
+that hangs fails its own test with its own output. Under pytest-xdist the module's
+tests stay on one worker (``--dist loadgroup``), so the runs are queued once.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from demo.catalog import SCENARIOS
+
+pytestmark = pytest.mark.xdist_group("gallery")
 
 # Shorter runs where the scenario's point is made early (the NaN ones pause each step);
 # the fixed versions run their full length, so a fix is judged on a whole run.
@@ -98,13 +103,17 @@ ALERTING = [name for name, info in SCENARIOS.items() if info.alerts]
 CLEAN = ["healthy"] + [name for name, info in SCENARIOS.items() if info.fixable]
 
 
+# Runs at once: two, or one beside another pytest-xdist worker.
+AT_ONCE = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+
+
 class Gallery:
-    """Every run of the module, started two at a time in the order the tests read them;
-    the healthy run is recorded (``--record``) to ``healthy_log``."""
+    """Every run of the module, started ``AT_ONCE`` at a time in the order the tests
+    read them; the healthy run is recorded (``--record``) to ``healthy_log``."""
 
     def __init__(self, folder: Path) -> None:
         self.healthy_log = folder / "healthy.ndjson"
-        self._pool = ThreadPoolExecutor(max_workers=2)
+        self._pool = ThreadPoolExecutor(max_workers=AT_ONCE)
         runs = [(name, False) for name in ALERTING]
         runs += [(name, name != "healthy") for name in CLEAN]
         self._runs: dict[tuple[str, bool], Future[Outcome]] = {
