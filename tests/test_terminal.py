@@ -105,7 +105,9 @@ def test_sigterm_restores_the_terminal_stops_the_trainer_and_removes_the_folder(
     term = Tmux(command(private_tmp, "demo", "healthy", "--steps", "100000", "--delay", "0.01"))
     trainers: list[int] = []
     try:
-        wait_until(lambda: "running" in term.screen(), "the demo to show a running run", 60)
+        wait_until(
+            lambda: "running" in term.screen(), "the demo to show a running run", 60, every=0.1
+        )
         monitor = term.pid()
         trainers += [pid for pid, cmd in children(monitor) if "-m demo healthy" in cmd]
         folders = list(Path(private_tmp).glob("traintop-demo-*"))
@@ -114,7 +116,7 @@ def test_sigterm_restores_the_terminal_stops_the_trainer_and_removes_the_folder(
         before = term.modes()
         assert before["alternate"] == "1" and before["mouse_any"] == "1"  # the app's
         os.kill(monitor, signal.SIGTERM)
-        wait_until(lambda: term.modes()["dead"] == "1", "the monitor to exit", 60)
+        wait_until(lambda: term.modes()["dead"] == "1", "the monitor to exit", 60, every=0.1)
         after = term.modes()
         assert after == {
             "dead": "1",
@@ -124,7 +126,7 @@ def test_sigterm_restores_the_terminal_stops_the_trainer_and_removes_the_folder(
             "mouse_standard": "0",
             "mouse_sgr": "0",
         }
-        wait_until(lambda: not alive(trainers[0]), "the demo trainer to stop")
+        wait_until(lambda: not alive(trainers[0]), "the demo trainer to stop", every=0.1)
         assert not folders[0].exists()
     finally:
         term.close()
@@ -138,10 +140,10 @@ def test_a_hang_up_restores_the_terminal_of_a_replay(private_tmp: str) -> None:
     log.write_bytes(b"".join(encode_frame(f) for f in short_run(20)))
     term = Tmux(command(private_tmp, "replay", str(log)))
     try:
-        wait_until(lambda: "step 19" in term.screen(), "the replay to show", 60)
+        wait_until(lambda: "step 19" in term.screen(), "the replay to show", 60, every=0.1)
         assert term.modes()["alternate"] == "1"
         os.kill(term.pid(), signal.SIGHUP)
-        wait_until(lambda: term.modes()["dead"] == "1", "the monitor to exit", 60)
+        wait_until(lambda: term.modes()["dead"] == "1", "the monitor to exit", 60, every=0.1)
         modes = term.modes()
         assert modes["alternate"] == "0" and modes["mouse_any"] == "0"
     finally:
