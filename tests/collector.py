@@ -6,11 +6,11 @@ import contextlib
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from probes.wire import Address, FrameError, FrameReader, encode_frame
+from tests.waiting import poll, wait_until
 
 Frame = dict[str, Any]
 
@@ -41,13 +41,13 @@ class FrameCollector:
             return [f for f in self.frames if f["kind"] == kind]
 
     def wait_for(self, predicate: Callable[[list[Frame]], bool], timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Whether ``predicate`` held, within ``timeout``, of the frames received."""
+
+        def holds() -> bool:
             with self._lock:
-                if predicate(list(self.frames)):
-                    return True
-            time.sleep(0.02)
-        return False
+                return predicate(list(self.frames))
+
+        return bool(poll(holds, timeout))
 
     def close(self) -> None:
         self._stop.set()
@@ -65,12 +65,14 @@ class FrameCollector:
                 conn, _ = self._server.accept()
             except (TimeoutError, OSError):
                 continue
+            # Set before close() can see it: a reader that starts after close() then
+            # finds a closed socket (and returns), not one it must configure.
+            conn.settimeout(0.1)
             self._conns.append(conn)
             threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
     def _read(self, conn: socket.socket) -> None:
         reader = FrameReader()
-        conn.settimeout(0.1)
         while not self._stop.is_set():
             try:
                 data = conn.recv(65536)
@@ -161,14 +163,12 @@ class LiveMonitor:
             target=self._loop.run_until_complete, args=(serve(),), daemon=True
         )
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not source.listening.is_set() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(source.listening.is_set, "the monitor to listen")
 
     async def _tick_forever(self) -> None:
         import asyncio
 
-        while True:
+        while True:  # the clock of the real monitor (ranks gone quiet), not a wait
             await asyncio.sleep(0.5)
             self.monitor.tick()
 
@@ -193,12 +193,7 @@ class LiveMonitor:
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
         """Poll ``predicate`` (run on the monitor's loop) until true or ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.call(predicate):
-                return True
-            time.sleep(0.05)
-        return False
+        return bool(poll(lambda: self.call(predicate), timeout, every=0.05))
 
     def raised(self) -> list[Any]:
         """The alerts the monitor raised (as ALERT lines say them), in order."""

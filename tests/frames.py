@@ -88,6 +88,14 @@ def short_run(steps: int = 30, run: str = "run-a", name: str = "mlp") -> list[Fr
     return frames
 
 
+def exploding_run() -> list[Frame]:
+    """``short_run(10)``, then a middle layer's norm grows tenfold a step (4 steps)."""
+    frames = short_run(10)
+    for i in range(10, 14):
+        frames.append(step(i, grad_norms=[0.5, 10.0 ** (i - 9), 1.0]))
+    return frames
+
+
 def deep_run(
     steps: int = 80,
     *,

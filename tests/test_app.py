@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from probes.wire import FrameError
-from tests.frames import LAYERS, hello, short_run, step
+from tests.frames import LAYERS, exploding_run, hello, short_run, step
+from tests.waiting import settle
 from tui.app import make_app
 from tui.sources import FrameListSource
 from tui.widgets import LayerTable, LossChart, RunList, StatusLine
@@ -26,23 +27,14 @@ class PacedSource:
         for index, frame in enumerate(self.frames):
             monitor.frame_received(conn, frame)
             if index % self.every == 0:
-                await asyncio.sleep(0.005)
-
-
-async def settle(pilot, app, predicate, timeout: float = 5.0) -> None:
-    """Let the app redraw until ``predicate()`` holds (views redraw on a timer)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("the screen did not reach the expected state")
-        await pilot.pause(0.05)
+                await asyncio.sleep(0.005)  # the pace of a live socket (not a wait)
 
 
 async def test_frames_show_in_status_chart_and_layer_table() -> None:
     app = make_app(FrameListSource(short_run(30)))
     async with app.run_test(size=(120, 40)) as pilot:
         status = app.query_one(StatusLine)
-        await settle(pilot, app, lambda: "step 29" in status.text)
+        await settle(pilot, lambda: "step 29" in status.text)
         assert status.text.startswith("mlp")
         assert "100.0 steps/s" in status.text  # from the frames' own clock
         assert "dropped 0" in status.text
@@ -63,7 +55,7 @@ async def test_non_finite_values_are_shown_as_such() -> None:
     app = make_app(FrameListSource(frames))
     async with app.run_test(size=(100, 30)) as pilot:
         chart = app.query_one(LossChart)
-        await settle(pilot, app, lambda: chart.first_non_finite is not None)
+        await settle(pilot, lambda: chart.first_non_finite is not None)
         assert chart.first_non_finite == 5
         row = app.query_one(LayerTable).row_text("encoder.2")
         assert row[1] == "inf"
@@ -76,11 +68,11 @@ async def test_several_runs_get_a_run_list_and_r_switches() -> None:
     app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         status = app.query_one(StatusLine)
-        await settle(pilot, app, lambda: "2 runs" in status.text)
+        await settle(pilot, lambda: "2 runs" in status.text)
         assert app.query_one(RunList).has_class("-several")
         assert status.text.startswith("first")
         await pilot.press("r")
-        await settle(pilot, app, lambda: status.text.startswith("second"))
+        await settle(pilot, lambda: status.text.startswith("second"))
         assert "step 19" in status.text
 
 
@@ -89,7 +81,7 @@ async def test_rejected_frames_are_counted_not_fatal() -> None:
     app = make_app(FrameListSource(frames))
     async with app.run_test() as pilot:
         status = app.query_one(StatusLine)
-        await settle(pilot, app, lambda: "step 3" in status.text)
+        await settle(pilot, lambda: "step 3" in status.text)
         assert "rej 1" in status.text  # 80 columns (run_test's size): abbreviated
         assert app.state.last_rejection == "malformed frame: boom"
 
@@ -107,7 +99,7 @@ async def test_views_redraw_at_frame_rate_not_per_record(monkeypatch) -> None:
     app = make_app(PacedSource(short_run(300), every=10))
     async with app.run_test() as pilot:
         status = app.query_one(StatusLine)
-        await settle(pilot, app, lambda: "step 299" in status.text, timeout=10)
+        await settle(pilot, lambda: "step 299" in status.text, timeout=10)
     assert app.state.version > 300  # every record was applied...
     assert 0 < draws < 60  # ...but the chart drew a few times a second, not per record
 
@@ -116,7 +108,7 @@ async def test_q_quits() -> None:
     app = make_app(FrameListSource(short_run(3)))
     async with app.run_test() as pilot:
         await pilot.press("q")
-        await pilot.pause(0.1)
+        await settle(pilot, lambda: app.return_code is not None)
     assert app.return_code == 0
 
 
@@ -133,10 +125,10 @@ async def test_s_toggles_smoothing_of_the_train_loss() -> None:
     app = make_app(FrameListSource(short_run(30)))
     async with app.run_test(size=(120, 40)) as pilot:
         chart = app.query_one(LossChart)
-        await settle(pilot, app, lambda: len(chart.plotted.get("train loss", [])) == 30)
+        await settle(pilot, lambda: len(chart.plotted.get("train loss", [])) == 30)
         smoothed = chart.plotted["train loss"]
         await pilot.press("s")
-        await settle(pilot, app, lambda: chart.plotted["train loss"] != smoothed)
+        await settle(pilot, lambda: chart.plotted["train loss"] != smoothed)
         raw = chart.plotted["train loss"]
         assert raw[-1] == 1 / 30  # the last loss as logged (linear: under 1.5 decades)
         assert smoothed[-1] > raw[-1]  # the average lags a falling loss
@@ -153,13 +145,6 @@ def plain(renderable: object) -> str:
     return console.file.getvalue()  # type: ignore[attr-defined]
 
 
-def exploding_run() -> list:
-    frames = short_run(10)
-    for i in range(10, 14):
-        frames.append(step(i, grad_norms=[0.5, 10.0 ** (i - 9), 1.0]))
-    return frames
-
-
 async def test_alert_detail_shows_evidence_and_next_experiments() -> None:
     from textual.widgets import Static
 
@@ -169,20 +154,20 @@ async def test_alert_detail_shows_evidence_and_next_experiments() -> None:
     app = make_app(FrameListSource(exploding_run()))
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.query_one(AlertsPanel)
-        await settle(pilot, app, lambda: bool(panel.entries))
+        await settle(pilot, lambda: bool(panel.entries))
         assert panel.entries[0].alert.kind == "exploding_gradient"
         assert "alerts 1/1" in app.query_one(StatusLine).text  # abbreviated to fit
         assert app.query_one(LayerTable).row_text("encoder.2")[5] == "exploding"
         panel.focus()
         await pilot.press("enter")
-        await settle(pilot, app, lambda: isinstance(app.screen, AlertDetail))
+        await settle(pilot, lambda: isinstance(app.screen, AlertDetail))
         texts = {w.id: plain(w.content) for w in app.screen.query(Static) if w.id}
         assert "exploding_gradient" in texts["title"] and "encoder.2" in texts["title"]
         assert "grad norm        100" in texts["evidence"] and "growth" in texts["evidence"]
         assert "does not say why" in texts["signal"]
         assert "1. Lower the learning rate alone" in texts["experiments"]
         await pilot.press("escape")
-        await settle(pilot, app, lambda: not isinstance(app.screen, AlertDetail))
+        await settle(pilot, lambda: not isinstance(app.screen, AlertDetail))
 
 
 async def test_alert_markers_on_the_chart_step_axis() -> None:
@@ -190,7 +175,7 @@ async def test_alert_markers_on_the_chart_step_axis() -> None:
 
     app = make_app(FrameListSource(exploding_run()))
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app, lambda: bool(app.current_run and app.current_run.alerts))
+        await settle(pilot, lambda: bool(app.current_run and app.current_run.alerts))
         assert _alert_markers(app.current_run) == [(11, "red")]  # 100x its window low
 
 
@@ -199,19 +184,19 @@ async def test_l_cycles_the_loss_scale() -> None:
     app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         chart = app.query_one(LossChart)
-        await settle(pilot, app, lambda: len(chart.plotted.get("train loss", [])) == 9)
+        await settle(pilot, lambda: len(chart.plotted.get("train loss", [])) == 9)
         await pilot.press("s")  # raw values: the smoothed ones span fewer decades
-        await settle(pilot, app, lambda: not chart.smoothing)
-        await settle(pilot, app, lambda: max(chart.plotted["train loss"]) <= 0)  # auto: log10
+        await settle(pilot, lambda: not chart.smoothing)
+        await settle(pilot, lambda: max(chart.plotted["train loss"]) <= 0)  # auto: log10
         assert chart.scale == "auto"
         await pilot.press("l")
-        await settle(pilot, app, lambda: chart.scale == "log")
+        await settle(pilot, lambda: chart.scale == "log")
         assert min(chart.plotted["train loss"]) == -8
         await pilot.press("l")
-        await settle(pilot, app, lambda: chart.scale == "linear")
-        await settle(pilot, app, lambda: max(chart.plotted["train loss"]) == 1.0)  # raw
+        await settle(pilot, lambda: chart.scale == "linear")
+        await settle(pilot, lambda: max(chart.plotted["train loss"]) == 1.0)  # raw
         await pilot.press("l")
-        await settle(pilot, app, lambda: chart.scale == "auto")
+        await settle(pilot, lambda: chart.scale == "auto")
 
 
 async def test_a_flood_of_bad_frames_makes_few_toasts() -> None:
@@ -219,7 +204,7 @@ async def test_a_flood_of_bad_frames_makes_few_toasts() -> None:
     app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         status = app.query_one(StatusLine)
-        await settle(pilot, app, lambda: "rejected 500" in status.text)  # all counted
+        await settle(pilot, lambda: "rejected 500" in status.text)  # all counted
         toasts = [n for n in app._notifications if n.title == "frame rejected"]
         assert len(toasts) == 1  # the rest held back
 
@@ -237,11 +222,13 @@ async def test_an_anomaly_report_from_history_does_not_pop_up() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await settle(
                 pilot,
-                app,
                 lambda app=app: bool(app.current_run and app.current_run.anomaly_reports),
             )
-            await pilot.pause(0.1)
-            assert isinstance(app.screen, AnomalyReportScreen) is pops_up
+            if pops_up:
+                await settle(pilot, lambda app=app: isinstance(app.screen, AnomalyReportScreen))
+            else:
+                await pilot.pause(0.1)  # the point: no screen pops up meanwhile
+                assert not isinstance(app.screen, AnomalyReportScreen)
 
 
 async def test_a_model_with_thousands_of_layers_fills_rows_as_they_scroll_into_view() -> None:
@@ -255,14 +242,12 @@ async def test_a_model_with_thousands_of_layers_fills_rows_as_they_scroll_into_v
     app = make_app(FrameListSource(frames))
     async with app.run_test(size=(120, 40)) as pilot:
         table = app.query_one(LayerTable)
-        await settle(
-            pilot, app, lambda: table.row_count == 2000 and table.row_text(names[0])[1] != "-"
-        )
+        await settle(pilot, lambda: table.row_count == 2000 and table.row_text(names[0])[1] != "-")
         first = table.row_text(names[0])[0]
         assert len(first) == 40 and first.startswith("backbone") and first.endswith(".0")
         assert table.row_text(names[-1])[1] == "-"  # off screen: not drawn yet
         table.scroll_end(animate=False)
-        await settle(pilot, app, lambda: table.row_text(names[-1])[1] == "1999")
+        await settle(pilot, lambda: table.row_text(names[-1])[1] == "1999")
 
 
 def vanishing_stack_run() -> list:
@@ -287,7 +272,7 @@ async def test_an_incident_shows_its_layers_and_what_folded_under_it() -> None:
     app = make_app(FrameListSource(vanishing_stack_run()))
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.query_one(AlertsPanel)
-        await settle(pilot, app, lambda: bool(panel.entries and panel.entries[0].alert.folded))
+        await settle(pilot, lambda: bool(panel.entries and panel.entries[0].alert.folded))
         assert [e.alert.kind for e in panel.entries] == ["vanishing_gradient"]
         row = [str(cell) for cell in panel.get_row_at(0)]
         assert row[3] == "l0 +2" and row[4].startswith("+1 folded: update_ratio")
@@ -300,7 +285,7 @@ async def test_an_incident_shows_its_layers_and_what_folded_under_it() -> None:
         ]
         panel.focus()
         await pilot.press("enter")
-        await settle(pilot, app, lambda: isinstance(app.screen, AlertDetail))
+        await settle(pilot, lambda: isinstance(app.screen, AlertDetail))
         texts = {w.id: plain(w.content) for w in app.screen.query(Static) if w.id}
         assert "Layers (3, the first failing first): l0, l1, l2" in texts["incident"]
         assert "update_ratio at step 40" in texts["incident"]

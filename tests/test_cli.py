@@ -1,4 +1,5 @@
-"""The ``traintop`` command line: headless demo, recording and replay, bad input."""
+"""The ``traintop`` command line: replay, bad input, options (the demo itself runs in
+the gallery, test_gallery.py, recording included)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from probes.wire import encode_frame
 from tests.frames import short_run
+from tests.waiting import wait_until
 from tui.cli import main
 
 
@@ -36,38 +38,6 @@ def test_unknown_scenario_is_one_clear_line(capsys) -> None:
     assert main(["demo", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown scenario 'nope'" in err
-
-
-def test_headless_demo_records_and_replays(tmp_path) -> None:
-    log = tmp_path / "run.ndjson"
-    done = traintop(
-        "demo",
-        "healthy",
-        "--headless",
-        "--steps",
-        "120",
-        "--delay",
-        "0",
-        "--record",
-        str(log),
-        "--summary-every",
-        "50",
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith("listening on unix:") and lines[0].endswith("/monitor.sock")
-    assert lines[1].startswith("connected run=healthy ")
-    assert any(line.startswith("run=healthy step=0 ") for line in lines)
-    assert any(line.startswith("run=healthy step=119 ") for line in lines)
-    assert lines[-1] == "disconnected run=healthy reason=finished"
-    recorded = log.read_text().splitlines()
-    assert recorded[0].startswith('{"v":1,"kind":"hello"')
-    assert recorded[-1].startswith('{"v":1,"kind":"bye"')
-
-    replay = traintop("replay", str(log), "--headless", "--summary-every", "50")
-    assert replay.returncode == 0, replay.stderr
-    assert replay.stdout.splitlines()[0].startswith("connected run=healthy ")
-    assert "run=healthy step=119 " in replay.stdout
 
 
 def test_replay_counts_bad_lines_and_keeps_the_rest(tmp_path, capsys) -> None:
@@ -209,7 +179,6 @@ def test_headless_demo_stops_when_the_trainer_dies_before_connecting(monkeypatch
 
 def test_sigterm_stops_a_headless_monitor_and_removes_its_socket(socket_path: str) -> None:
     import signal
-    import time
 
     env = {**os.environ, "TRAINTOP_ADDRESS": f"unix:{socket_path}"}
     monitor = subprocess.Popen(
@@ -219,10 +188,15 @@ def test_sigterm_stops_a_headless_monitor_and_removes_its_socket(socket_path: st
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
-    while not os.path.exists(socket_path):
-        assert time.monotonic() < deadline and monitor.poll() is None, monitor.communicate()
-        time.sleep(0.05)
+    wait_until(lambda: os.path.exists(socket_path) or monitor.poll() is not None, "the socket", 30)
+    assert monitor.poll() is None, monitor.communicate()
     monitor.send_signal(signal.SIGTERM)
     assert monitor.wait(10) == 0
     assert not os.path.exists(socket_path)
+
+
+def test_fail_on_needs_headless(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--fail-on", "error"])
+    assert exit_info.value.code == 2
+    assert "--fail-on needs --headless" in capsys.readouterr().err

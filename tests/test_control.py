@@ -14,6 +14,7 @@ import probes
 from probes.control import Control
 from probes.wire import command_signature
 from tests.collector import FrameCollector
+from tests.waiting import wait_until
 from tui.monitor import Monitor
 
 
@@ -85,6 +86,7 @@ def test_pause_blocks_until_resumed_and_step_lets_exactly_one_through() -> None:
     timeline: list[str] = []
 
     def monitor() -> None:
+        # The point: a monitor slow to answer; the paused run must not go on meanwhile.
         time.sleep(0.3)
         timeline.append("step sent")
         control.receive(command("step", 2))
@@ -249,10 +251,7 @@ def test_a_command_for_a_later_step_waits_for_it() -> None:
     # At step 12 the rank pauses (and would block here until resumed).
     waiter = threading.Thread(target=control.boundary, args=(12, lambda: None), daemon=True)
     waiter.start()
-    deadline = time.monotonic() + 5
-    while not sent.acks() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    ack = sent.acks()[0]
+    ack = wait_until(sent.acks, "the ack of the pause", 5)[0]
     assert ack["step"] == 12 and ack["at_step"] == 12 and ack["late"] is False
     assert control.state.paused
     # Paused, every rank waits at the same boundary: a resume applies at once.

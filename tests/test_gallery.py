@@ -1,10 +1,13 @@
 """The demo gallery: every scenario raises the alert it teaches, and its fix raises none.
 
 Each scenario runs as a user would run it (``traintop demo NAME --headless``), at full
-speed; the runs go two at a time, since each spends most of its time starting torch.
-All runs are queued when the module starts, in the order the tests ask for them, and
-each test waits only for its own run: a slow machine stretches the whole, not one test,
-and a run that hangs fails its own test with its own output.
+speed; the runs go two at a time, since each spends most of its time starting torch
+(one at a time under pytest-xdist, whose other worker keeps the second core busy: a
+demo that shares its core measures its probe as slower than it is). All runs are
+queued when the module starts, in the order the tests ask for them, and each test
+waits only for its own run: a slow machine stretches the whole, not one test, and a run
+that hangs fails its own test with its own output. Under pytest-xdist the module's
+tests stay on one worker (``--dist loadgroup``), so the runs are queued once.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from demo.catalog import SCENARIOS
+
+pytestmark = pytest.mark.xdist_group("gallery")
 
 # Shorter runs where the scenario's point is made early (the NaN ones pause each step);
 # the fixed versions run their full length, so a fix is judged on a whole run.
@@ -38,7 +44,8 @@ class AlertLine:
 class Outcome:
     status: int
     alerts: list[AlertLine]
-    output: str
+    output: str  # stdout, then stderr
+    lines: list[str]  # stdout's
 
 
 def parse_alerts(stdout: str) -> list[AlertLine]:
@@ -55,7 +62,7 @@ def parse_alerts(stdout: str) -> list[AlertLine]:
 RUN_TIMEOUT_S = 90  # one run; the pytest timeout per test (120 s) stays above it
 
 
-def run_demo(name: str, fixed: bool) -> Outcome:
+def run_demo(name: str, fixed: bool, record: Path | None = None) -> Outcome:
     command = [
         sys.executable,
         "-m",
@@ -72,6 +79,8 @@ def run_demo(name: str, fixed: bool) -> Outcome:
         command += ["--steps", str(STEPS[name])]
     if fixed:
         command.append("--fixed")
+    if record is not None:
+        command += ["--record", str(record)]
     # Its own session, so that a run which hangs is killed with its trainer.
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -85,23 +94,33 @@ def run_demo(name: str, fixed: bool) -> Outcome:
                 -1,
                 parse_alerts(stdout),
                 f"timed out after {RUN_TIMEOUT_S} s; output so far:\n{stdout}{stderr}",
+                stdout.splitlines(),
             )
-    return Outcome(process.returncode, parse_alerts(stdout), stdout + stderr)
+    return Outcome(process.returncode, parse_alerts(stdout), stdout + stderr, stdout.splitlines())
 
 
 ALERTING = [name for name, info in SCENARIOS.items() if info.alerts]
 CLEAN = ["healthy"] + [name for name, info in SCENARIOS.items() if info.fixable]
 
 
-class Gallery:
-    """Every run of the module, started two at a time in the order the tests read them."""
+# Runs at once: two, or one beside another pytest-xdist worker.
+AT_ONCE = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=2)
+
+class Gallery:
+    """Every run of the module, started ``AT_ONCE`` at a time in the order the tests
+    read them; the healthy run is recorded (``--record``) to ``healthy_log``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.healthy_log = folder / "healthy.ndjson"
+        self._pool = ThreadPoolExecutor(max_workers=AT_ONCE)
         runs = [(name, False) for name in ALERTING]
         runs += [(name, name != "healthy") for name in CLEAN]
         self._runs: dict[tuple[str, bool], Future[Outcome]] = {
-            run: self._pool.submit(run_demo, *run) for run in runs
+            (name, fixed): self._pool.submit(
+                run_demo, name, fixed, self.healthy_log if name == "healthy" else None
+            )
+            for name, fixed in runs
         }
 
     def outcome(self, name: str, fixed: bool) -> Outcome:
@@ -112,8 +131,8 @@ class Gallery:
 
 
 @pytest.fixture(scope="module")
-def gallery() -> Iterator[Gallery]:
-    runs = Gallery()
+def gallery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gallery]:
+    runs = Gallery(tmp_path_factory.mktemp("gallery"))
     yield runs
     runs.close()
 
@@ -149,3 +168,28 @@ def test_exploding_names_a_layer_before_the_first_non_finite(gallery: Gallery) -
     assert kinds.index("exploding_gradient") < kinds.index("non_finite")
     assert exploding.step < non_finite.step
     assert exploding.subject in {"0", "2", "4"}
+
+
+def test_the_headless_demo_says_what_happened_and_its_record_replays(
+    gallery: Gallery, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``traintop demo healthy --headless --record FILE``: its lines, and a run log that
+    ``traintop replay`` shows again."""
+    from tui.cli import main
+
+    outcome = gallery.outcome("healthy", fixed=False)
+    assert outcome.status == 0, outcome.output
+    lines = outcome.lines
+    assert lines[0].startswith("listening on unix:") and lines[0].endswith("/monitor.sock")
+    assert lines[1].startswith("connected run=healthy ")
+    assert any(line.startswith("run=healthy step=0 ") for line in lines)
+    assert any(line.startswith("run=healthy step=1499 ") for line in lines)
+    assert lines[-1] == "disconnected run=healthy reason=finished"
+    recorded = gallery.healthy_log.read_text().splitlines()
+    assert recorded[0].startswith('{"v":1,"kind":"hello"')
+    assert recorded[-1].startswith('{"v":1,"kind":"bye"')
+
+    assert main(["replay", str(gallery.healthy_log), "--headless", "--summary-every", "50"]) == 0
+    replayed = capsys.readouterr().out
+    assert replayed.splitlines()[0].startswith("connected run=healthy ")
+    assert "run=healthy step=1499 " in replayed

@@ -11,7 +11,8 @@ import pytest
 
 from probes.wire import Address, FrameError, decode_frame, encode_frame, make_frame
 from tests.frames import hello, step
-from tests.test_server import exchange, started, wait_until
+from tests.test_server import exchange, started
+from tests.waiting import until
 from tui.events import FrameRejected
 from tui.headless import HeadlessMonitor
 from tui.server import Connection
@@ -113,8 +114,10 @@ async def test_a_failing_sink_never_leaves_a_ghost_run(socket_path: str) -> None
 
     monitor.frame_received = flaky  # type: ignore[method-assign]
     try:
-        await exchange(server.address, [encode_frame(hello()), encode_frame(step(0))])
-        await wait_until(
+        await exchange(
+            server.address, [encode_frame(hello()), encode_frame(step(0))], until_closed=True
+        )
+        await until(
             lambda: "run-a" in monitor.state.runs and not monitor.state.runs["run-a"].connected
         )
         assert "monitor error: RuntimeError" in monitor.state.runs["run-a"].disconnect_reason

@@ -6,11 +6,12 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from probes.wire import Address
+from tests.waiting import until
 from tui.app import make_app
 from tui.monitor import Monitor
 from tui.run import RunState
@@ -45,57 +46,46 @@ def trainer(socket_path: str) -> Iterator[Callable[..., subprocess.Popen]]:
         process.communicate(timeout=30)
 
 
-async def until(
-    predicate: Callable[[], bool],
-    timeout: float = 30.0,
-    pause: Callable[[float], Awaitable[None]] | None = None,
-) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        if pause is not None:
-            await pause(0.05)
-        else:
-            await asyncio.sleep(0.05)
-
-
 async def test_pause_step_anomaly_resume_from_the_keyboard(
     socket_path: str, trainer: Callable[..., subprocess.Popen]
 ) -> None:
     app = make_app(ServerSource(Address("unix", path=socket_path)))
     async with app.run_test(size=(120, 40)) as pilot:
         trainer("healthy", "--steps", "100000", "--delay", "0.02")
+        pause = pilot.pause  # between looks: the app redraws
 
         def run() -> RunState | None:
             return app.current_run
 
-        await until(lambda: run() is not None and run().last_step >= 5, 60, pilot.pause)
+        await until(lambda: run() is not None and run().last_step >= 5, "step 5", 60, pause=pause)
         await pilot.press("p")
-        await until(lambda: run().control.get("paused") is True, 10, pilot.pause)
+        await until(lambda: run().control.get("paused") is True, "the pause", pause=pause)
         paused_at = next(e["step"] for e in reversed(run().events) if e["name"] == "paused")
         # the step before the boundary where it paused is flushed before it blocks
-        await until(lambda: run().last_step == paused_at - 1, 10, pilot.pause)
+        await until(lambda: run().last_step == paused_at - 1, "the flush", pause=pause)
         stopped_at = run().last_step
-        await pilot.pause(0.6)
+        await pilot.pause(0.6)  # the point: the run stays where it paused meanwhile
         assert run().last_step == stopped_at, "the run went on while paused"
         assert "paused" in app.query_one("#status").text
 
         await pilot.press("n")
-        await until(lambda: run().last_step == stopped_at + 1, 10, pilot.pause)
-        await pilot.pause(0.5)
+        await until(lambda: run().last_step == stopped_at + 1, "one step", pause=pause)
+        await pilot.pause(0.5)  # the point: no second step comes meanwhile
         assert run().last_step == stopped_at + 1, "n must run exactly one step"
 
         await pilot.press("a")
-        await until(lambda: bool(run().anomaly_reports), 20, pilot.pause)
+        await until(lambda: bool(run().anomaly_reports), "the report", 20, pause=pause)
         report = run().anomaly_reports[-1]
         assert report["outcome"] == "clean" and report["step"] == stopped_at + 2
-        await until(lambda: isinstance(app.screen, AnomalyReportScreen), 5, pilot.pause)
+        await until(
+            lambda: isinstance(app.screen, AnomalyReportScreen), "its screen", 5, pause=pause
+        )
         await pilot.press("escape")
-        await until(lambda: run().last_step == stopped_at + 2, 10, pilot.pause)
+        await until(lambda: run().last_step == stopped_at + 2, "the anomaly step", pause=pause)
         assert run().control.get("paused") is True
 
         await pilot.press("p")
-        await until(lambda: run().last_step > stopped_at + 10, 20, pilot.pause)
+        await until(lambda: run().last_step > stopped_at + 10, "the run to go on", 20, pause=pause)
         assert run().control.get("paused") is False
 
 
@@ -107,12 +97,12 @@ async def test_a_run_paused_by_a_monitor_that_dies_finishes(
     server = MonitorServer(address, monitor)
     await server.start()
     process = trainer("healthy", "--steps", "300", "--delay", "0.01", grace=1.0)
-    await until(lambda: any(r.last_step >= 3 for r in monitor.state.runs.values()))
+    await until(lambda: any(r.last_step >= 3 for r in monitor.state.runs.values()), "step 3", 30)
     [run] = monitor.state.runs.values()
     assert monitor.send_command(run.run_id, "pause") is None
-    await until(lambda: run.control.get("paused") is True, 10)
+    await until(lambda: run.control.get("paused") is True, "the pause")
     paused_at = next(e["step"] for e in reversed(run.events) if e["name"] == "paused")
-    await until(lambda: run.last_step == paused_at - 1, 10)
+    await until(lambda: run.last_step == paused_at - 1, "the flush")
     stopped_at = run.last_step
     await server.close()  # the monitor dies with the run paused
     output = (await asyncio.to_thread(process.communicate, timeout=60))[0].decode()

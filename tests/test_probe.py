@@ -13,6 +13,7 @@ import probes
 from probes.sender import Sender
 from probes.wire import resolve_address
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
+from tests.waiting import wait_until
 
 # --- helpers ---------------------------------------------------------------------------
 
@@ -204,7 +205,9 @@ def test_a_bad_logged_value_is_dropped_with_one_warning(
     steps = collector.kinds("step")
     assert [f["step"] for f in steps] == list(range(6))
     assert all("bad" not in f["scalars"] and "loss" in f["scalars"] for f in steps)
-    assert all(f["scalars"] == {"val_loss": 0.5} for f in collector.kinds("eval"))
+    evals = collector.kinds("eval")
+    assert [f["step"] for f in evals] == [2, 3, 4, 5]  # one per evaluate block, none lost
+    assert all(f["scalars"] == {"val_loss": 0.5} for f in evals)
 
 
 def test_log_after_step_block_attaches_to_that_step(collector: FrameCollector) -> None:
@@ -537,7 +540,8 @@ def test_late_monitor_gets_hello_and_history(socket_path: str) -> None:
             with probe.evaluate():
                 probe.log(val_loss=1.0)
     assert not probe.sender.connected.is_set()
-    time.sleep(0.2)  # the sender has filed the history
+    # the sender has taken every record into its history (nobody to send it to yet)
+    wait_until(lambda: not probe.sender._queue, "the sender to take the records")
 
     collector = FrameCollector(socket_path)
     try:
@@ -576,10 +580,7 @@ def test_sender_counts_drops_when_queue_is_full() -> None:
     try:
         # Let the thread finish its first pass (collect, failed connect); it then sleeps
         # for flush_interval, so nothing drains the queue while we fill it.
-        deadline = time.monotonic() + 5
-        while sender._next_attempt == 0.0 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert sender._next_attempt > 0.0
+        wait_until(lambda: sender._next_attempt > 0.0, "the first attempt", 5, every=0.005)
         for i in range(10):
             sender.put({"kind": "event", "name": "n", "step": i})
         assert sender.dropped == 6
@@ -660,10 +661,17 @@ def test_probe_will_not_connect_through_a_default_folder_others_can_write(
         for _ in range(3):
             with probe.step():
                 pass
-        time.sleep(0.3)
+        err = ""
+
+        def refused() -> bool:
+            nonlocal err
+            err += capsys.readouterr().err
+            return "writable by others; not connecting" in err
+
+        wait_until(refused, "the sender to refuse the folder")  # it tried, and sent nothing
         probe.close()
         assert collector.frames == []
-        err = capsys.readouterr().err
+        err += capsys.readouterr().err
         assert "writable by others; not connecting" in err and err.count("traintop:") == 1
     finally:
         folder.chmod(0o700)

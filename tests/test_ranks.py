@@ -297,7 +297,7 @@ def test_headless_lines_name_job_and_rank() -> None:
 
 
 async def test_the_app_shows_the_job_its_ranks_and_k_picks_one() -> None:
-    from tests.test_app import settle
+    from tests.waiting import settle
     from tui.app import make_app
     from tui.sources import FrameListSource
     from tui.widgets import LayerTable, RanksPanel, RunList
@@ -307,7 +307,7 @@ async def test_the_app_shows_the_job_its_ranks_and_k_picks_one() -> None:
     app.notify = lambda *args, **kwargs: None  # type: ignore[method-assign]
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.query_one(RanksPanel)
-        await settle(pilot, app, lambda: panel.display and panel.row_count == 2)
+        await settle(pilot, lambda: panel.display and panel.row_count == 2)
         assert app.current_run is not None and app.current_run.rank == 0  # rank 0 first
         assert "job job-7: 2 of 2 ranks" in str(panel.border_title)
         assert "spread 0.1" in str(panel.border_title)
@@ -323,8 +323,8 @@ async def test_the_app_shows_the_job_its_ranks_and_k_picks_one() -> None:
         # one job alone: its ranks panel lists the ranks; no run list beside it
         assert not app.query_one(RunList).has_class("-several")
         await pilot.press("k")
-        await settle(pilot, app, lambda: app.current_run.rank == 1)
-        await settle(pilot, app, lambda: str(panel.get_row_at(1)[0]).strip() == "▶r1")
+        await settle(pilot, lambda: app.current_run.rank == 1)
+        await settle(pilot, lambda: str(panel.get_row_at(1)[0]).strip() == "▶r1")
         assert app.query_one(LayerTable).display
 
 

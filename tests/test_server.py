@@ -12,6 +12,7 @@ import pytest
 
 from probes.wire import Address, encode_frame, make_frame
 from tests.frames import hello, step
+from tests.waiting import until
 from tui.monitor import Monitor
 from tui.server import MonitorServer, ServerError
 
@@ -23,8 +24,11 @@ async def started(address: Address, token: str | None = None) -> tuple[MonitorSe
     return server, monitor
 
 
-async def exchange(address: Address, frames: list[bytes]) -> list[dict]:
-    """Send raw lines, then read what the monitor answers until it closes (or 0.3 s)."""
+async def exchange(
+    address: Address, frames: list[bytes], *, until_closed: bool = False
+) -> list[dict]:
+    """Send raw lines as a probe would; with ``until_closed``, read what the monitor
+    answers until it closes the connection (a refusal), else close it at once."""
     if address.scheme == "unix":
         reader, writer = await asyncio.open_unix_connection(address.path)
     else:
@@ -32,19 +36,9 @@ async def exchange(address: Address, frames: list[bytes]) -> list[dict]:
     for data in frames:
         writer.write(data)
     await writer.drain()
-    try:
-        raw = await asyncio.wait_for(reader.read(), 0.3)
-    except TimeoutError:
-        raw = b""
+    raw = await asyncio.wait_for(reader.read(), 10) if until_closed else b""
     writer.close()
     return [json.loads(line) for line in raw.splitlines() if line.strip()]
-
-
-async def wait_until(predicate, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def test_frames_reach_state_and_socket_is_private(socket_path: str) -> None:
@@ -54,12 +48,12 @@ async def test_frames_reach_state_and_socket_is_private(socket_path: str) -> Non
         await exchange(
             server.address, [encode_frame(hello()), encode_frame(step(0)), encode_frame(step(1))]
         )
-        await wait_until(
+        await until(
             lambda: "run-a" in monitor.state.runs and monitor.state.runs["run-a"].last_step == 1
         )
         run = monitor.state.runs["run-a"]
         assert run.name == "mlp" and run.layers == ["encoder.0", "encoder.2", "head"]
-        await wait_until(lambda: not run.connected)
+        await until(lambda: not run.connected)
     finally:
         await server.close()
     assert not os.path.exists(socket_path)
@@ -69,7 +63,7 @@ async def test_wrong_version_gets_a_clear_refusal(socket_path: str) -> None:
     server, monitor = await started(Address("unix", path=socket_path))
     try:
         future = {**hello(), "v": 2}
-        replies = await exchange(server.address, [encode_frame(future)])
+        replies = await exchange(server.address, [encode_frame(future)], until_closed=True)
         assert replies and replies[0]["kind"] == "refuse"
         assert "version 2" in replies[0]["reason"] and "version 1" in replies[0]["reason"]
         assert monitor.state.rejected_frames == 1
@@ -81,7 +75,7 @@ async def test_wrong_version_gets_a_clear_refusal(socket_path: str) -> None:
 async def test_first_frame_must_be_hello(socket_path: str) -> None:
     server, monitor = await started(Address("unix", path=socket_path))
     try:
-        replies = await exchange(server.address, [encode_frame(step(0))])
+        replies = await exchange(server.address, [encode_frame(step(0))], until_closed=True)
         assert replies[0]["kind"] == "refuse" and "hello" in replies[0]["reason"]
         assert monitor.state.runs == {}
     finally:
@@ -95,7 +89,7 @@ async def test_malformed_and_oversized_frames_are_counted_and_skipped(socket_pat
         await exchange(
             server.address, [encode_frame(hello()), b"not json\n", huge, encode_frame(step(0))]
         )
-        await wait_until(
+        await until(
             lambda: (
                 monitor.state.runs.get("run-a") is not None
                 and monitor.state.runs["run-a"].last_step == 0
@@ -122,7 +116,7 @@ async def test_stale_socket_file_is_replaced(socket_path: str) -> None:
     server, monitor = await started(Address("unix", path=socket_path))
     try:
         await exchange(server.address, [encode_frame(hello()), encode_frame(step(0))])
-        await wait_until(lambda: "run-a" in monitor.state.runs)  # really listening there
+        await until(lambda: "run-a" in monitor.state.runs)  # really listening there
     finally:
         await server.close()
 
@@ -142,7 +136,7 @@ async def test_tcp_loopback_and_ephemeral_port() -> None:
         bound = server.bound_address
         assert bound.port > 0
         await exchange(bound, [encode_frame(hello()), encode_frame(step(0))])
-        await wait_until(lambda: "run-a" in monitor.state.runs)
+        await until(lambda: "run-a" in monitor.state.runs)
     finally:
         await server.close()
 
@@ -157,14 +151,16 @@ async def test_token_is_checked_before_anything_else() -> None:
     target = Address("tcp", host="127.0.0.1", port=server.bound_address.port)
     try:
         wrong = await exchange(
-            target, [encode_frame({**hello(), "token": "guess"}), encode_frame(step(0))]
+            target,
+            [encode_frame({**hello(), "token": "guess"}), encode_frame(step(0))],
+            until_closed=True,
         )
         assert wrong[0]["kind"] == "refuse" and "token" in wrong[0]["reason"]
         assert monitor.state.runs == {}
         await exchange(
             target, [encode_frame({**hello(), "token": "s3cret"}), encode_frame(step(0))]
         )
-        await wait_until(lambda: "run-a" in monitor.state.runs)
+        await until(lambda: "run-a" in monitor.state.runs)
     finally:
         await server.close()
 

@@ -18,11 +18,12 @@ from tests.frames import (
     anomaly_report,
     check_report,
     deep_run,
+    exploding_run,
     fixed_and_exploding,
     short_run,
     step,
 )
-from tests.test_app import exploding_run
+from tests.waiting import settle
 from tui.app import make_app
 from tui.sources import FrameListSource
 from tui.widgets import AlertsPanel, LossChart
@@ -35,24 +36,32 @@ SnapCompare = Callable[..., bool]  # the plugin's fixture
 
 
 def until(predicate: Callable[[App], bool]) -> Callable[[Pilot], Awaitable[None]]:
-    """A ``run_before`` that lets the app redraw until ``predicate(app)`` holds."""
+    """A ``run_before`` that lets the app redraw until ``predicate(app)`` holds, then
+    until the views' timer has redrawn twice more (they lay out on the tick after the
+    one that drew: a table's columns widen as its cells fill)."""
 
     async def wait(pilot: Pilot) -> None:
-        for _ in range(200):
-            if predicate(pilot.app):
-                break
-            await pilot.pause(0.05)
-        else:
-            raise AssertionError("the screen did not reach the expected state")
-        await pilot.pause(0.2)  # one more redraw tick of the views
+        app = pilot.app
+        await settle(pilot, lambda: predicate(app), timeout=10)
+        drawn = app.redraws  # type: ignore[attr-defined]
+        await settle(pilot, lambda: app.redraws >= drawn + 2)  # type: ignore[attr-defined]
 
     return wait
 
 
 def quiet(app: App) -> App:
-    """The app without toasts: they expire on a timer, so a slow machine would catch
-    some and not others (what they say is tested with the Pilot in test_app.py)."""
+    """The app without toasts (they expire on a timer, so a slow machine would catch
+    some and not others; what they say is tested with the Pilot in test_app.py), and
+    counting its redraws (``app.redraws``), so that a test can wait for the next one."""
     app.notify = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    original = app.redraw  # type: ignore[attr-defined]
+    app.redraws = 0  # type: ignore[attr-defined]
+
+    def redraw(force: bool = False) -> None:
+        original(force)
+        app.redraws += 1  # type: ignore[attr-defined]
+
+    app.redraw = redraw  # type: ignore[attr-defined]  # before mount: the timer calls this
     return app
 
 

@@ -12,13 +12,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from probes.wire import encode_frame
 from tests.frames import short_run
+from tests.waiting import wait_until
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
@@ -60,13 +61,6 @@ class Tmux:
 
     def close(self) -> None:
         self.tmux("kill-server")
-
-
-def wait_for(what: Callable[[], object], message: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.1)
 
 
 def children(pid: int) -> list[tuple[int, str]]:
@@ -111,7 +105,9 @@ def test_sigterm_restores_the_terminal_stops_the_trainer_and_removes_the_folder(
     term = Tmux(command(private_tmp, "demo", "healthy", "--steps", "100000", "--delay", "0.01"))
     trainers: list[int] = []
     try:
-        wait_for(lambda: "running" in term.screen(), "the demo never showed a running run")
+        wait_until(
+            lambda: "running" in term.screen(), "the demo to show a running run", 60, every=0.1
+        )
         monitor = term.pid()
         trainers += [pid for pid, cmd in children(monitor) if "-m demo healthy" in cmd]
         folders = list(Path(private_tmp).glob("traintop-demo-*"))
@@ -120,7 +116,7 @@ def test_sigterm_restores_the_terminal_stops_the_trainer_and_removes_the_folder(
         before = term.modes()
         assert before["alternate"] == "1" and before["mouse_any"] == "1"  # the app's
         os.kill(monitor, signal.SIGTERM)
-        wait_for(lambda: term.modes()["dead"] == "1", "the monitor did not exit")
+        wait_until(lambda: term.modes()["dead"] == "1", "the monitor to exit", 60, every=0.1)
         after = term.modes()
         assert after == {
             "dead": "1",
@@ -130,7 +126,7 @@ def test_sigterm_restores_the_terminal_stops_the_trainer_and_removes_the_folder(
             "mouse_standard": "0",
             "mouse_sgr": "0",
         }
-        wait_for(lambda: not alive(trainers[0]), "the demo trainer kept running", 10)
+        wait_until(lambda: not alive(trainers[0]), "the demo trainer to stop", every=0.1)
         assert not folders[0].exists()
     finally:
         term.close()
@@ -144,10 +140,10 @@ def test_a_hang_up_restores_the_terminal_of_a_replay(private_tmp: str) -> None:
     log.write_bytes(b"".join(encode_frame(f) for f in short_run(20)))
     term = Tmux(command(private_tmp, "replay", str(log)))
     try:
-        wait_for(lambda: "step 19" in term.screen(), "the replay was never shown")
+        wait_until(lambda: "step 19" in term.screen(), "the replay to show", 60, every=0.1)
         assert term.modes()["alternate"] == "1"
         os.kill(term.pid(), signal.SIGHUP)
-        wait_for(lambda: term.modes()["dead"] == "1", "the monitor did not exit")
+        wait_until(lambda: term.modes()["dead"] == "1", "the monitor to exit", 60, every=0.1)
         modes = term.modes()
         assert modes["alternate"] == "0" and modes["mouse_any"] == "0"
     finally:

@@ -7,13 +7,14 @@ import math
 
 from tests.frames import (
     deep_run,
+    exploding_run,
     fixed_and_exploding,
     hello,
     probe_alert,
     short_run,
     step,
 )
-from tests.test_app import exploding_run, settle
+from tests.waiting import settle
 from tui.app import make_app
 from tui.format import number
 from tui.sources import FrameListSource
@@ -34,7 +35,7 @@ async def test_at_80x24_the_status_line_is_whole_and_alerts_come_before_layers()
     app = quiet(make_app(FrameListSource(deep_run(80, probe_share=0.012))))
     async with app.run_test(size=(80, 24)) as pilot:
         panel = app.query_one(AlertsPanel)
-        await settle(pilot, app, lambda: replay_over(app) and len(panel.entries) >= 1)
+        await settle(pilot, lambda: replay_over(app) and len(panel.entries) >= 1)
         status = app.query_one(StatusLine).text
         assert len(status) <= 78  # inside its padding: nothing cut
         assert status.startswith("sigmoid-")  # the name gives way first (the run list)
@@ -50,7 +51,7 @@ async def test_at_80x24_the_status_line_is_whole_and_alerts_come_before_layers()
         ):
             assert field in status
         chart, table = app.query_one(LossChart), app.query_one(LayerTable)
-        await settle(pilot, app, lambda: panel.size.height == 1 + len(panel.entries))
+        await settle(pilot, lambda: panel.size.height == 1 + len(panel.entries))
         assert chart.size.height >= 9  # a readable chart (its border row aside)
         assert panel.region.y < table.region.y  # alerts first, then the layers
         assert table.size.height >= 3  # the header and two layers at least
@@ -60,7 +61,7 @@ async def test_the_probe_share_is_hidden_when_records_lack_it() -> None:
     app = quiet(make_app(FrameListSource(short_run(20))))
     async with app.run_test(size=(160, 40)) as pilot:
         status = app.query_one(StatusLine)
-        await settle(pilot, app, lambda: "step 19" in status.text)
+        await settle(pilot, lambda: "step 19" in status.text)
         assert "probe" not in status.text
 
 
@@ -75,7 +76,7 @@ async def test_status_counts_active_and_raised_and_the_panel_follows_the_checkli
     app = quiet(make_app(FrameListSource(frames)))
     async with app.run_test(size=(160, 40)) as pilot:
         panel, status = app.query_one(AlertsPanel), app.query_one(StatusLine)
-        await settle(pilot, app, lambda: replay_over(app) and len(panel.entries) == 4)
+        await settle(pilot, lambda: replay_over(app) and len(panel.entries) == 4)
         assert "alerts 3 active / 4 raised" in status.text
         order = [(e.alert.severity, e.alert.step, e.alert.kind, e.active) for e in panel.entries]
         # active first, along the checklist: data (leakage), the loss contract, then an
@@ -88,7 +89,7 @@ async def test_status_counts_active_and_raised_and_the_panel_follows_the_checkli
         ]
         panel.focus()
         await pilot.press("enter")  # the first line: the first root cause to look at
-        await settle(pilot, app, lambda: type(app.screen).__name__ == "AlertDetail")
+        await settle(pilot, lambda: type(app.screen).__name__ == "AlertDetail")
         assert app.screen.entry.alert.kind == "leakage"  # type: ignore[attr-defined]
 
 
@@ -98,10 +99,10 @@ async def test_h_toggles_the_heatmap_of_the_whole_run() -> None:
     app = quiet(make_app(FrameListSource(frames)))
     async with app.run_test(size=(100, 30)) as pilot:
         heat, table = app.query_one(GradHeatmapView), app.query_one(LayerTable)
-        await settle(pilot, app, lambda: replay_over(app))
+        await settle(pilot, lambda: replay_over(app))
         assert not heat.display and table.display
         await pilot.press("h")
-        await settle(pilot, app, lambda: len(heat.rows_text) == 5)
+        await settle(pilot, lambda: len(heat.rows_text) == 5)
         assert not table.display
         names = [row.split()[0] for row in heat.rows_text]
         assert names == ["0", "2", "4", "6", "8"]
@@ -113,7 +114,7 @@ async def test_h_toggles_the_heatmap_of_the_whole_run() -> None:
         assert "! non-finite" in heat.legend_text and "0 zero" in heat.legend_text
         assert heat.axis_text.split() == ["0", "30", "60"]  # the whole run, step 0 to 60
         await pilot.press("h")
-        await settle(pilot, app, lambda: table.display and not heat.display)
+        await settle(pilot, lambda: table.display and not heat.display)
 
 
 async def test_a_deep_model_heatmap_scrolls() -> None:
@@ -124,14 +125,14 @@ async def test_a_deep_model_heatmap_scrolls() -> None:
     ]
     app = quiet(make_app(FrameListSource(frames)))
     async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot, app, lambda: replay_over(app))
+        await settle(pilot, lambda: replay_over(app))
         await pilot.press("h")
         heat = app.query_one(GradHeatmapView)
-        await settle(pilot, app, lambda: len(heat.rows_text) == 60)
+        await settle(pilot, lambda: len(heat.rows_text) == 60)
         scroll = heat.query_one("#heat-rows-scroll")
-        await settle(pilot, app, lambda: scroll.max_scroll_y > 0)  # 60 rows in fewer
+        await settle(pilot, lambda: scroll.max_scroll_y > 0)  # 60 rows in fewer
         scroll.scroll_end(animate=False)
-        await settle(pilot, app, lambda: scroll.scroll_y == scroll.max_scroll_y)
+        await settle(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y)
 
 
 async def test_m_compares_two_runs_with_losses_overlaid_and_ratios() -> None:
@@ -140,26 +141,26 @@ async def test_m_compares_two_runs_with_losses_overlaid_and_ratios() -> None:
 
     app = quiet(make_app(FrameListSource(fixed_and_exploding(40))))
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot, app, lambda: replay_over(app) and len(app.state.runs) == 2)
+        await settle(pilot, lambda: replay_over(app) and len(app.state.runs) == 2)
         await pilot.press("m")
-        await settle(pilot, app, lambda: isinstance(app.screen, ComparePicker))
+        await settle(pilot, lambda: isinstance(app.screen, ComparePicker))
         await pilot.press("m")  # both runs are picked already: compare
-        await settle(pilot, app, lambda: isinstance(app.screen, CompareScreen))
+        await settle(pilot, lambda: isinstance(app.screen, CompareScreen))
         screen = app.screen
         overlay = screen.query_one(LossOverlay)
-        await settle(pilot, app, lambda: set(overlay.plotted) == {"exploding (fixed)", "exploding"})
+        await settle(pilot, lambda: set(overlay.plotted) == {"exploding (fixed)", "exploding"})
         assert screen.header_text.startswith("ref ● exploding (fixed)")
         table = screen.query_one("#ratios")
-        await settle(pilot, app, lambda: table.row_count == 3)
+        await settle(pilot, lambda: table.row_count == 3)
         row = [str(cell) for cell in table.get_row_at(1)]  # encoder.2: 0.3 in the fixed run
         assert row[0] == "encoder.2" and row[1] == "0.3"
         assert row[2] == "inf" and row[3] == "inf"  # exploding's latest, over 0.3
         peak = 0.9 * 1.5**29 / 0.3  # its largest finite norm over the reference's
         assert row[4] == f"{number(peak, 3)}x !"  # ! : it went non-finite
         await pilot.press("r")  # the other run as the reference
-        await settle(pilot, app, lambda: screen.header_text.startswith("ref ● exploding "))
+        await settle(pilot, lambda: screen.header_text.startswith("ref ● exploding "))
         await pilot.press("escape")
-        await settle(pilot, app, lambda: not isinstance(app.screen, CompareScreen))
+        await settle(pilot, lambda: not isinstance(app.screen, CompareScreen))
 
 
 async def test_replay_of_several_logs_opens_on_their_comparison() -> None:
@@ -169,16 +170,16 @@ async def test_replay_of_several_logs_opens_on_their_comparison() -> None:
         make_app(FrameListSource(fixed_and_exploding(10)), mode="replay", compare_on_start=True)
     )
     async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot, app, lambda: isinstance(app.screen, CompareScreen))
-        await settle(pilot, app, lambda: "exploding" in app.screen.header_text)
+        await settle(pilot, lambda: isinstance(app.screen, CompareScreen))
+        await settle(pilot, lambda: "exploding" in app.screen.header_text)
 
 
 async def test_m_with_one_run_says_how_to_compare() -> None:
     app = make_app(FrameListSource(short_run(5)))
     async with app.run_test() as pilot:
-        await settle(pilot, app, lambda: replay_over(app))
+        await settle(pilot, lambda: replay_over(app))
         await pilot.press("m")
-        await settle(pilot, app, lambda: any("two runs" in n.message for n in app._notifications))
+        await settle(pilot, lambda: any("two runs" in n.message for n in app._notifications))
 
 
 def test_the_help_says_what_q_does_in_the_demo_and_outside_it() -> None:
@@ -199,7 +200,7 @@ async def test_the_demo_app_shows_the_demo_help() -> None:
     app = make_app(FrameListSource(short_run(3)), mode="demo")
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("question_mark")
-        await settle(pilot, app, lambda: type(app.screen).__name__ == "HelpScreen")
+        await settle(pilot, lambda: type(app.screen).__name__ == "HelpScreen")
         assert "stops the demo trainer" in plain(app.screen.query_one("#keys", Static).content)
 
 
@@ -209,14 +210,14 @@ async def test_the_alert_detail_scrolls_to_its_end_at_80x24() -> None:
     app = quiet(make_app(FrameListSource(exploding_run())))
     async with app.run_test(size=(80, 24)) as pilot:
         panel = app.query_one(AlertsPanel)
-        await settle(pilot, app, lambda: bool(panel.entries))
+        await settle(pilot, lambda: bool(panel.entries))
         panel.focus()
         await pilot.press("enter")
-        await settle(pilot, app, lambda: type(app.screen).__name__ == "AlertDetail")
+        await settle(pilot, lambda: type(app.screen).__name__ == "AlertDetail")
         scroll = app.screen.query_one(VerticalScroll)
-        await settle(pilot, app, lambda: scroll.max_scroll_y > 0)  # more than fits
+        await settle(pilot, lambda: scroll.max_scroll_y > 0)  # more than fits
         await pilot.press("end")
-        await settle(pilot, app, lambda: scroll.scroll_y == scroll.max_scroll_y)
+        await settle(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y)
 
 
 async def test_a_live_heatmap_catches_up_with_the_run() -> None:
@@ -228,5 +229,5 @@ async def test_a_live_heatmap_catches_up_with_the_run() -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("h")
         heat = app.query_one(GradHeatmapView)
-        await settle(pilot, app, lambda: bool(heat.rows_text))
-        await settle(pilot, app, lambda: heat.axis_text.split()[-1:] == ["149"], timeout=10)
+        await settle(pilot, lambda: bool(heat.rows_text))
+        await settle(pilot, lambda: heat.axis_text.split()[-1:] == ["149"], timeout=10)
