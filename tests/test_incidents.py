@@ -320,3 +320,15 @@ def test_probe_overhead_near_misses() -> None:
     assert lines(run(tiny, info)[1]) == []
     older_probe = [step(n, loss=math.exp(-n / 50), duration=0.01) for n in range(300)]
     assert lines(run(older_probe, info)[1]) == []  # no probe_time: never raised
+
+
+def test_probe_overhead_near_miss_on_a_crowded_machine() -> None:
+    """A small model's probe (0.1 ms of a 1 ms step) on a machine busy with other work:
+    half the steps stretched tenfold, the probe's part with them. Its mean share and
+    cost pass the bounds; its own cost, the cheapest steps', does not."""
+    records = [timed(n, 0.10, step_s=0.010 if n % 2 else 0.001) for n in range(300)]
+    assert lines(run(records, RunInfo(layers=("a", "b", "c")))[1]) == []
+    stretched = [timed(n, 0.10, step_s=0.010) for n in range(300)]  # every step: a cost
+    assert [
+        c.alert.kind for c in run(stretched, RunInfo(layers=("a", "b", "c")))[1] if c.raised
+    ] == ["probe_overhead"]

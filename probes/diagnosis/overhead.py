@@ -21,7 +21,13 @@ WARM_UP_STEPS = 10  # the first steps pay one-time costs (imports, allocation): 
 class ProbeOverhead(Rule):
     """The probe's share of the step time, over the last ``overhead_steps`` steps, above
     ``overhead_fraction`` (and at least ``overhead_min_ms`` a step); names the setting
-    that would lower it."""
+    that would lower it.
+
+    Both times are wall-clock: a machine busy with other work stretches some steps, the
+    probe's part of them with the rest. The cost a step is therefore judged on the
+    window's cheapest plain record and cheapest sampled one (a busy machine rarely
+    stretches every step), amortised over ``sample_every``, not on the mean: a small
+    model's probe on a crowded machine is not the probe's cost."""
 
     kind = "probe_overhead"
     severity: Severity = "info"
@@ -65,7 +71,7 @@ class ProbeOverhead(Rule):
         if (
             covered < self.t.overhead_steps
             or share <= self.t.overhead_fraction
-            or 1000 * probe_sum / covered < self.t.overhead_min_ms
+            or 1000 * self._intrinsic_s(history) < self.t.overhead_min_ms
         ):
             return []
         return [
@@ -80,6 +86,17 @@ class ProbeOverhead(Rule):
                 },
             )
         ]
+
+    def _intrinsic_s(self, history: RecentPast) -> float:
+        """The probe's seconds a step, from the cheapest plain and sampled records of the
+        window (each per step), the sampled cost amortised over ``sample_every``."""
+        plain = [w[2] / (w[1] - w[0] + 1) for w in self._window if not w[4]]
+        sampled = [w[2] / (w[1] - w[0] + 1) for w in self._window if w[4]]
+        every = history.info.sample_every
+        plain_s = min(plain, default=0.0)
+        if not sampled:
+            return plain_s
+        return plain_s * (1 - 1 / every) + min(sampled) / every
 
     def _setting(self, history: RecentPast, share: float) -> str:
         """The setting that would bring the share under the threshold: measure fewer
