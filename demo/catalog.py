@@ -16,6 +16,7 @@ class ScenarioInfo:
     subject: str = ""  # the layer, module or field the first alert must name
     view: str = "alerts panel"  # where a person sees it
     fixable: bool = True  # --fixed runs the corrected version
+    either: bool = False  # one root cause, raised as any one of ``alerts``
 
 
 SCENARIOS: dict[str, ScenarioInfo] = {
@@ -100,8 +101,9 @@ SCENARIOS: dict[str, ScenarioInfo] = {
     "ddp-desync": ScenarioInfo(
         "a 2-rank DDP job that calls the inner module on every other step: those steps "
         "skip the all-reduce and the replicas drift apart while every loss looks fine",
-        ("replicas_diverged",),
+        ("replicas_diverged", "grads_not_synced"),
         view="job view (ranks), alerts",
+        either=True,  # whichever the ranks' shown steps reveal first; the other folds
     ),
 }
 
@@ -118,7 +120,8 @@ def listing(width: int = 79) -> str:
     names = max(len(name) for name in SCENARIOS)
     lines = []
     for name, info in SCENARIOS.items():
-        alert = f"-> {', '.join(info.alerts)}" if info.alerts else "-> no alert"
+        joined = (" or " if info.either else ", ").join(info.alerts)
+        alert = f"-> {joined}" if info.alerts else "-> no alert"
         # the arrow and the first alert stay together (a no-break space while wrapping)
         text = f"{info.summary} {alert.replace(' ', NBSP, 1)}"
         wrapped = [

@@ -144,7 +144,10 @@ def test_scenario_raises_the_alert_it_teaches(name: str, gallery: Gallery) -> No
     assert outcome.status == 0, outcome.output
     kinds = [alert.kind for alert in outcome.alerts]
     missing = [kind for kind in info.alerts if kind not in kinds]
-    assert not missing, f"{name} did not raise {missing}:\n{outcome.output}"
+    if info.either:  # one root cause, seen either way: one of them, not both
+        assert len(missing) == len(info.alerts) - 1, f"{name}: {kinds}\n{outcome.output}"
+    else:
+        assert not missing, f"{name} did not raise {missing}:\n{outcome.output}"
     if info.subject:
         first = next(a for a in outcome.alerts if a.kind == info.alerts[0])
         assert first.subject == info.subject, outcome.output
