@@ -111,6 +111,16 @@ with probes.watch(model, optimizer, run="install-check") as probe:
 assert probe.closed
 assert probe.step_index == 4, probe.step_index
 assert losses[-1] < losses[0], losses
+options = probes.WatchOptions(sample_every=5, run="install-options")
+USED.add("WatchOptions")
+with probes.Probe(model, optimizer, options) as optioned:
+    assert (optioned.name, optioned.options.sample_every) == ("install-options", 5)
+try:
+    probes.watch(model, optimizer, sampel_every=5)
+except TypeError as error:
+    assert "sample_every" in str(error), error
+else:
+    raise AssertionError("an unknown option was taken")
 
 alert = split.findings[0].to_alert(0, split.signal)
 assert isinstance(alert, probes.Alert)
