@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -197,8 +198,12 @@ class Address:
             return False
 
 
+_HOST_PORT = re.compile(r"\[?[\w.:-]*\]?:\d+")
+
+
 def parse_address(text: str) -> Address:
-    """Parse ``unix:/path``, a bare ``/path``, or ``tcp://HOST:PORT``.
+    """Parse ``unix:/path``, a bare ``/path``, or ``tcp://HOST:PORT``. A bare
+    ``HOST:PORT`` is refused rather than read as a socket file's name.
 
     Raises:
         ValueError: the text is none of those forms.
@@ -213,6 +218,12 @@ def parse_address(text: str) -> Address:
         return Address("tcp", host=host, port=int(port_text))
     if text.startswith("unix:"):
         text = text[len("unix:") :]
+    elif _HOST_PORT.fullmatch(text):
+        # "127.0.0.1:7007" would otherwise name a socket file in the working folder
+        raise ValueError(
+            f"ambiguous address {text!r}: write tcp://{text} for TCP, "
+            f"or unix:{text} for a socket file"
+        )
     if not text:
         raise ValueError("empty address")
     if "://" in text:

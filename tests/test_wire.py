@@ -306,6 +306,9 @@ def test_parse_relative_unix_path_is_made_absolute() -> None:
         "tcp://h:65536",
         "tcp://h:-1",
         "tcp://h:port",
+        "127.0.0.1:7007",
+        "localhost:7007",
+        "[::1]:7007",
         "http://x",
         "unix:",
         "",
@@ -315,6 +318,14 @@ def test_parse_relative_unix_path_is_made_absolute() -> None:
 def test_parse_address_errors(text: str) -> None:
     with pytest.raises(ValueError):
         parse_address(text)
+
+
+def test_bare_host_port_is_refused_with_the_fix_named() -> None:
+    with pytest.raises(ValueError, match=r"tcp://127\.0\.0\.1:7007"):
+        parse_address("127.0.0.1:7007")
+    # a socket file whose name looks like HOST:PORT is still reachable, explicitly
+    assert parse_address("unix:127.0.0.1:7007").scheme == "unix"
+    assert parse_address("./run:1").scheme == "unix"
 
 
 @pytest.mark.parametrize(
