@@ -120,6 +120,7 @@ class Probe(StepBoundary):
         self._closed = False
         self._skipped = False
         self._bad_scalars: set[str] = set()  # names warned about once
+        self._unbracketed_updates = 0  # optimizer steps before any probe step
 
     def _connect(self) -> tuple[Control, Sender]:
         """The run's control (commands at step boundaries) and its sender thread."""

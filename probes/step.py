@@ -31,8 +31,9 @@ from probes.layers import LayerMap
 from probes.lr_experiment import LrExperiment
 from probes.measurer import StepMeasurer
 from probes.options import WatchOptions
-from probes.sender import Sender
+from probes.sender import Sender, warn
 from probes.stats import Measurement
+from probes.unbracketed import UNBRACKETED_UPDATES, unbracketed_alert
 
 
 class StepBoundary:
@@ -58,6 +59,7 @@ class StepBoundary:
     _disabled: bool
     _closed: bool
     _lr_experiment: LrExperiment | None
+    _unbracketed_updates: int
 
     def _fail(self, exc: BaseException) -> None:
         raise NotImplementedError  # the probe's
@@ -237,7 +239,20 @@ class StepBoundary:
             # optimizer.step() after the step's block: it still updates with that step's
             # gradients (the record, not yet sent, must not say the update was skipped).
             self._last.optimizer_step = True
+        elif self._index < 0 and not self._disabled and not self._closed:
+            try:
+                self._note_unbracketed_update()
+            except Exception as exc:
+                self._fail(exc)
         return None
+
+    def _note_unbracketed_update(self) -> None:
+        """An update before any probe step: say once, after a few, that none is measured."""
+        self._unbracketed_updates += 1
+        if self._unbracketed_updates == UNBRACKETED_UPDATES:
+            alert = unbracketed_alert(self._unbracketed_updates)
+            warn(alert.signal)
+            self.sender.put({"kind": "alert", "step": 0, "alert": alert.to_dict()})
 
     def _closure_reading(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         """``closure``, then (its first call only: LBFGS calls it again in its line

@@ -12,7 +12,13 @@ import torch
 from torch import nn
 
 import probes
-from tests.collector import Frame, FrameCollector, wait_connected, watch_unthinned
+from tests.collector import (
+    Frame,
+    FrameCollector,
+    wait_connected,
+    wait_for_bye,
+    watch_unthinned,
+)
 
 REL_TOL = 1e-5
 
@@ -255,6 +261,45 @@ def test_step_records_the_probes_own_time(collector: FrameCollector) -> None:
     records = steps_of(probe, collector)
     for record in records.values():
         assert 0 < record["probe_time"] < record["duration"]
+
+
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, first: int = 0) -> None:
+    for i in range(first, first + steps):
+        x, y = batch(i)
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def test_updates_outside_any_probe_step_are_named_once(
+    collector: FrameCollector, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    _train(model, optimizer, 10)  # the loop forgot `with probe.step():`
+    probe.close()
+    wait_for_bye(collector)
+    alerts = [f["alert"] for f in collector.kinds("alert")]
+    assert [a["kind"] for a in alerts] == ["steps_not_measured"]
+    assert alerts[0]["evidence"] == {"optimizer_steps": 3, "probe_steps": 0}
+    assert "with probe.step()" in " ".join(alerts[0]["experiments"])
+    assert capsys.readouterr().err.count("no probe step has begun") == 1
+
+
+def test_a_warm_up_update_before_the_bracketed_loop_is_not_named(
+    collector: FrameCollector,
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    _train(model, optimizer, 1)
+    for i in range(1, 6):
+        with probe.step():
+            _train(model, optimizer, 1, first=i)
+    records = steps_of(probe, collector)
+    assert sorted(records) == [0, 1, 2, 3, 4]
+    assert not [f for f in collector.kinds("alert") if f["alert"]["kind"] == "steps_not_measured"]
 
 
 # --- the guard and the anomaly step, with nothing to catch for the probe ---------------

@@ -404,6 +404,7 @@ CHECK_RUNGS: dict[str, int] = {
         2,
     ),
     "cannot_overfit": 3,
+    "steps_not_measured": 7,
 }
 
 UNKNOWN_RUNG = 5  # a kind from a newer probe: among the update checks
