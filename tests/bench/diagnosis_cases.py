@@ -38,7 +38,6 @@ class Case:
     subject: str  # the first failing layer it must name ("" for the run)
     steps: int
     run: Callable[[bool, Watch, int], None]
-    pending: str = ""  # why it cannot be judged yet (then it is not run)
 
 
 def train(
@@ -343,10 +342,6 @@ def eval_with_grad(twin: bool, watch: Watch, steps: int) -> None:
         train(probe, model, optimizer, data, m.lm_loss, steps, val=val, eval_no_grad=twin)
 
 
-def _not_run(twin: bool, watch: Watch, steps: int) -> None:
-    raise RuntimeError("pending")
-
-
 KARPATHY = (
     "A. Karpathy, 'most common neural net mistakes' (2018) and 'A Recipe for Training "
     "Neural Networks' (2019)"
@@ -410,7 +405,8 @@ CASES: list[Case] = [
         "vanishing-sigmoid-20",
         "MLP 20xSigmoid",
         "20 Linear+Sigmoid layers",
-        "Glorot & Bengio (2010); the issue's own 20-layer run (33 ALERT lines)",
+        "Glorot & Bengio (2010); the 20-layer run of a traintop bug report "
+        "(33 ALERT lines before this diagnosis)",
         "vanishing_gradient",
         "0",
         200,
@@ -473,7 +469,7 @@ CASES: list[Case] = [
         "lr-far-too-high",
         "CNN+BN",
         "SGD at lr 30",
-        "the issue's CNN diverging under SGD at lr 30 (also raised overfitting_signal)",
+        "a traintop bug report's CNN diverging under SGD at lr 30 (also raised overfitting_signal)",
         "exploding_gradient",
         "bn1",
         150,
@@ -494,7 +490,7 @@ CASES: list[Case] = [
         "CNN+BN",
         "requires_grad off for all but batch-norm params",
         "discuss.pytorch.org/t/why-if-bn-not-in-name-param-requires-grad-false/114098; "
-        "the issue's forum report: the model 'does not learn'",
+        "the forum report: the model 'does not learn'",
         "mostly_frozen",
         "",
         260,
@@ -570,16 +566,5 @@ CASES: list[Case] = [
         "",
         120,
         eval_with_grad,
-    ),
-    Case(
-        "stale-ddp-replicas",
-        "CNN+BN x2 ranks",
-        "one rank's replica diverges (no sync)",
-        "DDP replicas out of sync after a rank-local change",
-        "replicas_diverged",
-        "",
-        0,
-        _not_run,
-        pending="issue 11 (cross-rank checks)",
     ),
 ]

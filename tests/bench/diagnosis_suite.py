@@ -177,12 +177,6 @@ def table(rows: list[Row]) -> str:
     lines = [head + " steps/s |", "|" + "---|" * columns]
     for row in rows:
         case = row.case
-        if case.pending:
-            lines.append(
-                f"| {case.name} | {case.model} | {case.expect} | - | pending: "
-                f"{case.pending} |" + " |" * (columns - 5)
-            )
-            continue
         cells = [case.name, case.model, case.expect, case.subject or "(run)"]
         for mode in MODES:
             hit, subject, step, count, alarms = row.verdict(mode)
@@ -191,15 +185,14 @@ def table(rows: list[Row]) -> str:
         full = row.results["full"][0]
         cells.append(f"{full.steps / full.seconds:.0f}" if full.seconds else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    judged = [r for r in rows if not r.case.pending]
     for mode, label in MODES.items():
-        verdicts = [r.verdict(mode) for r in judged]
+        verdicts = [r.verdict(mode) for r in rows]
         hits = sum(v[0] for v in verdicts)
         alarms = sum(v[4] for v in verdicts)
         over = sum(v[3] > 3 for v in verdicts)
         lines.append(
             f"\n{label}: raised with the right kind and first layer {hits}/"
-            f"{len(judged)}; false alarms on twins {alarms}; cases with more than 3 "
+            f"{len(rows)}; false alarms on twins {alarms}; cases with more than 3 "
             f"ALERT lines {over}"
         )
     return "\n".join(lines)
@@ -363,22 +356,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in cases:
         results: dict[str, tuple[Outcome, Outcome]] = {}
-        if not case.pending:
-            for mode in modes:
-                if mode == "x50":
-                    continue
-                results[mode] = (
-                    run(case, twin=False, mode=mode, steps=args.steps),
-                    run(case, twin=True, mode=mode, steps=args.steps),
-                )
-                bug, twin = results[mode]
-                print(
-                    f"{case.name} [{mode}]: {len(bug.lines)} lines, twin {len(twin.lines)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            if "every" in results and "x50" in modes:
-                results["x50"] = tuple(thinned(o) for o in results["every"])  # type: ignore[assignment]
+        for mode in modes:
+            if mode == "x50":
+                continue
+            results[mode] = (
+                run(case, twin=False, mode=mode, steps=args.steps),
+                run(case, twin=True, mode=mode, steps=args.steps),
+            )
+            bug, twin = results[mode]
+            print(
+                f"{case.name} [{mode}]: {len(bug.lines)} lines, twin {len(twin.lines)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if "every" in results and "x50" in modes:
+            results["x50"] = tuple(thinned(o) for o in results["every"])  # type: ignore[assignment]
         for mode in MODES:  # a mode not run reads as empty
             results.setdefault(mode, (Outcome(), Outcome()))
         rows.append(Row(case, results))
