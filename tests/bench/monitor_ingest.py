@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from probes.wire import Address, encode_frame, make_frame
 from tui.monitor import Monitor
@@ -106,13 +107,15 @@ def rank_frames(load: Load, rank: int, job: str) -> bytes:
     return b"".join(out)
 
 
-def client(path: str, load: Load, rank: int, job: str, start: float) -> None:
+def client(path: str, load: Load, rank: int, job: str, ready: Any, go: Any) -> None:
     """One rank: make its records (here, not in the monitor's process, whose memory is
-    measured), wait for the start time, then write them all on one connection."""
+    measured), connect, say it is ready, wait for the start, then write them all on one
+    connection."""
     data = rank_frames(load, rank, job)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
-    time.sleep(max(0.0, start - time.time()))
+    ready.release()
+    go.wait()
     sock.sendall(data)
     sock.recv(1)  # stay connected until the monitor closes (the end of the benchmark)
     sock.close()
@@ -124,19 +127,25 @@ async def absorb(load: Load, path: str) -> tuple[float, int]:
     server = MonitorServer(Address("unix", path=path), monitor)
     await server.start()
     job = f"job-{load.ranks}x{load.layers}"
-    # every client has made its records and connected by then
-    start = time.time() + 2.0 + 0.05 * load.ranks + load.records * load.ranks * 2e-5
     context = multiprocessing.get_context("fork")
+    ready, go = context.Semaphore(0), context.Event()
     clients = [
-        context.Process(target=client, args=(path, load, rank, job, start))
+        context.Process(target=client, args=(path, load, rank, job, ready, go))
         for rank in range(load.ranks)
     ]
     for process in clients:
         process.start()
+    # The clock starts once every client has made its records and connected: on a
+    # crowded machine making them takes longer than any fixed head start.
+    for _ in clients:
+        while not ready.acquire(block=False):
+            await asyncio.sleep(0.01)
+    start = time.time()
+    go.set()
     expected = load.ranks * load.records
     state = monitor.state
     # The loop applies what arrives in long stretches before this coroutine runs again:
-    # time from the agreed start (wall clock) to the moment the last record is seen.
+    # time from the start to the moment the last record is seen.
     while sum(run.step_records for run in state.runs.values()) < expected:
         await asyncio.sleep(0.005)
         if time.time() - start > 600:
