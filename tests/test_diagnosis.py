@@ -394,6 +394,29 @@ def test_exploding_growth_near_miss_40x() -> None:
     assert "exploding_gradient" not in kinds(changes)
 
 
+def test_exploding_growth_is_against_the_last_ten_steps_only() -> None:
+    # 0.5 eleven steps back is out of the window: 30 is 30x the recent low (1.0), not 60x.
+    records = [
+        *steady_grads(5, [1.0, 0.5, 1.0]),
+        *steady_grads(11, [1.0, 1.0, 1.0], start=5),
+        step(16, grads=[1.0, 30.0, 1.0]),
+    ]
+    _, changes = run(records)
+    assert "exploding_gradient" not in kinds(changes)
+
+
+def test_exploding_growth_skips_non_finite_norms_in_its_window() -> None:
+    # A NaN norm in the window is the other rule's business: the low is still 0.5.
+    records = [
+        *steady_grads(8, [1.0, 0.5, 1.0]),
+        step(8, grads=[1.0, math.nan, 1.0]),
+        step(9, grads=[1.0, 30.0, 1.0]),
+    ]
+    _, changes = run(records)
+    alert = only(raised(changes, "exploding_gradient"))
+    assert alert.evidence["growth"] == pytest.approx(60.0)
+
+
 def test_exploding_absolute_near_miss_99() -> None:
     _, changes = run(steady_grads(30, [99.0, 1.0, 1.0]))
     assert "exploding_gradient" not in kinds(changes)

@@ -33,7 +33,9 @@ class ExplodingGradient(Rule):
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
-        self._norms: dict[int, deque[tuple[int, float]]] = {}  # layer -> (step, norm)
+        # The last records' per-layer norms, kept whole (step, peaks, shown): the
+        # common step, every layer below the bounds, then costs no work per layer.
+        self._recent: deque[tuple[int, Sequence[float | None], Sequence[float | None]]] = deque()
         self._total: deque[tuple[int, float]] = deque()
         self._crossed: dict[int, tuple[int, float, float]] = {}  # layer -> (step, norm, x)
 
@@ -43,6 +45,18 @@ class ExplodingGradient(Rule):
         low = min((v for _, v in window), default=0.0)
         return value / low if low > 0 else 1.0
 
+    def _layer_growth(self, layer: int, value: float) -> float:
+        """``value`` over the layer's low in the recent window (its finite norms: the
+        norm shown for a record, or its peak when that is not finite)."""
+        low = math.inf
+        for _, peaks, shown in self._recent:
+            peak = peaks[layer] if layer < len(peaks) else None
+            if peak is None or not math.isfinite(peak):
+                continue
+            norm = shown[layer] if layer < len(shown) else None
+            low = min(low, norm if norm is not None and math.isfinite(norm) else peak)
+        return value / low if 0 < low < math.inf else 1.0
+
     def _over(self, value: float, growth: float) -> bool:
         return value > self.t.exploding_norm or (
             growth >= self.t.exploding_growth and value > self.t.exploding_growth_floor
@@ -50,30 +64,30 @@ class ExplodingGradient(Rule):
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         # Growth matters only above its floor (and the bound alone above that): most
-        # norms are below both, and their window needs no scan.
+        # norms are below both, and need no look at the window.
         floor = min(self.t.exploding_growth_floor, self.t.exploding_norm)
         oldest = view.first - self.t.exploding_window
-        for i, peak in enumerate(view.peak_grads):
-            if peak is None or not math.isfinite(peak):
-                continue  # non-finite is the other rule's business
-            window = self._norms.get(i)
-            if window is None:
-                window = self._norms[i] = deque()
-            if peak > floor:
-                growth = self._growth(window, peak, view.first)
-                if self._over(peak, growth):
-                    self._crossed.setdefault(i, (view.step, peak, growth))
-                else:
-                    self._crossed.pop(i, None)
+        while self._recent and self._recent[0][0] < oldest:
+            self._recent.popleft()
+        peaks = view.peak_grads
+        high = [
+            i
+            for i, peak in enumerate(peaks)
+            if peak is not None and peak > floor and math.isfinite(peak)
+        ]
+        for i in list(self._crossed):  # back below the floor: no longer crossed
+            peak = peaks[i] if i < len(peaks) else None
+            if peak is not None and peak <= floor:
+                del self._crossed[i]
+        for i in high:
+            peak = peaks[i]
+            assert peak is not None
+            growth = self._layer_growth(i, peak)
+            if self._over(peak, growth):
+                self._crossed.setdefault(i, (view.step, peak, growth))
             else:
-                while window and window[0][0] < oldest:
-                    window.popleft()
-                if self._crossed:
-                    self._crossed.pop(i, None)
-            shown = view.grad_norms[i] if i < len(view.grad_norms) else None
-            window.append(
-                (view.step, shown if shown is not None and math.isfinite(shown) else peak)
-            )
+                self._crossed.pop(i, None)
+        self._recent.append((view.step, peaks, view.grad_norms))
         total = view.peak_total
         total_growth = 1.0
         if total is not None and math.isfinite(total):
@@ -129,25 +143,33 @@ class VanishingGradient(Rule):
             self._last_params = view.param_norms
         peaks = view.peak_grads
         finite = [g for g in peaks if g is not None and math.isfinite(g)]
+        weights = self._last_params or ()
         if len(finite) < 2 and self._last_params is None:
             return []
         largest = max(finite, default=0.0)
+        several = len(finite) >= 2
+        t = self.t
+        streaks = self._streaks.since  # the loop runs per layer and per record: inlined
         ratios: dict[int, tuple[float, float, float]] = {}
         reached: dict[int, int] = {}
         for i, norm in enumerate(peaks):
             if norm is None or not math.isfinite(norm):
-                self._streaks.drop(i)
+                if streaks:
+                    streaks.pop(i, None)
                 continue
             to_largest = norm / largest if largest > 0 else 1.0
-            weight = self._weight(i)
+            weight = weights[i] if i < len(weights) else None
             to_weight = norm / weight if weight else math.inf
-            tiny = (len(finite) >= 2 and to_largest < self.t.vanishing_to_largest) or (
-                to_weight < self.t.vanishing_to_weight
-                and (len(finite) < 2 or to_largest < self.t.vanishing_to_largest_with_weight)
+            tiny = (several and to_largest < t.vanishing_to_largest) or (
+                to_weight < t.vanishing_to_weight
+                and (not several or to_largest < t.vanishing_to_largest_with_weight)
             )
-            since = self._streaks.update(i, tiny, view)
-            step = None if since is None else reached_at(since, self.t.vanishing_steps, view)
-            if step is not None and since is not None:
+            if not tiny:
+                if streaks:
+                    streaks.pop(i, None)
+                continue
+            since = streaks.setdefault(i, view.first)
+            if reached_at(since, t.vanishing_steps, view) is not None:
                 reached[i] = since
                 ratios[i] = (norm, to_largest, to_weight)
         if not reached:
@@ -172,11 +194,6 @@ class VanishingGradient(Rule):
                 layers=names,
             )
         ]
-
-    def _weight(self, index: int) -> float | None:
-        if self._last_params is None or index >= len(self._last_params):
-            return None
-        return self._last_params[index]
 
 
 class NoneGradients(Rule):

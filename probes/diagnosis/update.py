@@ -166,6 +166,8 @@ class UpdatesNotApplied(Rule):
         ):
             self._versions_trusted = versions = False  # weights changed, versions did not
         lr_zero = bool(view.lrs) and all(lr == 0 for lr in view.lrs)
+        if versions and not lr_zero and not untouched and ratios is None:
+            return self._all_touched(view)
         reached: dict[int, int] = {}
         news = False
         for i, grad in enumerate(view.peak_grads):
@@ -219,6 +221,18 @@ class UpdatesNotApplied(Rule):
                 layers=names,
             )
         ]
+
+    def _all_touched(self, view: StepView) -> Findings:
+        """The common step, every layer updated (version counters) and no sampled
+        ratio to say otherwise: each layer with a gradient ends its streak."""
+        streaks = self._streaks.since
+        news = False
+        for i, grad in enumerate(view.peak_grads):
+            if grad is not None and grad > 0 and math.isfinite(grad):
+                news = True
+                if streaks:
+                    streaks.pop(i, None)
+        return [] if news else None
 
 
 class _UpdateStreak(Rule):
