@@ -334,6 +334,49 @@ class StepClock:
         self._last = None
 
 
+def gpt2() -> nn.Module:
+    """The HF row's model: a 2-layer GPT-2, d128, built from its config."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=128,
+        n_head=4,
+        vocab_size=512,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def mlp8() -> nn.Module:
+    """The Lightning row's network: 8 x Linear(256, 256) + ReLU."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(256, 256), nn.ReLU())])
+
+
+def framework_floor(name: str, steps: int = 60) -> float:
+    """One bare ``_foreach_norm`` over the gradients of a framework row's model, timed
+    right after its backward (as ``floor_in_step``), with the row's batch."""
+    model = gpt2() if name.startswith("(d)") else mlp8()
+    samples = []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        if name.startswith("(d)"):
+            ids = torch.randint(0, 512, (8, 64))
+            model(input_ids=ids, labels=ids).loss.backward()
+        else:
+            x = torch.randn(64, 256)
+            nn.functional.mse_loss(model(x), x).backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        start = time.perf_counter()
+        torch._foreach_norm(grads)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples[1:])
+
+
 def hf_round(address: str | None, steps: int, clock: StepClock) -> list[float]:
     """One ``Trainer.train()`` of ``steps`` steps: a 2-layer GPT-2 (d128, seq 64, b8) at
     the Trainer's defaults; with the callback when ``address`` is given. Returns the
@@ -346,17 +389,7 @@ def hf_round(address: str | None, steps: int, clock: StepClock) -> list[float]:
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
             clock.tick()
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=128,
-        n_head=4,
-        vocab_size=512,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    model = transformers.GPT2LMHeadModel(config)
+    model = gpt2()
     ids = torch.randint(0, 512, (64,))
     data = [{"input_ids": ids, "labels": ids}] * (8 * steps)
     args = transformers.TrainingArguments(
@@ -396,10 +429,7 @@ def lightning_round(address: str | None, steps: int, clock: StepClock) -> list[f
     class Module(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            torch.manual_seed(0)
-            self.net = nn.Sequential(
-                *[m for _ in range(8) for m in (nn.Linear(256, 256), nn.ReLU())]
-            )
+            self.net = mlp8()
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
@@ -453,7 +483,7 @@ def framework_rows(address: str, rounds: int, steps: int) -> list[str]:
         "\n(d, e) the frameworks: Trainer alone against Trainer + TraintopCallback "
         f"({rounds} rounds x {steps} steps each)",
         f"  {'framework':<34}{'bare step':>12}{'with callback':>15}{'ratio':>8}"
-        f"{'added':>11}{'probe own':>12}",
+        f"{'added':>11}{'probe own':>12}{'budget':>10}{'verdict':>9}",
     ]
     for name, run_round in (
         ("(d) HF Trainer, GPT-2 2 x d128", hf_round),
@@ -465,11 +495,14 @@ def framework_rows(address: str, rounds: int, steps: int) -> list[str]:
             own += run_round(address, steps, watched)
         bare_median = statistics.median(bare.times)
         watched_median = statistics.median(watched.times)
+        own_mean = statistics.fmean(own)
+        budget = 1.5 * framework_floor(name) + 30e-6  # the plain probe's, on this model
         rows.append(
             f"  {name:<34}{bare_median * 1e3:9.2f} ms{watched_median * 1e3:12.2f} ms"
             f"{watched_median / bare_median:8.3f}"
             f"{(watched_median - bare_median) * 1e6:8.0f} us"
-            f"{statistics.fmean(own) * 1e6:9.0f} us"
+            f"{own_mean * 1e6:9.0f} us{budget * 1e6:7.0f} us"
+            f"{'ok' if own_mean <= budget else 'OVER':>9}"
         )
     return rows
 
