@@ -520,7 +520,10 @@ def start_monitor(address: str) -> subprocess.Popen:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
-    parser.add_argument("--only", help="run only workloads whose name contains this")
+    parser.add_argument(
+        "--only",
+        help="run only workloads whose name contains this ('frameworks': only their rows)",
+    )
     parser.add_argument(
         "--no-frameworks", action="store_true", help="skip the HF Trainer and Lightning rows"
     )
@@ -538,7 +541,7 @@ def main() -> int:
             if args.only and args.only not in work.name:
                 continue
             print("\n".join(run_workload(work, address)), flush=True)
-        if not args.no_frameworks and not args.only:
+        if not args.no_frameworks and args.only in (None, "frameworks"):
             rounds = 2 if args.quick else 4
             print("\n".join(framework_rows(address, rounds, 60)), flush=True)
     finally:
