@@ -18,6 +18,7 @@ touch is reported in the record's ``not_stepped``, and the monitor's
 
 from __future__ import annotations
 
+import operator
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -169,8 +170,11 @@ class UpdateCheck:
         before, self._before = self._before, None
         if before is None:
             return None
+        now = [p._version for p in self.params]
+        if all(map(operator.ne, now, before)):  # the common step: every tensor updated
+            return []
         layer = self.param_layer
-        changed = {layer[i] for i, p in enumerate(self.params) if p._version != before[i]}
+        changed = {layer[i] for i, version in enumerate(now) if version != before[i]}
         if len(changed) == self.layer_count:
             return []
         return [i for i in range(self.layer_count) if i not in changed]
