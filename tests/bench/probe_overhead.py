@@ -357,30 +357,22 @@ def mlp8() -> nn.Module:
     return nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(256, 256), nn.ReLU())])
 
 
-def framework_floor(name: str, steps: int = 60) -> float:
-    """One bare ``_foreach_norm`` over the gradients of a framework row's model, timed
-    right after its backward (as ``floor_in_step``), with the row's batch."""
-    model = gpt2() if name.startswith("(d)") else mlp8()
-    samples = []
-    for _ in range(steps):
-        model.zero_grad(set_to_none=True)
-        if name.startswith("(d)"):
-            ids = torch.randint(0, 512, (8, 64))
-            model(input_ids=ids, labels=ids).loss.backward()
-        else:
-            x = torch.randn(64, 256)
-            nn.functional.mse_loss(model(x), x).backward()
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
+def time_norm(model: nn.Module, floor: list[float]) -> None:
+    """Time one bare ``_foreach_norm`` over the model's gradients, where it is called
+    (inside the framework's step, just before its optimizer step): the floor."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if grads:
         start = time.perf_counter()
         torch._foreach_norm(grads)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples[1:])
+        floor.append(time.perf_counter() - start)
 
 
-def hf_round(address: str | None, steps: int, clock: StepClock) -> list[float]:
+def hf_round(
+    address: str | None, steps: int, clock: StepClock, floor: list[float] | None = None
+) -> list[float]:
     """One ``Trainer.train()`` of ``steps`` steps: a 2-layer GPT-2 (d128, seq 64, b8) at
-    the Trainer's defaults; with the callback when ``address`` is given. Returns the
-    probe's own time per step."""
+    the Trainer's defaults; with the callback when ``address`` is given, or timing the
+    floor into ``floor``. Returns the probe's own time per step."""
     import transformers
 
     from probes.hf import TraintopCallback
@@ -415,13 +407,26 @@ def hf_round(address: str | None, steps: int, clock: StepClock) -> list[float]:
         callbacks += [traintop, CountOwn()]  # (after traintop: its probe exists by then)
     clock.restart()
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
-    trainer.train()
+    clip = torch.nn.utils.clip_grad_norm_
+    if floor is not None:  # the probe reads the gradients just before the Trainer clips
+
+        def timed_clip(*args: Any, **kwargs: Any) -> torch.Tensor:
+            time_norm(model, floor)
+            return clip(*args, **kwargs)
+
+        torch.nn.utils.clip_grad_norm_ = timed_clip
+    try:
+        trainer.train()
+    finally:
+        torch.nn.utils.clip_grad_norm_ = clip
     return [t for counted in own_lists for t in counted]
 
 
-def lightning_round(address: str | None, steps: int, clock: StepClock) -> list[float]:
+def lightning_round(
+    address: str | None, steps: int, clock: StepClock, floor: list[float] | None = None
+) -> list[float]:
     """One ``fit`` of ``steps`` steps of a small LightningModule (an MLP, 8 x 256, b64,
-    Adam); with the callback when ``address`` is given."""
+    Adam); with the callback when ``address`` is given, or timing the floor."""
     import pytorch_lightning as pl
 
     from probes.lightning import TraintopCallback
@@ -441,6 +446,10 @@ def lightning_round(address: str | None, steps: int, clock: StepClock) -> list[f
     class Clock(pl.Callback):
         def on_train_batch_start(self, *args: Any) -> None:
             clock.tick()
+
+        def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
+            if floor is not None:
+                time_norm(module, floor)
 
     x = torch.randn(64, 256)
     loader = torch.utils.data.DataLoader(
@@ -483,7 +492,7 @@ def framework_rows(address: str, rounds: int, steps: int) -> list[str]:
         "\n(d, e) the frameworks: Trainer alone against Trainer + TraintopCallback "
         f"({rounds} rounds x {steps} steps each)",
         f"  {'framework':<34}{'bare step':>12}{'with callback':>15}{'ratio':>8}"
-        f"{'added':>11}{'probe own':>12}{'budget':>10}{'verdict':>9}",
+        f"{'added':>11}{'probe own':>12}{'floor':>10}{'budget':>10}{'verdict':>9}",
     ]
     for name, run_round in (
         ("(d) HF Trainer, GPT-2 2 x d128", hf_round),
@@ -496,12 +505,15 @@ def framework_rows(address: str, rounds: int, steps: int) -> list[str]:
         bare_median = statistics.median(bare.times)
         watched_median = statistics.median(watched.times)
         own_mean = statistics.fmean(own)
-        budget = 1.5 * framework_floor(name) + 30e-6  # the plain probe's, on this model
+        floor: list[float] = []  # a round of its own: its norms would slow the bare steps
+        run_round(None, steps, StepClock(), floor)
+        floor_median = statistics.median(floor[1:])
+        budget = 1.5 * floor_median + 30e-6  # the plain probe's budget
         rows.append(
             f"  {name:<34}{bare_median * 1e3:9.2f} ms{watched_median * 1e3:12.2f} ms"
             f"{watched_median / bare_median:8.3f}"
             f"{(watched_median - bare_median) * 1e6:8.0f} us"
-            f"{own_mean * 1e6:9.0f} us{budget * 1e6:7.0f} us"
+            f"{own_mean * 1e6:9.0f} us{floor_median * 1e6:7.0f} us{budget * 1e6:7.0f} us"
             f"{'ok' if own_mean <= budget else 'OVER':>9}"
         )
     return rows
