@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import time
 
 from probes.diagnosis import Thresholds
 from probes.diagnosis.ranks import JobChecks
 from probes.diagnosis.views import StepView
-from tests.frames import hello, step
+from tests.frames import hello, probe_alert, step
 from tui.events import AlertRaised, RunConnected
 from tui.monitor import Monitor, boundary_ahead
 from tui.server import Connection
@@ -162,6 +163,21 @@ def test_the_ranks_of_a_job_are_one_job() -> None:
     lonely = MonitorState()
     lonely.apply(0, hello())
     assert lonely.jobs == {} and lonely.runs["run-a"].job is None
+
+
+def test_ranks_that_stepped_before_measuring_raise_nothing_once_they_measure() -> None:
+    # Each rank's probe said "no step has begun" (an LR range test before the loop);
+    # held for the job, then over before every rank reported a step: never raised.
+    state, _ = job_state()
+    events = []
+    for rank in (0, 1):
+        events += state.apply(rank, probe_alert("steps_not_measured", "warning", 0, f"r{rank}"))
+    for index in range(3):
+        for rank in (0, 1):
+            events += state.apply(rank, step(index, run=f"r{rank}", seq=index + 2))
+    events += state.tick(time.monotonic() + 10)  # past any hold
+    assert [e for e in events if isinstance(e, AlertRaised)] == []
+    assert all(not entry.active for run in state.runs.values() for entry in run.alerts)
 
 
 def test_the_same_alert_on_every_rank_is_one_alert_naming_all() -> None:

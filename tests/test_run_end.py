@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -11,8 +12,12 @@ import pytest
 from probes.lifecycle import end_reason
 from probes.wire import make_frame
 from tests.collector import FrameCollector, wait_for_bye
-from tests.frames import hello, step
+from tests.frames import hello, probe_alert, step
+from tui.headless import HeadlessMonitor
+from tui.server import Connection
 from tui.state import MonitorState
+
+CONN = Connection(1, "test", None)
 
 SETUP = """
 import torch, probes
@@ -103,3 +108,18 @@ def test_the_monitor_keeps_the_newest_ended_runs_only() -> None:
     assert len(state.runs) == MAX_ENDED_RUNS + 1
     assert "run-0" not in state.runs and f"run-{MAX_ENDED_RUNS + 4}" in state.runs
     assert state.runs["live"].connected
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_fail_on_judges_an_unmeasured_loop_when_the_run_ends(measured: bool) -> None:
+    # `steps_not_measured` may end (an LR range test, then the measured loop): --fail-on
+    # counts it only if the run ended without a measured step.
+    out = io.StringIO()
+    monitor = HeadlessMonitor(out=out, summary_every=10**9, fail_on="warning")
+    frames = [hello(), probe_alert("steps_not_measured", "warning", 0)]
+    frames += [step(i, seq=i + 2) for i in range(3)] if measured else []
+    for frame in [*frames, make_frame("bye", run="run-a", reason="closed")]:
+        monitor.frame_received(CONN, frame)
+        assert monitor.failed_by is None, out.getvalue()  # not while the run goes on
+    monitor.connection_closed(CONN, "connection closed by the run")
+    assert (monitor.failed_by is not None) is not measured, out.getvalue()

@@ -19,6 +19,8 @@ from tests.collector import (
     wait_for_bye,
     watch_unthinned,
 )
+from tui.headless import causes_line
+from tui.state import MonitorState
 
 REL_TOL = 1e-5
 
@@ -285,6 +287,34 @@ def test_updates_outside_any_probe_step_are_named_once(
     assert alerts[0]["evidence"] == {"optimizer_steps": 3, "probe_steps": 0}
     assert "with probe.step()" in " ".join(alerts[0]["experiments"])
     assert capsys.readouterr().err.count("no probe step has begun") == 1
+
+
+def test_an_lr_range_test_before_the_bracketed_loop_is_named_then_cleared(
+    collector: FrameCollector,
+) -> None:
+    # Lightning's LR finder (or torch-lr-finder) steps the watched optimizer before the
+    # measured loop: said while nothing is measured, over once a step is.
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    _train(model, optimizer, 8)
+    for i in range(8, 12):
+        with probe.step():
+            _train(model, optimizer, 1, first=i)
+    probe.close()
+    wait_for_bye(collector)
+    state = MonitorState()
+    events = [event for frame in list(collector.frames) for event in state.apply(1, frame)]
+    [run] = state.runs.values()
+    [entry] = run.alerts
+    assert entry.alert.kind == "steps_not_measured"
+    assert not entry.active and entry.cleared_at == 0
+    assert [type(e).__name__ for e in events if "Alert" in type(e).__name__] == [
+        "AlertRaised",
+        "AlertCleared",
+    ]
+    assert entry.withdrawn and run.diagnoser.probe_alerts == {}  # not a root cause
+    assert causes_line(run).endswith("in checklist order: ")
 
 
 def test_a_warm_up_update_before_the_bracketed_loop_is_not_named(

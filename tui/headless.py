@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from probes.diagnosis import RUNGS, at_least
+from probes.diagnosis.catalog import ENDED_BY_FIRST_STEP
 from probes.wire import Frame
 from tui.dispatch import dispatch
 from tui.events import (
@@ -138,7 +139,10 @@ class HeadlessMonitor:
             self.send_command(event.run.run_id, "resume")
 
     def handle_run_disconnected(self, event: RunDisconnected) -> None:
-        if event.run.raised_alerts:
+        for entry in event.run.raised_alerts:  # the run ended with nothing ever measured
+            if entry.active and entry.alert.kind in ENDED_BY_FIRST_STEP:
+                self._check_fail_on(AlertRaised(event.run, entry.alert))
+        if any(not entry.withdrawn for entry in event.run.raised_alerts):
             self._line(causes_line(event.run))
         self._line(summary_line(event.run))
         self._line(f"disconnected run={event.run.name}{job_words(event.run)} reason={event.reason}")
@@ -150,7 +154,8 @@ class HeadlessMonitor:
 
     def handle_alert_raised(self, event: AlertRaised) -> None:
         self._line(f"{event.alert.line()} run={event.run.name}")
-        self._check_fail_on(event)
+        if event.alert.kind not in ENDED_BY_FIRST_STEP:  # (judged when the run ends)
+            self._check_fail_on(event)
 
     def handle_run_paused(self, event: RunPaused) -> None:
         """A headless monitor takes no keys: say why the run paused, and resume it."""
@@ -242,6 +247,8 @@ def causes_line(run: RunState) -> str:
     many more layers it concerns and what was folded under it."""
     parts = []
     for entry in sorted(run.raised_alerts, key=lambda e: (e.alert.rung, e.alert.step)):
+        if entry.withdrawn:
+            continue
         alert = entry.alert
         others = len(alert.layers) - 1 if alert.subject in alert.layers else 0
         where = (alert.subject or "run") + (f" +{others}" if others > 0 else "")

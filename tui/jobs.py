@@ -134,6 +134,10 @@ class JobState:
         now = time.monotonic()
         self._held += [(run.rank, alert, now) for alert in alerts]
 
+    def withdraw(self, rank: int, key: str) -> None:
+        """A rank's held alert is over before it was released: it is not raised."""
+        self._held = [h for h in self._held if not (h[0] == rank and h[1].key == key)]
+
     def rank_gone(
         self, run: RunState, clean: bool, runs: dict[str, RunState]
     ) -> list[tuple[RunState, Alert]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo
+from probes.diagnosis.catalog import ENDED_BY_FIRST_STEP
 from probes.schema import EvalView, StepView, validation_loss_name
 from probes.wire import Frame
 from tui.heatmap import GradHeatmap
@@ -32,6 +33,7 @@ class AlertEntry:
     cleared_at: int | None = None
     from_probe: bool = False  # raised in the training process (a data check, the guard)
     folded_under: str = ""  # a job incident (across ranks) it is a consequence of
+    withdrawn: bool = False  # its condition proved passing (no step yet): not a cause
 
 
 @dataclass
@@ -70,6 +72,7 @@ class RunState:
     anomaly_reports: list[Frame] = field(default_factory=list)
     check_reports: list[Frame] = field(default_factory=list)
     probe_error: str = ""  # set when the probe switched itself off
+    awaiting_a_step: bool = False  # a probe alert says no step has begun (yet)
     diagnoser: Diagnoser = field(default_factory=Diagnoser)
     last_seq: dict[str, int] = field(default_factory=dict)
     _synced: int = 0  # the diagnoser's revision the alert entries reflect
@@ -296,8 +299,24 @@ class RunState:
 
     def add_alert(self, alert: Alert, *, from_probe: bool = False) -> None:
         self.alerts.append(AlertEntry(alert, from_probe=from_probe))
+        if from_probe and alert.kind in ENDED_BY_FIRST_STEP:
+            self.awaiting_a_step = True
         if len(self.alerts) > MAX_ALERTS:
             del self.alerts[0]
+
+    def end_alerts_of_no_step(self, step: int) -> list[Alert]:
+        """A measured step arrived: the probe's alerts saying none had begun
+        (``steps_not_measured``) are over, cleared at ``step``; the alerts cleared."""
+        self.awaiting_a_step = False
+        ended = []
+        for entry in self.alerts:
+            if entry.active and entry.from_probe and entry.alert.kind in ENDED_BY_FIRST_STEP:
+                entry.active = False
+                entry.cleared_at = step
+                entry.withdrawn = True
+                self.diagnoser.withdraw_probe_alert(entry.alert)
+                ended.append(entry.alert)
+        return ended
 
     def _clear(self, alert: Alert, step: int) -> None:
         for entry in reversed(self.alerts):

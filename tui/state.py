@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from probes.diagnosis import Alert, AlertChange, Diagnoser, Thresholds
+from probes.diagnosis.catalog import ENDED_BY_FIRST_STEP
 from probes.schema import EvalView, StepView
 from probes.wire import Frame
 from tui.events import (
@@ -71,6 +72,8 @@ class MonitorState:
                     )
                 ]
             changes = run.diagnose(view)
+            if run.awaiting_a_step:
+                changes += self._ended_by_a_step(run, view.first)
             return self._job_incidents(run) + self._alert_events(run, changes)
         if kind == "eval":
             eval_view = EvalView.from_record(frame)
@@ -156,11 +159,22 @@ class MonitorState:
             member.alerts.append(entry)
         return AlertRaised(named, alert)
 
+    def _ended_by_a_step(self, run: RunState, step: int) -> list[AlertChange]:
+        """The probe said no step had begun; one has: those alerts clear."""
+        job = self.jobs.get(run.job) if run.job else None
+        ended = run.end_alerts_of_no_step(step)
+        if job is not None:
+            for alert in ended:
+                job.withdraw(run.rank, alert.key)  # (not raised yet: never raise it)
+        return [AlertChange(alert, raised=False) for alert in ended]
+
     def _probe_alert(self, run: RunState, frame: Frame) -> list[MonitorEvent]:
         try:
             alert = Alert.from_dict(frame.get("alert") or {})
         except (KeyError, TypeError, ValueError) as exc:
             return [self.reject(run.name, f"an alert frame without a valid alert: {exc}")]
+        if alert.kind in ENDED_BY_FIRST_STEP and run.last_step >= 0:
+            return []  # steps are measured already (a history replayed out of order)
         run.add_alert(alert, from_probe=True)
         run.diagnoser.note_probe_alert(alert)  # a cause its consequences fold under
         job = self.jobs.get(run.job) if run.job else None

@@ -370,6 +370,11 @@ CATALOG: dict[str, Entry] = {
 }
 
 # Kinds the training side's checks raise (their alerts carry their own message and fix).
+# Probe alerts whose condition ends with the run's first measured step: the monitor
+# clears them when a step record arrives (an LR range test or warm-up updates before
+# the bracketed loop raise one, then the loop is measured after all).
+ENDED_BY_FIRST_STEP: frozenset[str] = frozenset({"steps_not_measured"})
+
 CHECK_RUNGS: dict[str, int] = {
     **dict.fromkeys(
         (

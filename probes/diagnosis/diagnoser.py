@@ -107,7 +107,10 @@ class Diagnoser:
     # --- input ------------------------------------------------------------------------
 
     def observe(self, record: Record) -> list[AlertChange]:
-        """Take one step or eval record; return the alerts raised or cleared by it."""
+        """Take one step or eval record; return the alerts raised or cleared by it.
+
+        The rules keep the record's per-layer lists for their windows, unchanged: a
+        caller must not change a record's lists after passing it."""
         kind = record.get("kind")
         if kind == "step":
             return self.observe_step(StepView.from_record(record))
@@ -136,6 +139,14 @@ class Diagnoser:
         self.probe_alerts[alert.key] = alert
         self._causes[alert.kind] = alert
         self._roots[alert.kind] = alert.key
+
+    def withdraw_probe_alert(self, alert: Alert) -> None:
+        """A probe alert whose condition ended: no longer a cause, nor live at the end."""
+        self.probe_alerts.pop(alert.key, None)
+        cause = self._causes.get(alert.kind)
+        if cause is not None and cause.key == alert.key:
+            del self._causes[alert.kind]
+            self._roots.pop(alert.kind, None)
 
     def finish(self) -> list[AlertChange]:
         """The run ended: raise the consequences still waiting for a cause."""

@@ -77,7 +77,7 @@ class ExplodingGradient(Rule):
         ]
         for i in list(self._crossed):  # back below the floor: no longer crossed
             peak = peaks[i] if i < len(peaks) else None
-            if peak is not None and peak <= floor:
+            if peak is not None and math.isfinite(peak) and peak <= floor:
                 del self._crossed[i]
         for i in high:
             peak = peaks[i]
