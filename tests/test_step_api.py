@@ -273,13 +273,24 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, first
         optimizer.step()
 
 
-def test_updates_outside_any_probe_step_are_named_once(
-    collector: FrameCollector, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _unmeasured_then_measured(
+    collector: FrameCollector, unmeasured: int, measured: int
+) -> probes.Probe:
+    """``unmeasured`` updates outside any probe step, then ``measured`` inside one each."""
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     probe = watch_unthinned(model, optimizer, collector)
-    _train(model, optimizer, 10)  # the loop forgot `with probe.step():`
+    _train(model, optimizer, unmeasured)
+    for i in range(unmeasured, unmeasured + measured):
+        with probe.step():
+            _train(model, optimizer, 1, first=i)
+    return probe
+
+
+def test_updates_outside_any_probe_step_are_named_once(
+    collector: FrameCollector, capsys: pytest.CaptureFixture[str]
+) -> None:
+    probe = _unmeasured_then_measured(collector, 10, 0)  # forgot `with probe.step():`
     probe.close()
     wait_for_bye(collector)
     alerts = [f["alert"] for f in collector.kinds("alert")]
@@ -294,13 +305,7 @@ def test_an_lr_range_test_before_the_bracketed_loop_is_named_then_cleared(
 ) -> None:
     # Lightning's LR finder (or torch-lr-finder) steps the watched optimizer before the
     # measured loop: said while nothing is measured, over once a step is.
-    model = mlp()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    probe = watch_unthinned(model, optimizer, collector)
-    _train(model, optimizer, 8)
-    for i in range(8, 12):
-        with probe.step():
-            _train(model, optimizer, 1, first=i)
+    probe = _unmeasured_then_measured(collector, 8, 4)
     probe.close()
     wait_for_bye(collector)
     state = MonitorState()
@@ -320,13 +325,7 @@ def test_an_lr_range_test_before_the_bracketed_loop_is_named_then_cleared(
 def test_a_warm_up_update_before_the_bracketed_loop_is_not_named(
     collector: FrameCollector,
 ) -> None:
-    model = mlp()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    probe = watch_unthinned(model, optimizer, collector)
-    _train(model, optimizer, 1)
-    for i in range(1, 6):
-        with probe.step():
-            _train(model, optimizer, 1, first=i)
+    probe = _unmeasured_then_measured(collector, 1, 5)
     records = steps_of(probe, collector)
     assert sorted(records) == [0, 1, 2, 3, 4]
     assert not [f for f in collector.kinds("alert") if f["alert"]["kind"] == "steps_not_measured"]
