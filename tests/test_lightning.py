@@ -190,31 +190,18 @@ def test_guard_skip_inside_lightning(resuming_collector: FrameCollector) -> None
 class ArmAnomalyBefore(pl.Callback):
     """Presses `a` (arms one anomaly step) after the update before ``step``."""
 
-    def __init__(self, step: int, traintop: TraintopCallback) -> None:
-        self.step, self.traintop = step, traintop
+    def __init__(self, step: int) -> None:
+        self.step = step
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-        if trainer.global_step == self.step and self.traintop.probe is not None:
-            self.traintop.probe.arm_anomaly()
+        traintop = next(c for c in trainer.callbacks if isinstance(c, TraintopCallback))
+        if trainer.global_step == self.step and traintop.probe is not None:
+            traintop.probe.arm_anomaly()
 
 
 def test_anomaly_step_inside_lightning(resuming_collector: FrameCollector) -> None:
     module = TinyLM(poison_at=3)
-    traintop = TraintopCallback(address=resuming_collector.address, max_steps_per_s=1e9)
-    trainer = pl.Trainer(
-        max_steps=6,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[traintop, WaitForMonitor(traintop), ArmAnomalyBefore(3, traintop)],
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(module, loaders()[0])
-    wait_for_bye(resuming_collector)
+    fit(module, resuming_collector, callbacks=[ArmAnomalyBefore(3)], limit_val_batches=0)
     assert all(torch.isfinite(p).all() for p in module.parameters())
     reports = kinds(list(resuming_collector.frames), "anomaly")
     assert len(reports) == 1
