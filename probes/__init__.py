@@ -13,7 +13,7 @@ Usage::
                 optimizer.step()
                 probe.log(loss=loss)
 
-The torch-side API is loaded lazily, so that ``import probes.wire`` (which the monitor
+The torch-side API is loaded lazily, so that ``import probes.kernel.wire`` (which the monitor
 does) never imports torch.
 """
 
@@ -23,13 +23,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from probes.batch_checks import check_batch
-    from probes.clip import clip_grad_norm_
-    from probes.data_checks import check_preprocessing, check_split
-    from probes.diagnosis import Alert, Diagnoser, Thresholds
-    from probes.options import WatchOptions
-    from probes.probe import Probe, watch
-    from probes.tiny_batch import overfit_batch
+    from probes.checks.batch_checks import check_batch
+    from probes.checks.data_checks import check_preprocessing, check_split
+    from probes.checks.tiny_batch import overfit_batch
+    from probes.kernel.diagnosis import Alert, Diagnoser, Thresholds
+    from probes.runtime.clip import clip_grad_norm_
+    from probes.runtime.options import WatchOptions
+    from probes.runtime.probe import Probe, watch
 
 __all__ = [
     "Alert",
@@ -46,17 +46,17 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Probe": "probes.probe",
-    "watch": "probes.probe",
-    "WatchOptions": "probes.options",
-    "clip_grad_norm_": "probes.clip",
-    "Alert": "probes.diagnosis",
-    "Diagnoser": "probes.diagnosis",
-    "Thresholds": "probes.diagnosis",
-    "check_split": "probes.data_checks",
-    "check_preprocessing": "probes.data_checks",
-    "check_batch": "probes.batch_checks",
-    "overfit_batch": "probes.tiny_batch",
+    "Probe": "probes.runtime.probe",
+    "watch": "probes.runtime.probe",
+    "WatchOptions": "probes.runtime.options",
+    "clip_grad_norm_": "probes.runtime.clip",
+    "Alert": "probes.kernel.diagnosis",
+    "Diagnoser": "probes.kernel.diagnosis",
+    "Thresholds": "probes.kernel.diagnosis",
+    "check_split": "probes.checks.data_checks",
+    "check_preprocessing": "probes.checks.data_checks",
+    "check_batch": "probes.checks.batch_checks",
+    "overfit_batch": "probes.checks.tiny_batch",
 }
 
 

@@ -36,8 +36,8 @@ except ImportError:  # one line, naming what to install
 
 import torch
 
-from probes.probe import Probe, watch
-from probes.sender import warn
+from probes.runtime.probe import Probe, watch
+from probes.runtime.sender import warn
 
 _STACK_DEPTH = 12  # frames searched above on_train_begin for the Trainer
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from probes.probe import Probe, watch
-from probes.sender import warn
+from probes.runtime.probe import Probe, watch
+from probes.runtime.sender import warn
 
 _BASES: list[type] = []
 try:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from probes.diagnosis import Alert
+    from probes.kernel.diagnosis import Alert
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"

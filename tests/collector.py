@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from probes.wire import Address, FrameError, FrameReader, encode_frame
+from probes.kernel.wire import Address, FrameError, FrameReader, encode_frame
 from tests.waiting import poll, wait_until
 
 Frame = dict[str, Any]
@@ -117,7 +117,7 @@ def wait_connected(probe: Any) -> None:
 def raised_alerts(frames: list[Frame]) -> list[Any]:
     """The alerts a monitor would raise on these frames: the diagnosis rules over the
     step and eval records, and the alerts the probe sent itself (the guard's)."""
-    from probes.diagnosis import Alert, Diagnoser, RunInfo
+    from probes.kernel.diagnosis import Alert, Diagnoser, RunInfo
 
     hello = next(f for f in frames if f["kind"] == "hello")
     diagnoser = Diagnoser(RunInfo.from_hello(hello))

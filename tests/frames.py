@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from probes.wire import make_frame
+from probes.kernel.wire import make_frame
 
 Frame = dict[str, Any]
 LAYERS = ["encoder.0", "encoder.2", "head"]

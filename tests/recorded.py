@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.diagnosis import Alert, Thresholds
-from probes.wire import Frame, FrameError
+from probes.kernel.diagnosis import Alert, Thresholds
+from probes.kernel.wire import Frame, FrameError
 from tui.events import AlertRaised, MonitorEvent
 from tui.monitor import Monitor
 from tui.run import RunState

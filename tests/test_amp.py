@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from probes.diagnosis import Diagnoser
+from probes.kernel.diagnosis import Diagnoser
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 
 

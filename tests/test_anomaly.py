@@ -11,7 +11,7 @@ from torch import nn
 import probes
 from demo.scenarios import BUILDERS, Magnitude
 from demo.trainer import train
-from probes.probe import Probe
+from probes.runtime.probe import Probe
 from tests.collector import FrameCollector, wait_connected
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from probes.wire import FrameError
+from probes.kernel.wire import FrameError
 from tests.frames import LAYERS, exploding_run, hello, short_run, step
 from tests.waiting import settle
 from tui.app import make_app
@@ -210,7 +210,7 @@ async def test_a_flood_of_bad_frames_makes_few_toasts() -> None:
 
 
 async def test_an_anomaly_report_from_history_does_not_pop_up() -> None:
-    from probes.wire import make_frame
+    from probes.kernel.wire import make_frame
     from tui.screens.anomaly_report import AnomalyReportScreen
 
     report = make_frame(

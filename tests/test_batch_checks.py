@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 import probes
-from probes.batch_checks import check_batch
-from probes.reports import CheckReport, Finding
-from probes.tiny_batch import overfit_batch
+from probes.checks.batch_checks import check_batch
+from probes.checks.reports import CheckReport, Finding
+from probes.checks.tiny_batch import overfit_batch
 from tests.collector import FrameCollector
 
 B = 8  # batch size

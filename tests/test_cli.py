@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from probes.wire import encode_frame
+from probes.kernel.wire import encode_frame
 from tests.frames import short_run
 from tests.waiting import wait_until
 from tui.cli import main
@@ -149,7 +149,7 @@ def test_thresholds_from_the_command_line() -> None:
 
 
 def test_a_lower_threshold_changes_what_fires(tmp_path) -> None:
-    from probes.wire import encode_frame
+    from probes.kernel.wire import encode_frame
     from tests.frames import hello, step
 
     log = tmp_path / "run.ndjson"

@@ -2,7 +2,7 @@
 
 Dynamo traces a forward hook like the rest of the forward; a hook whose Python side
 effects were traced once would replay stale state on later sampled steps. The probe's
-hooks run eagerly (``probes.hooks.eager``), so every sampled step measures afresh.
+hooks run eagerly (``probes.runtime.hooks.eager``), so every sampled step measures afresh.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import probes
-from probes.control import Control
-from probes.wire import command_signature
+from probes.kernel.wire import command_signature
+from probes.runtime.control import Control
 from tests.collector import FrameCollector
 from tests.waiting import wait_until
 from tui.monitor import Monitor

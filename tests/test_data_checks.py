@@ -17,9 +17,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import probes
-from probes import data_checks, split_rows
-from probes.data_checks import check_preprocessing, check_split
-from probes.reports import CheckReport, Finding
+from probes.checks import data_checks, split_rows
+from probes.checks.data_checks import check_preprocessing, check_split
+from probes.checks.reports import CheckReport, Finding
 from tests.collector import FrameCollector
 
 # --- crafting splits ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from probes.diagnosis import (
+from probes.kernel.diagnosis import (
     Alert,
     AlertChange,
     Diagnoser,

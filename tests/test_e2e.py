@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from probes.wire import Address
+from probes.kernel.wire import Address
 from tests.waiting import until
 from tui.monitor import Monitor
 from tui.run import RunState

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from probes.wire import make_frame
+from probes.kernel.wire import make_frame
 from tui.format import (
     SPARK_BARS,
     axis_ticks,

@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from probes.hf import TraintopCallback
-from probes.layers import map_layers
-from probes.schema import validation_loss_name
+from probes.kernel.schema import validation_loss_name
+from probes.runtime.layers import map_layers
 from tests.collector import (
     Frame,
     FrameCollector,

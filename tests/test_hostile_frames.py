@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from probes.wire import Address, FrameError, decode_frame, encode_frame, make_frame
+from probes.kernel.wire import Address, FrameError, decode_frame, encode_frame, make_frame
 from tests.frames import hello, step
 from tests.test_server import exchange, started
 from tests.waiting import until

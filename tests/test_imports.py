@@ -23,9 +23,10 @@ def loaded_after(statement: str) -> set[str]:
     [
         "import probes",
         "import probes; probes.watch",
-        "import probes.wire, probes.replay",
-        "import probes.data_checks, probes.batch_checks, probes.reports, probes.clip",
-        "import probes.control, probes.anomaly, probes.step, probes.measurer, probes.sampled",
+        "import probes.kernel.wire, probes.kernel.replay",
+        "import probes.checks.data_checks, probes.checks.batch_checks, probes.checks.reports",
+        "import probes.runtime.clip, probes.runtime.control, probes.runtime.anomaly",
+        "import probes.runtime.step, probes.runtime.measurer, probes.runtime.sampled",
         "import demo.trainer, demo.scenarios",
     ],
 )
@@ -45,7 +46,9 @@ def test_monitor_loads_no_torch(statement: str) -> None:
     assert "torch" not in loaded_after(statement)
 
 
-@pytest.mark.parametrize("module", ["probes.wire", "probes.diagnosis", "probes.control"])
+@pytest.mark.parametrize(
+    "module", ["probes.kernel.wire", "probes.kernel.diagnosis", "probes.runtime.control"]
+)
 def test_pure_modules_are_stdlib_only(module: str) -> None:
     loaded = loaded_after(f"import {module}")
     assert "probes" in loaded
@@ -66,20 +69,30 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     loaded = set(json.loads(out.stdout.splitlines()[-1]))
-    packages = {name for name in loaded if name.startswith(("probes.diagnosis.", "probes.schema."))}
+    packages = {
+        name
+        for name in loaded
+        if name.startswith(("probes.kernel.diagnosis.", "probes.kernel.schema."))
+    }
     assert packages, "the diagnosis and schema packages' modules"
-    assert loaded - packages == {"probes", "probes.wire", "probes.schema", "probes.diagnosis"}
+    assert loaded - packages == {
+        "probes",
+        "probes.kernel",
+        "probes.kernel.wire",
+        "probes.kernel.schema",
+        "probes.kernel.diagnosis",
+    }
 
 
 @pytest.mark.parametrize(
     "module",
     [
-        "probes.wire",
-        "probes.schema",
-        "probes.thinning",
-        "probes.replay",
-        "probes.diagnosis",
-        "probes.diagnosis.ranks",
+        "probes.kernel.wire",
+        "probes.kernel.schema",
+        "probes.kernel.thinning",
+        "probes.kernel.replay",
+        "probes.kernel.diagnosis",
+        "probes.kernel.diagnosis.ranks",
     ],
 )
 def test_the_probes_stdlib_parts_never_load_torch(module: str) -> None:
@@ -112,7 +125,8 @@ FRAMEWORKS = {"transformers", "accelerate", "pytorch_lightning", "lightning"}
     "statement",
     [
         "import probes; probes.watch, probes.clip_grad_norm_",
-        "import probes.probe, probes.clip, probes.evaluation, probes.lifecycle",
+        "import probes.runtime.probe, probes.runtime.clip",
+        "import probes.runtime.evaluation, probes.runtime.lifecycle",
     ],
 )
 def test_probes_never_load_a_framework(statement: str) -> None:

@@ -8,8 +8,8 @@ import math
 import random
 from typing import Any
 
-from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, rung_of
-from probes.wire import make_frame
+from probes.kernel.diagnosis import Alert, AlertChange, Diagnoser, RunInfo, rung_of
+from probes.kernel.wire import make_frame
 from tui.events import AlertRaised
 from tui.headless import causes_line
 from tui.state import MonitorState

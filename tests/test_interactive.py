@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from probes.wire import Address
+from probes.kernel.wire import Address
 from tests.waiting import until
 from tui.app import make_app
 from tui.monitor import Monitor

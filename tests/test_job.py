@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from probes.job import job_identity
+from probes.runtime.job import job_identity
 
 LAUNCHER_VARIABLES = (
     "TRAINTOP_JOB",

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import probes
-from probes.layers import ROOT_LAYER_NAME, combine_layer_norms, count_parameters, map_layers
-from probes.stats import NormReducer, compose_order
+from probes.runtime.layers import ROOT_LAYER_NAME, combine_layer_norms, count_parameters, map_layers
+from probes.runtime.stats import NormReducer, compose_order
 from tests.collector import FrameCollector
 
 REL_TOL = 1e-5

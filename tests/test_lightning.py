@@ -13,9 +13,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from probes.layers import map_layers
+from probes.kernel.schema import validation_loss_name
 from probes.lightning import TraintopCallback
-from probes.schema import validation_loss_name
+from probes.runtime.layers import map_layers
 from tests.collector import Frame, FrameCollector, raised_alerts, wait_for_bye
 
 REL_TOL = 1e-5

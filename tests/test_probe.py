@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import probes
-from probes.sender import Sender
-from probes.wire import resolve_address
+from probes.kernel.wire import resolve_address
+from probes.runtime.sender import Sender
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 from tests.waiting import wait_until
 
@@ -683,7 +683,7 @@ def test_an_eval_reaches_the_monitor_after_the_step_it_belongs_to(
 ) -> None:
     """A NaN born in training at step 3 is seen in that step before the eval of step 3
     (which inherits it): the diagnosis must blame the loss, not validation."""
-    from probes.diagnosis import Diagnoser
+    from probes.kernel.diagnosis import Diagnoser
 
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

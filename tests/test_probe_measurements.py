@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 import probes
-import probes.measurer
-import probes.sampled
-import probes.stats
-from probes.clip import torch_clip_grad_norm_ as clip_grad_norm_of_torch
-from probes.diagnosis import Diagnoser, RunInfo
+import probes.runtime.measurer
+import probes.runtime.sampled
+import probes.runtime.stats
+from probes.kernel.diagnosis import Diagnoser, RunInfo
+from probes.runtime.clip import torch_clip_grad_norm_ as clip_grad_norm_of_torch
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 
 REL_TOL = 1e-5
@@ -690,10 +690,10 @@ def boom(*args: object, **kwargs: object) -> None:
 
 
 FAILURES = [
-    (probes.measurer.StepMeasurer, "finish"),
-    (probes.stats.NormReducer, "norms"),
-    (probes.sampled.ActivationStats, "attach"),
-    (probes.sampled.UpdateNorms, "after_step"),
+    (probes.runtime.measurer.StepMeasurer, "finish"),
+    (probes.runtime.stats.NormReducer, "norms"),
+    (probes.runtime.sampled.ActivationStats, "attach"),
+    (probes.runtime.sampled.UpdateNorms, "after_step"),
 ]
 
 

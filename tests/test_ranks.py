@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import time
 
-from probes.diagnosis import Thresholds
-from probes.diagnosis.ranks import JobChecks
-from probes.diagnosis.views import StepView
+from probes.kernel.diagnosis import Thresholds
+from probes.kernel.diagnosis.ranks import JobChecks
+from probes.kernel.diagnosis.views import StepView
 from tests.frames import hello, probe_alert, step
 from tui.events import AlertRaised, RunConnected
 from tui.monitor import Monitor, boundary_ahead

@@ -14,7 +14,7 @@ from itertools import pairwise
 
 import pytest
 
-from probes.wire import Frame, encode_frame
+from probes.kernel.wire import Frame, encode_frame
 from tests.recorded import log_frames, log_path, replay
 from tui.cli import main
 

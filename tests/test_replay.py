@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from probes.replay import ReplayHistory, has_non_finite, merge_steps, span_of, thin
+from probes.kernel.replay import ReplayHistory, has_non_finite, merge_steps, span_of, thin
 
 Record = dict[str, Any]
 
@@ -302,7 +302,7 @@ def test_history_first_step_non_finite() -> None:
 
 
 def test_merged_history_records_updated_if_any_step_did() -> None:
-    from probes.replay import merge_steps
+    from probes.kernel.replay import merge_steps
 
     records = [{"kind": "step", "step": n, "optimizer_step": False} for n in range(3)]
     assert merge_steps(records)["optimizer_step"] is False

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from probes.lifecycle import end_reason
-from probes.wire import make_frame
+from probes.kernel.wire import make_frame
+from probes.runtime.lifecycle import end_reason
 from tests.collector import FrameCollector, wait_for_bye
 from tests.frames import hello, probe_alert, step
 from tui.headless import HeadlessMonitor

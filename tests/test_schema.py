@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from probes.diagnosis import EvalView
-from probes.schema import validation_loss, validation_loss_name
+from probes.kernel.diagnosis import EvalView
+from probes.kernel.schema import validation_loss, validation_loss_name
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from probes.replay import thin
-from probes.sender import _is_step, _merge_pending
+from probes.kernel.replay import thin
+from probes.runtime.sender import _is_step, _merge_pending
 
 
 @dataclass

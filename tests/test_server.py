@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from probes.wire import Address, encode_frame, make_frame
+from probes.kernel.wire import Address, encode_frame, make_frame
 from tests.frames import hello, step
 from tests.waiting import until
 from tui.monitor import Monitor

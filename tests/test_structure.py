@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import probes
-from probes.diagnosis import Diagnoser, RunInfo
-from probes.layers import map_layers
-from probes.structure import watch_time_alerts
+from probes.kernel.diagnosis import Diagnoser, RunInfo
+from probes.runtime.layers import map_layers
+from probes.runtime.structure import watch_time_alerts
 from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 
 

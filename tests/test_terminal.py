@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.wire import encode_frame
+from probes.kernel.wire import encode_frame
 from tests.frames import short_run
 from tests.waiting import wait_until
 

@@ -1,4 +1,4 @@
-"""The thinning policy (``probes.thinning``): the peaks a merged record keeps, where a
+"""The thinning policy (``probes.kernel.thinning``): the peaks a merged record keeps, where a
 group is cut, and the point of it all: thinned and unthinned copies of the same records
 raise the same alerts at the same steps."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from probes.diagnosis import Diagnoser, RunInfo
-from probes.thinning import Member, Peaks, merge_records, plan, thin_records
+from probes.kernel.diagnosis import Diagnoser, RunInfo
+from probes.kernel.thinning import Member, Peaks, merge_records, plan, thin_records
 
 Record = dict[str, Any]
 LAYERS = ("enc.0", "enc.1", "head")

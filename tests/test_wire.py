@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from probes.wire import (
+from probes.kernel.wire import (
     ADDRESS_ENV,
     KINDS,
     MAX_FRAME_BYTES,

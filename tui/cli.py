@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields
 
-from probes.diagnosis import Thresholds
-from probes.diagnosis.thresholds import RENAMED
-from probes.wire import TOKEN_ENV, resolve_address
+from probes.kernel.diagnosis import Thresholds
+from probes.kernel.diagnosis.thresholds import RENAMED
+from probes.kernel.wire import TOKEN_ENV, resolve_address
 from tui.server import ServerError
 from tui.sources import FrameSource
 from tui.state import MonitorState
@@ -105,7 +105,7 @@ def _add_output_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
         metavar="NAME=VALUE",
         default=default(None),
         help="change a diagnosis threshold, e.g. exploding_norm=50 "
-        "(repeatable; names in probes.diagnosis.Thresholds)",
+        "(repeatable; names in probes.kernel.diagnosis.Thresholds)",
     )
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from probes.diagnosis import Alert
-from probes.wire import Frame
+from probes.kernel.diagnosis import Alert
+from probes.kernel.wire import Frame
 from tui.run import RunState
 
 

@@ -16,9 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from probes.diagnosis import RUNGS, at_least
-from probes.diagnosis.catalog import ENDED_BY_FIRST_STEP
-from probes.wire import Frame
+from probes.kernel.diagnosis import RUNGS, at_least
+from probes.kernel.diagnosis.catalog import ENDED_BY_FIRST_STEP
+from probes.kernel.wire import Frame
 from tui.dispatch import dispatch
 from tui.events import (
     AckReceived,

@@ -3,7 +3,7 @@
 Each rank is a run of its own (``RunState``: its own curves, layer table and
 diagnosis). ``JobState`` sees them together:
 
-- cross-rank checks (``probes.diagnosis.ranks``) over every rank's step records;
+- cross-rank checks (``probes.kernel.diagnosis.ranks``) over every rank's step records;
 - one alert per root cause across ranks: a rank's alert waits until every connected rank
   has reported its step, so that the ranks raising the same alert (an explosion in
   all-reduced gradients shows on all) become one alert naming them all, and an alert
@@ -20,15 +20,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from probes.diagnosis import Alert, Thresholds
-from probes.diagnosis.ranks import JobChecks
-from probes.diagnosis.views import StepView
+from probes.kernel.diagnosis import Alert, Thresholds
+from probes.kernel.diagnosis.ranks import JobChecks
+from probes.kernel.diagnosis.views import StepView
 from tui.run import AlertEntry, RunState
 
 CROSS_RANK_KINDS = frozenset(
     {"rank_outlier", "grads_not_synced", "replicas_diverged", "rank_stalled"}
 )
-#: What the per-layer rules raise (``probes.diagnosis.diagnoser.LAYER_RULES``).
+#: What the per-layer rules raise (``probes.kernel.diagnosis.diagnoser.LAYER_RULES``).
 SHARED_KINDS = frozenset(
     {
         "exploding_gradient",

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from demo.catalog import SCENARIOS, listing
-from probes.wire import ADDRESS_ENV, Address
+from probes.kernel.wire import ADDRESS_ENV, Address
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -11,8 +11,8 @@ import itertools
 import math
 from collections.abc import Callable
 
-from probes.schema import check_frame
-from probes.wire import Frame, command_signature, make_frame
+from probes.kernel.schema import check_frame
+from probes.kernel.wire import Frame, command_signature, make_frame
 from tui.events import MonitorEvent
 from tui.run import RunState
 from tui.runlog import RunLogWriter

@@ -11,10 +11,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.diagnosis import Alert, AlertChange, Diagnoser, RunInfo
-from probes.diagnosis.catalog import ENDED_BY_FIRST_STEP
-from probes.schema import EvalView, StepView, validation_loss_name
-from probes.wire import Frame
+from probes.kernel.diagnosis import Alert, AlertChange, Diagnoser, RunInfo
+from probes.kernel.diagnosis.catalog import ENDED_BY_FIRST_STEP
+from probes.kernel.schema import EvalView, StepView, validation_loss_name
+from probes.kernel.wire import Frame
 from tui.heatmap import GradHeatmap
 from tui.series import BucketedSeries
 
@@ -133,7 +133,7 @@ class RunState:
 
     @property
     def validation(self) -> tuple[str, BucketedSeries] | None:
-        """The validation loss's name and series (``probes.schema`` picks the name)."""
+        """The validation loss's name and series (``probes.kernel.schema`` picks the name)."""
         name = validation_loss_name(self.eval_scalars)
         return None if name is None else (name, self.eval_scalars[name])
 
@@ -217,7 +217,7 @@ class RunState:
         self.disconnect_reason = ""
 
     def apply_step(self, view: StepView) -> bool:
-        """Take a step record (parsed: ``probes.schema``); False if it was already seen
+        """Take a step record (parsed: ``probes.kernel.schema``); False if it was already seen
         (a replay on reconnect)."""
         step = view.step
         if step <= self.last_step:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from probes.wire import (
+from probes.kernel.wire import (
     MAX_FRAME_BYTES,
     Frame,
     FrameError,

@@ -17,7 +17,7 @@ import socket
 import stat
 from typing import Protocol
 
-from probes.wire import (
+from probes.kernel.wire import (
     Address,
     Frame,
     FrameError,

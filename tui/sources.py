@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Protocol
 
-from probes.wire import Address, Frame, FrameError
+from probes.kernel.wire import Address, Frame, FrameError
 from tui.runlog import read_run_log
 from tui.server import Connection, FrameSink, MonitorServer
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 
-from probes.diagnosis import Alert, AlertChange, Diagnoser, Thresholds
-from probes.diagnosis.catalog import ENDED_BY_FIRST_STEP
-from probes.schema import EvalView, StepView
-from probes.wire import Frame
+from probes.kernel.diagnosis import Alert, AlertChange, Diagnoser, Thresholds
+from probes.kernel.diagnosis.catalog import ENDED_BY_FIRST_STEP
+from probes.kernel.schema import EvalView, StepView
+from probes.kernel.wire import Frame
 from tui.events import (
     AckReceived,
     AlertCleared,

@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: this checkout unless PYTHONPAT
 import torch
 
 import probes
-from probes.schema import check_frame
+from probes.kernel.schema import check_frame
 from tests.bench.diagnosis_cases import CASES, Case
 from tests.collector import FrameCollector
 from tui.events import AlertRaised
@@ -58,9 +58,9 @@ except ImportError:  # an older monitor
     causes_line = None  # type: ignore[assignment]
 
 try:
-    from probes.thinning import thin_records
+    from probes.kernel.thinning import thin_records
 except ImportError:  # an older probes: its own thinning (keep the last of each group)
-    from probes.replay import merge_steps, thin
+    from probes.kernel.replay import merge_steps, thin
 
     def thin_records(
         records: list[dict[str, Any]], group: int, *, keep_first: bool = True
@@ -131,7 +131,7 @@ def run(case: Case, *, twin: bool, mode: str, steps: int | None = None) -> Outco
 
 def thinned(outcome: Outcome, factor: int = THINNED) -> Outcome:
     """The same records as a run ``factor`` times faster would send them
-    (``probes.thinning``, the sender's policy), through the monitor again."""
+    (``probes.kernel.thinning``, the sender's policy), through the monitor again."""
     return monitor(thin_records(outcome.frames, factor), outcome.seconds)
 
 

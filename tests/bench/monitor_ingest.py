@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from probes.wire import Address, encode_frame, make_frame
+from probes.kernel.wire import Address, encode_frame, make_frame
 from tui.monitor import Monitor
 from tui.server import MonitorServer
 from tui.state import MonitorState

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 import probes
-from probes.probe import Probe
+from probes.runtime.probe import Probe
 
 
 @dataclass

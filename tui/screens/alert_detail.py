@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from probes.diagnosis import Alert
+from probes.kernel.diagnosis import Alert
 from tui.format import number
 from tui.run import AlertEntry
 from tui.screens.panel import PanelScreen

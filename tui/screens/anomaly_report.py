@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from probes.wire import Frame
+from probes.kernel.wire import Frame
 from tui.format import number
 from tui.screens.panel import PanelScreen
 

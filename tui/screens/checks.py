@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from probes.wire import Frame
+from probes.kernel.wire import Frame
 from tui.screens.panel import PanelScreen
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from probes.diagnosis import SEVERITY_ORDER
+from probes.kernel.diagnosis import SEVERITY_ORDER
 from tui.run import AlertEntry, RunState
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

@@ -1,0 +1,278 @@
+"""The diagnoser: feeds the rules, folds consequences under their causes, and raises
+one alert per root cause with hysteresis (raised once, held while its condition lasts,
+cleared once it has been absent ``clear_after`` steps)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from probes.kernel.diagnosis.alert import Alert, AlertChange
+from probes.kernel.diagnosis.evaluation import EvalMode, OverfittingSignal
+from probes.kernel.diagnosis.gradient_path import (
+    Activations,
+    ExplodingGradient,
+    NoneGradients,
+    VanishingGradient,
+)
+from probes.kernel.diagnosis.incidents import STICKY, WAIT_FOR_CAUSE, cause_for, depth, folded_name
+from probes.kernel.diagnosis.overhead import ProbeOverhead
+from probes.kernel.diagnosis.rule import Findings, Rule
+from probes.kernel.diagnosis.thresholds import Thresholds
+from probes.kernel.diagnosis.tiny_batch import FlatLoss
+from probes.kernel.diagnosis.update import (
+    GradNotCleared,
+    LossSpike,
+    NoUpdates,
+    SkippedUpdates,
+    UpdateRatio,
+    UpdatesNotApplied,
+)
+from probes.kernel.diagnosis.values import NonFinite
+from probes.kernel.diagnosis.views import EvalView, RecentPast, RunInfo, StepView
+
+Record = Mapping[str, Any]
+
+# Along the checklist; when several alerts rise on one record, they are reported in
+# checklist order (and the growth that led to a non-finite value before it).
+#: Rules over the per-layer gradients and updates (the others read losses and records).
+LAYER_RULES: frozenset[type[Rule]] = frozenset(
+    {
+        ExplodingGradient,
+        VanishingGradient,
+        NoneGradients,
+        Activations,
+        GradNotCleared,
+        UpdatesNotApplied,
+        UpdateRatio,
+    }
+)
+
+RULES: tuple[type[Rule], ...] = (
+    NonFinite,
+    FlatLoss,
+    ExplodingGradient,
+    VanishingGradient,
+    NoneGradients,
+    Activations,
+    GradNotCleared,
+    UpdatesNotApplied,
+    UpdateRatio,
+    SkippedUpdates,
+    NoUpdates,
+    LossSpike,
+    EvalMode,
+    OverfittingSignal,
+    ProbeOverhead,
+)
+
+
+class Diagnoser:
+    """Feed a run's records; get one alert per root cause, raised once and cleared when
+    its condition ends.
+
+    Args:
+        info: what the run's hello says (layer names, activations, ...).
+        thresholds: every rule's thresholds.
+
+    Example::
+
+        diagnoser = Diagnoser(RunInfo.from_hello(hello))
+        for record in records:
+            for change in diagnoser.observe(record):
+                print(("RAISED " if change.raised else "cleared ") + change.alert.line())
+    """
+
+    def __init__(self, info: RunInfo | None = None, thresholds: Thresholds | None = None) -> None:
+        self.thresholds = thresholds or Thresholds()
+        self.history = RecentPast(info or RunInfo())
+        layer_rules = self.history.info.layer_rules
+        self.rules = [
+            rule(self.thresholds) for rule in RULES if layer_rules or rule not in LAYER_RULES
+        ]
+        self.last_view: StepView | None = None  # the latest step record, as read
+        self.active: dict[str, Alert] = {}  # raised and holding, by key
+        self.raised_count: dict[str, int] = {}
+        self.incidents: dict[str, Alert] = {}  # the latest version of every raised alert
+        self.probe_alerts: dict[str, Alert] = {}  # raised in the training process
+        self.folded: dict[str, str] = {}  # consequence key -> the key of its root cause
+        self.revision = 0  # bumped when an alert gains a consequence or layers
+        self._causes: dict[str, Alert] = {}  # kind -> latest raised, folded or from probe
+        self._roots: dict[str, str] = {}  # kind -> key of the raised alert it folds into
+        self._pending: dict[str, Alert] = {}  # consequences waiting for a cause
+        self._findings: dict[int, list[Alert]] = {}
+        self._absent_since: dict[str, int] = {}
+
+    # --- input ------------------------------------------------------------------------
+
+    def observe(self, record: Record) -> list[AlertChange]:
+        """Take one step or eval record; return the alerts raised or cleared by it.
+
+        The rules keep the record's per-layer lists for their windows, unchanged: a
+        caller must not change a record's lists after passing it."""
+        kind = record.get("kind")
+        if kind == "step":
+            return self.observe_step(StepView.from_record(record))
+        if kind == "eval":
+            return self.observe_eval(EvalView.from_record(record))
+        return []
+
+    def observe_step(self, view: StepView) -> list[AlertChange]:
+        """Take one step record, parsed (``probes.kernel.schema``: the monitor parses once)."""
+        self.last_view = view
+        self.history.add_step(view, keep_first=self.thresholds.smoothing_steps)
+        for index, rule in enumerate(self.rules):
+            self._update(index, rule.on_step(self.history, view))
+        return self._settle(view.first, view.step)
+
+    def observe_eval(self, view: EvalView) -> list[AlertChange]:
+        """Take one eval record, parsed."""
+        self.history.evals.append(view)
+        for index, rule in enumerate(self.rules):
+            self._update(index, rule.on_eval(self.history, view))
+        return self._settle(view.step, view.step)
+
+    def note_probe_alert(self, alert: Alert) -> None:
+        """An alert raised in the training process (a structural or data check, the
+        guard): a cause that consequences fold under from now on."""
+        self.probe_alerts[alert.key] = alert
+        self._causes[alert.kind] = alert
+        self._roots[alert.kind] = alert.key
+
+    def withdraw_probe_alert(self, alert: Alert) -> None:
+        """A probe alert whose condition ended: no longer a cause, nor live at the end."""
+        self.probe_alerts.pop(alert.key, None)
+        cause = self._causes.get(alert.kind)
+        if cause is not None and cause.key == alert.key:
+            del self._causes[alert.kind]
+            self._roots.pop(alert.kind, None)
+
+    def finish(self) -> list[AlertChange]:
+        """The run ended: raise the consequences still waiting for a cause."""
+        changes = []
+        for key, alert in sorted(
+            self._pending.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)
+        ):
+            del self._pending[key]
+            cause = cause_for(alert, self._live_causes())
+            if cause is not None:
+                self._fold(key, alert, cause)
+            else:
+                changes.append(self._raise(alert))
+        return sorted(changes, key=lambda change: change.alert.rung)
+
+    def _update(self, index: int, findings: Findings) -> None:
+        if findings is not None:
+            self._findings[index] = findings
+
+    # --- settling ------------------------------------------------------------------------
+
+    def _settle(self, first: int, step: int) -> list[AlertChange]:
+        """Fold what is a consequence, raise what is new (or waited long enough), clear
+        what has been absent ``clear_after`` steps."""
+        current = {a.key: a for findings in self._findings.values() for a in findings}
+        raised: list[AlertChange] = []
+        for key, alert in sorted(current.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)):
+            self._absent_since.pop(key, None)
+            if key in self.active:
+                self._refresh(key, alert)
+                continue
+            if key in self.folded:
+                continue
+            cause = cause_for(alert, self._live_causes())
+            if cause is not None:
+                self._fold(key, alert, cause)
+                self._pending.pop(key, None)
+                continue
+            waiting = self._pending.get(key)
+            if (
+                waiting is None
+                and alert.kind in WAIT_FOR_CAUSE
+                and (self.thresholds.consequence_grace_steps > 0)
+            ):
+                self._pending[key] = alert
+                continue
+            if waiting is not None:
+                continue  # judged below, with every other waiting one
+            raised.append(self._raise(alert))
+        raised += self._due(step)
+        raised.sort(key=lambda change: change.alert.rung)
+        return raised + self._clear(first, step, current)
+
+    def _due(self, step: int) -> list[AlertChange]:
+        """Waiting consequences whose grace is over: folded if a cause came, else raised
+        (even when their condition has passed: a spike is an event)."""
+        changes = []
+        grace = self.thresholds.consequence_grace_steps
+        for key, alert in sorted(
+            self._pending.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)
+        ):
+            cause = cause_for(alert, self._live_causes())
+            if cause is not None:
+                del self._pending[key]
+                self._fold(key, alert, cause)
+                continue
+            waiting_causes = {a.kind: a for k, a in self._pending.items() if k != key}
+            if step >= alert.step + grace and cause_for(alert, waiting_causes) is None:
+                del self._pending[key]
+                changes.append(self._raise(alert))  # as first found: its step, its evidence
+        return changes
+
+    def _clear(self, first: int, step: int, current: dict[str, Alert]) -> list[AlertChange]:
+        changes = []
+        for key in [k for k in (*self.active, *self.folded) if k not in current]:
+            since = self._absent_since.setdefault(key, first)
+            if step - since + 1 < self.thresholds.clear_after:
+                continue
+            del self._absent_since[key]
+            if key in self.folded:
+                del self.folded[key]  # the consequence passed, silently
+            else:
+                changes.append(AlertChange(self.active.pop(key), raised=False))
+        return changes
+
+    def _raise(self, alert: Alert) -> AlertChange:
+        self.active[alert.key] = alert
+        self.incidents[alert.key] = alert
+        self.raised_count[alert.kind] = self.raised_count.get(alert.kind, 0) + 1
+        self._causes[alert.kind] = alert
+        self._roots[alert.kind] = alert.key
+        return AlertChange(alert, raised=True)
+
+    def _live_causes(self) -> dict[str, Alert]:
+        """Causes by kind: alerts that hold now (raised or folded), and sticky ones that
+        were ever raised."""
+        live = {a.kind: a for a in self.active.values()}
+        for kind, alert in self._causes.items():
+            if (
+                kind in STICKY
+                or self._roots.get(kind) in self.active
+                or any(key.split(":")[0] == kind for key in self.folded)
+            ):
+                live.setdefault(kind, alert)
+        live.update({a.kind: a for a in self.probe_alerts.values()})
+        return live
+
+    def _fold(self, key: str, alert: Alert, cause: Alert) -> None:
+        """List ``alert`` under the raised alert at the root of ``cause``'s chain."""
+        root_key = self._roots.get(cause.kind, cause.key)
+        self.folded[key] = root_key
+        self._causes[alert.kind] = alert
+        self._roots[alert.kind] = root_key
+        name = folded_name(alert)
+        for table in (self.incidents, self.active, self.probe_alerts):
+            root = table.get(root_key)
+            if root is not None and not any(f.split("@")[0] == alert.kind for f in root.folded):
+                table[root_key] = root.with_folded(name)
+        self.revision += 1
+
+    def _refresh(self, key: str, alert: Alert) -> None:
+        """An incident that holds may come to concern more layers (a cause's layers
+        decide which consequences fold under it): it lists every layer it has concerned
+        while it held, the first failing first; its line and evidence stay as raised."""
+        active = self.active[key]
+        grown = tuple(dict.fromkeys((*active.layers, *alert.layers)))
+        if grown != active.layers:
+            self.active[key] = self.incidents[key] = replace(active, layers=grown)
+            self.revision += 1

@@ -1,0 +1,308 @@
+"""Checks across the ranks of one job, from the records each rank sends anyway.
+
+The ranks of a data-parallel job train one model on different shards. What must agree
+across them at the same step, and what that shows when it does not:
+
+- ``grads_not_synced``: under DistributedDataParallel the per-layer gradient norms after
+  the all-reduce (what the probe reads) are the same on every rank;
+- ``replicas_diverged``: the parameter norms of the sampled steps are the same on every
+  rank (DDP: the same update on the same weights);
+- ``rank_outlier``: one rank's loss far above the others' at the same step (or
+  non-finite while theirs is finite): its shard or its host;
+- ``rank_stalled``: a rank stopped sending (its connection ended without a clean end, or
+  it went quiet while another rank went on past it).
+
+Sharded setups (FSDP) hold different parts of the model on each rank: their gradient
+and parameter norms are not comparable, so only the losses and the stalls are checked
+(``sync == "fsdp"``); ranks whose synchronisation is unknown are treated the same way.
+
+A record stands for the steps of its ``span`` and shows its last step's own values
+(``probes.kernel.thinning``): two ranks' records compare when their shown steps are equal;
+sampled steps are always shown, and a step whose loss jumps is sent on its own.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from probes.kernel.diagnosis.alert import Alert, Severity
+from probes.kernel.diagnosis.catalog import entry
+from probes.kernel.diagnosis.thresholds import Thresholds
+from probes.kernel.diagnosis.views import StepView
+
+# Shown steps remembered per job for comparison: the ranks' records of one step arrive
+# within a flush or two of each other (64 steps at rank 0's 60 records a second is a
+# second), and each kept step holds every rank's per-layer norms.
+KEPT_STEPS = 64
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What one rank's record shows of its last step (and of its span)."""
+
+    rank: int
+    first: int  # the first step of its span
+    loss: float | None  # the step's own loss
+    non_finite_loss: bool
+    grads: Sequence[float | None]
+    params: Sequence[float | None] | None
+    stepped: bool
+
+
+@dataclass
+class JobChecks:
+    """Cross-rank comparisons for one job; ``observe`` each rank's step records.
+
+    Args:
+        layers: the model's layer names (the same on every rank).
+        sync: how gradients are shared: ``"ddp"`` (all-reduced, replicated weights),
+            ``"fsdp"`` (sharded) or ``"unknown"``.
+        thresholds: ``rank_*`` thresholds and the spike rule's minimal jump.
+    """
+
+    layers: tuple[str, ...]
+    sync: str = "unknown"
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    found: dict[str, Alert] = field(default_factory=dict)  # one incident per kind
+    _shown: dict[int, dict[int, Shown]] = field(default_factory=dict)  # step -> rank ->
+    _order: deque[int] = field(default_factory=lambda: deque())
+    # step -> the lowest and highest finite loss of its ranks, and whether one was not
+    _range: dict[int, tuple[float, float, bool]] = field(default_factory=dict)
+    _start_loss: float | None = None  # the job's first finite loss: its scale
+
+    def observe(self, rank: int, view: StepView) -> list[Alert]:
+        """Take rank ``rank``'s step record; the job incidents it newly shows."""
+        loss = view.loss
+        if self._start_loss is None and loss is not None and math.isfinite(loss):
+            self._start_loss = abs(loss)
+        non_finite = loss is not None and not math.isfinite(loss)
+        layered = self.sync == "ddp"  # per-layer norms compare only between replicas
+        shown = Shown(
+            rank,
+            view.first,
+            loss,
+            non_finite,
+            view.grad_norms if layered else (),
+            view.param_norms if layered else None,
+            view.optimizer_stepped,
+        )
+        peers = self._shown.get(view.step)
+        if peers is None:
+            peers = self._shown[view.step] = {}
+            self._order.append(view.step)
+            while len(self._order) > KEPT_STEPS:
+                gone = self._order.popleft()
+                self._shown.pop(gone, None)
+                self._range.pop(gone, None)
+        peers[rank] = shown
+        low, high, bad = self._range.get(view.step, (math.inf, -math.inf, False))
+        if loss is not None:
+            if non_finite:
+                bad = True
+            else:
+                low, high = min(low, loss), max(high, loss)
+            self._range[view.step] = (low, high, bad)
+        if len(peers) < 2:
+            return []
+        # Each newcomer is compared with the step's first rank (one pass over the layers),
+        # and the loss with the others': the cost of a record does not grow with ranks.
+        reference = next(iter(peers.values()))
+        # The highest loss at most factor x the lowest: no outlier (the common case, O(1)).
+        suspicious = bad or high > self.thresholds.rank_loss_factor * low
+        return [
+            alert
+            for alert in (
+                self._outlier(view.step, peers) if suspicious else None,
+                self._grads(view.step, reference, shown),
+                self._params(view.step, reference, shown),
+            )
+            if alert is not None
+        ]
+
+    # --- the checks ----------------------------------------------------------------------
+
+    def _outlier(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
+        """The rank with the highest loss (or a non-finite one) far above the median of
+        the others, by a jump that is a visible part of the job's starting loss."""
+        if "rank_outlier" in self.found:
+            return None
+        suspect = next((p for p in peers.values() if p.non_finite_loss), None)
+        if suspect is None:
+            finite = [p for p in peers.values() if p.loss is not None]
+            if len(finite) < 2:
+                return None
+            suspect = max(finite, key=lambda p: p.loss or 0.0)
+        others = [p.loss for r, p in peers.items() if r != suspect.rank and p.loss is not None]
+        if len(others) < len(peers) - 1 or not all(math.isfinite(o) for o in others):
+            return None  # another rank is not fine either: not one rank's
+        loss = suspect.loss
+        factor = self.thresholds.rank_loss_factor
+        if not suspect.non_finite_loss and (loss is None or loss <= factor * min(others)):
+            return None  # (at most factor x the least: at most factor x the median)
+        median = statistics.median(others)
+        evidence: dict[str, Any] = {
+            "rank": suspect.rank,
+            "loss": loss,
+            "other_ranks_median": median,
+        }
+        if not suspect.non_finite_loss:
+            assert loss is not None
+            jump = self.thresholds.spike_min_jump * (self._start_loss or 0.0)
+            if median <= 0 or loss <= factor * median or loss - median <= jump:
+                return None
+            evidence["times"] = loss / median
+        evidence.update(other_ranks=len(others), others="fine")
+        return self._raise("rank_outlier", step, "loss", evidence)
+
+    def _grads(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
+        """Under DDP, each layer's gradient norm agrees across ranks at a step."""
+        if self.sync != "ddp" or "grads_not_synced" in self.found or shown is reference:
+            return None
+        if not (reference.stepped and shown.stepped and reference.grads and shown.grads):
+            return None
+        pair = [reference.grads, shown.grads]
+        found = _first_disagreement(pair, self.thresholds.rank_grad_tolerance)
+        if found is None:
+            return None
+        layer, low, high = found
+        return self._raise(
+            "grads_not_synced",
+            step,
+            self._layer(layer),
+            {
+                "ranks": sorted((reference.rank, shown.rank)),
+                "grad_norm_low": low,
+                "grad_norm_high": high,
+                "relative_difference": (high - low) / high,
+            },
+            layers=self._layers_apart(pair, self.thresholds.rank_grad_tolerance),
+        )
+
+    def _params(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
+        """Under DDP, each layer's parameter norm agrees across ranks at a sampled step."""
+        if self.sync != "ddp" or "replicas_diverged" in self.found or shown is reference:
+            return None
+        if reference.params is None or shown.params is None:
+            return None
+        pair = [reference.params, shown.params]
+        found = _first_disagreement(pair, self.thresholds.rank_param_tolerance)
+        if found is None:
+            return None
+        layer, low, high = found
+        return self._raise(
+            "replicas_diverged",
+            step,
+            self._layer(layer),
+            {
+                "ranks": sorted((reference.rank, shown.rank)),
+                "param_norm_low": low,
+                "param_norm_high": high,
+                "relative_difference": (high - low) / high,
+            },
+            layers=self._layers_apart(pair, self.thresholds.rank_param_tolerance),
+        )
+
+    def stalled(
+        self, rank: int, *, last_step: int, reason: str, others: Mapping[int, int]
+    ) -> Alert | None:
+        """Rank ``rank`` stopped (``reason``) at ``last_step`` while ``others`` (rank ->
+        last step) are still there; the incident, once per job."""
+        if "rank_stalled" in self.found or not others:
+            return None
+        return self._raise(
+            "rank_stalled",
+            last_step,
+            f"rank {rank}",
+            {
+                "rank": rank,
+                "last_step": last_step,
+                "reason": reason,
+                "other_ranks_at": max(others.values()),
+            },
+            severity="error",
+        )
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _raise(
+        self,
+        kind: str,
+        step: int,
+        subject: str,
+        evidence: dict[str, Any],
+        *,
+        layers: tuple[str, ...] = (),
+        severity: Severity | None = None,
+    ) -> Alert | None:
+        partner = _ONE_CAUSE.get(kind)
+        if partner in self.found:  # the same root cause, seen the other way first
+            self.found[partner] = self.found[partner].with_folded(f"{kind}@{step}")
+            self.found[kind] = self.found[partner]
+            return None
+        described = entry(kind)
+        alert = Alert(
+            kind,
+            severity or _SEVERITY[kind],
+            step,
+            subject,
+            evidence,
+            described.signal,
+            described.experiments,
+            layers=layers,
+        )
+        self.found[kind] = alert
+        return alert
+
+    def _layer(self, index: int) -> str:
+        return self.layers[index] if 0 <= index < len(self.layers) else f"layer {index}"
+
+    def _layers_apart(
+        self, norms: list[Sequence[float | None]], tolerance: float
+    ) -> tuple[str, ...]:
+        count = min((len(n) for n in norms), default=0)
+        return tuple(
+            self._layer(i)
+            for i in range(count)
+            if _apart([n[i] for n in norms], tolerance) is not None
+        )
+
+
+# Unsynchronised gradients and diverged replicas are one root cause seen two ways:
+# whichever is found first is the incident, the other folds under it.
+_ONE_CAUSE = {"grads_not_synced": "replicas_diverged", "replicas_diverged": "grads_not_synced"}
+
+_SEVERITY: dict[str, Severity] = {
+    "rank_outlier": "error",
+    "grads_not_synced": "error",
+    "replicas_diverged": "error",
+    "rank_stalled": "error",
+}
+
+
+def _first_disagreement(
+    norms: list[Sequence[float | None]], tolerance: float
+) -> tuple[int, float, float] | None:
+    """The first layer (model order) whose norms disagree across the lists, with the
+    lowest and highest value; None when they agree (or fewer than two lists)."""
+    if len(norms) < 2 or all(n == norms[0] for n in norms[1:]):  # equal: the usual case
+        return None
+    for index in range(min(len(n) for n in norms)):
+        apart = _apart([n[index] for n in norms], tolerance)
+        if apart is not None:
+            return index, apart[0], apart[1]
+    return None
+
+
+def _apart(values: list[float | None], tolerance: float) -> tuple[float, float] | None:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if len(finite) < 2:
+        return None
+    low, high = min(finite), max(finite)
+    if high <= 0 or (high - low) <= tolerance * high:
+        return None
+    return low, high

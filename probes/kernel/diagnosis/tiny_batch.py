@@ -1,0 +1,59 @@
+"""Rung 3, the tiny-batch test: can the model drive the loss down at all?
+
+(``probes.overfit_batch`` runs the test itself before training; its finding arrives as
+an alert from the training side. During training, a loss that stays where it started
+is the same signal.)
+"""
+
+from __future__ import annotations
+
+from probes.kernel.diagnosis.rule import Findings, Rule
+from probes.kernel.diagnosis.thresholds import Thresholds
+from probes.kernel.diagnosis.views import RecentPast, StepView, weighted_mean
+
+
+class FlatLoss(Rule):
+    """Training loss not decreasing: after a while, still where it started."""
+
+    kind = "flat_loss"
+    START_STEPS = 10  # the loss "where it started": the records of the first steps
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._flat = False
+        self._began: tuple[int, int, float | None] | None = None  # (records, last step, loss)
+
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
+        if view.step < self.t.flat_after_steps:
+            return None
+        # Counted in steps: a thinned run's first records stand for more steps each.
+        first = history.first_steps
+        if self._began is None or self._began[0] != len(first):  # (fixed once they are in)
+            early = [s for s in first if s.first < self.START_STEPS] or first[:1]
+            self._began = (
+                len(first),
+                early[-1].step if early else -1,
+                weighted_mean(
+                    [
+                        (s.loss_estimate, min(s.steps, self.START_STEPS))
+                        for s in early
+                        if s.loss_estimate is not None
+                    ]
+                ),
+            )
+        _, early_end, began = self._began
+        if began is None:
+            return None
+        recent = history.recent_losses(view.step, self.t.smoothing_steps, after_step=early_end)
+        now = weighted_mean(recent)
+        if now is None or began <= 0:
+            return []
+        # Hysteresis on the value itself: once flat, the loss must fall half as far
+        # again before the alert clears, so noise at the line does not flap it.
+        drop = self.t.flat_min_drop * (1.5 if self._flat else 1.0)
+        self._flat = now >= began * (1 - drop)
+        if not self._flat:
+            return []
+        # a record standing for several steps: judged at the first of them past the mark
+        step = max(view.first, self.t.flat_after_steps)
+        return [self.alert(step, "", {"loss_at_start": began, "loss_now": now, "steps": step})]

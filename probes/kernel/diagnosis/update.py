@@ -1,0 +1,349 @@
+"""Rung 5, the update: are gradients cleared, does optimizer.step() run, does it change
+the weights, and by how much; loss spikes (the update path turning unstable).
+
+(The watch-time checks, parameters left out of the optimizer or an optimizer built for
+another model, run in the training process: ``probes.runtime.structure``.)
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+from probes.kernel.diagnosis.alert import Severity
+from probes.kernel.diagnosis.rule import (
+    Findings,
+    Rule,
+    Streaks,
+    first_failing,
+    ordered_range,
+    reached_at,
+    spread,
+)
+from probes.kernel.diagnosis.thresholds import Thresholds
+from probes.kernel.diagnosis.views import RecentPast, StepView
+
+
+class GradNotCleared(Rule):
+    """Gradients accumulate across steps because zero_grad was not called: the probe
+    finds the gradient of the last update still held, one backward larger."""
+
+    kind = "grad_not_cleared"
+    severity: Severity = "error"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._since: int | None = None
+
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
+        if history.info.grad_accumulation:
+            return []
+        if not view.optimizer_stepped:
+            return None  # no update in this step: nothing was checked
+        if not view.grads_not_cleared:
+            self._since = None
+            return []
+        if self._since is None:
+            self._since = view.first
+        step = reached_at(self._since, self.t.not_cleared_steps, view)
+        if step is None:
+            return []
+        # The probe checks the first parameter's gradient: its layer is the one seen.
+        return [
+            self.alert(
+                step,
+                "",
+                {
+                    "steps": view.step - self._since + 1,
+                    "since_step": self._since,
+                    "grad_norm_total": view.grad_norm_total,
+                },
+                layers=history.info.layers[:1],
+            )
+        ]
+
+
+class UpdateRatio(Rule):
+    """Per-layer |dw|/|w| far from the usual ~1e-3 band, on sampled steps in a row.
+
+    Too low counts only as the learning rate's doing: when most layers are low, and the
+    rate is not in the tail of its schedule (a warmup's start, a decay's end: below
+    ``update_low_lr_fraction`` of the run's highest). Some layers are low by nature (a
+    LayerNorm's gains at a fine-tuning rate), and a layer the optimizer leaves alone is
+    ``updates_not_applied``'s business."""
+
+    kind = "update_ratio"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._samples: dict[int, int] = {}
+        self._since: dict[int, int] = {}
+        self._side: dict[int, str] = {}
+        self._top_lr = 0.0  # the highest learning rate of the run so far
+
+    def _low_counts(self, view: StepView, ratios: list[float]) -> bool:
+        """Whether a low ratio says the learning rate is too low, on this record."""
+        lr = max((x for x in view.lrs if math.isfinite(x)), default=None)
+        if lr is not None:
+            self._top_lr = max(self._top_lr, lr)
+            if lr < self.t.update_low_lr_fraction * self._top_lr:
+                return False  # a schedule's tail: low updates are its design
+        low = sum(1 for r in ratios if r < self.t.update_low)
+        return 2 * low > len(ratios)
+
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
+        if view.update_ratios is None:
+            return None  # not a sampled step: no news
+        finite = [r for r in view.update_ratios if r is not None and math.isfinite(r)]
+        low_counts = self._low_counts(view, finite)
+        found: dict[int, float] = {}
+        for i, ratio in enumerate(view.update_ratios):
+            side = ""
+            if ratio is not None and math.isfinite(ratio):
+                side = (
+                    "high"
+                    if ratio > self.t.update_high
+                    else ("low" if ratio < self.t.update_low and low_counts else "")
+                )
+            if not side or side != self._side.get(i, side):
+                self._samples.pop(i, None)
+                self._since.pop(i, None)
+                self._side.pop(i, None)
+            if not side:
+                continue
+            self._side[i] = side
+            self._samples[i] = self._samples.get(i, 0) + 1
+            since = self._since.setdefault(i, view.step)  # a sampled step shows only itself
+            if (
+                self._samples[i] >= self.t.update_samples
+                and view.step - since >= self.t.update_steps
+            ):
+                found[i] = ratio  # type: ignore[assignment]
+        if not found:
+            return []
+        order = first_failing({i: self._since[i] for i in found})
+        first = order[0]
+        names = [history.info.layer(i) for i in order]
+        # held from its first sample on: judged at the step that makes update_steps
+        return [
+            self.alert(
+                self._since[first] + self.t.update_steps,
+                names[0],
+                {
+                    "update_ratio": found[first],
+                    "side": self._side[first],
+                    "samples": self._samples[first],
+                    "band": f"{self.t.update_low:g}..{self.t.update_high:g}",
+                    **spread(ordered_range(names, history.info.layers)),
+                },
+                layers=names,
+            )
+        ]
+
+
+class UpdatesNotApplied(Rule):
+    """A layer's gradient is non-zero, yet its weights did not change across
+    optimizer.step(): the probe's version check (the optimizer never touched the
+    tensor), an update ratio of exactly 0 on a sampled step, or a learning rate of 0."""
+
+    kind = "updates_not_applied"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._streaks = Streaks()
+        self._why: dict[int, str] = {}
+        self._versions_trusted = True  # until a sampled step contradicts them
+
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
+        if not view.optimizer_stepped or history.info.every > 1:
+            return None
+        versions = history.info.update_check and self._versions_trusted
+        ratios = view.update_ratios
+        untouched = set(view.not_stepped)
+        if ratios is not None and any(
+            i in untouched and r is not None and r > 0 for i, r in enumerate(ratios)
+        ):
+            self._versions_trusted = versions = False  # weights changed, versions did not
+        lr_zero = bool(view.lrs) and all(lr == 0 for lr in view.lrs)
+        if versions and not lr_zero and not untouched and ratios is None:
+            return self._all_touched(view)
+        reached: dict[int, int] = {}
+        news = False
+        for i, grad in enumerate(view.peak_grads):
+            if grad is None or not math.isfinite(grad) or grad <= 0:
+                continue  # no gradient to apply: no news for this layer
+            ratio = None if ratios is None or i >= len(ratios) else ratios[i]
+            why = (
+                "lr=0"
+                if lr_zero
+                else "not_stepped"
+                if versions and i in untouched
+                else "update_ratio=0"
+                if ratio == 0
+                else ""
+            )
+            # the optimizer touched it, at some step of the span, with a learning rate
+            touched = versions and not lr_zero and i not in untouched
+            changed = (ratio is not None and ratio > 0) or (touched and ratio != 0)
+            if not why and not changed:
+                continue
+            news = True
+            if touched and view.steps > 1:
+                self._streaks.drop(i)  # the steps before the one it shows were updated
+            # a sampled ratio or the learning rate shows the record's own step; the
+            # version check holds over the whole span
+            since = self._streaks.update(
+                i, bool(why), view, None if why == "not_stepped" else view.step
+            )
+            if since is None:
+                continue
+            self._why[i] = why
+            if reached_at(since, self.t.not_applied_steps, view) is not None:
+                reached[i] = since
+        if not reached:
+            return [] if news else None
+        order = first_failing(reached)
+        first = order[0]
+        names = [history.info.layer(i) for i in order]
+        step = reached_at(reached[first], self.t.not_applied_steps, view)
+        assert step is not None
+        return [
+            self.alert(
+                step,
+                names[0],
+                {
+                    "grad_norm": view.peak_grads[first],
+                    "evidence": self._why[first],
+                    "steps": view.step - reached[first] + 1,
+                    **spread(ordered_range(names, history.info.layers)),
+                },
+                layers=names,
+            )
+        ]
+
+    def _all_touched(self, view: StepView) -> Findings:
+        """The common step, every layer updated (version counters) and no sampled
+        ratio to say otherwise: each layer with a gradient ends its streak."""
+        streaks = self._streaks.since
+        news = False
+        for i, grad in enumerate(view.peak_grads):
+            if grad is not None and grad > 0 and math.isfinite(grad):
+                news = True
+                if streaks:
+                    streaks.pop(i, None)
+        return [] if news else None
+
+
+class _UpdateStreak(Rule):
+    """Steps in a row whose optimizer.step() never ran and whose gradients are
+    non-finite (``non_finite``) or finite; found once the streak is ``threshold`` long."""
+
+    non_finite: bool
+    evidence_name: str
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._since: int | None = None  # the first step of the current streak
+
+    def threshold(self) -> int:
+        raise NotImplementedError
+
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
+        if history.info.every > 1:
+            return []  # the unmeasured steps may be the ones that update
+        if view.optimizer_stepped or view.non_finite_grads != self.non_finite:
+            self._since = None
+            return []
+        if self._since is None:
+            self._since = view.first
+        step = reached_at(self._since, self.threshold(), view)
+        if step is None:
+            return []
+        return [
+            self.alert(
+                step,
+                "",
+                {
+                    self.evidence_name: view.step - self._since + 1,
+                    "since_step": self._since,
+                    "loss": view.loss,
+                },
+            )
+        ]
+
+
+class SkippedUpdates(_UpdateStreak):
+    """optimizer.step() skipped, step after step, because the gradients are non-finite."""
+
+    kind = "skipped_updates"
+    non_finite = True
+    evidence_name = "skipped_steps"
+
+    def threshold(self) -> int:
+        return self.t.skipped_steps
+
+
+class NoUpdates(_UpdateStreak):
+    """The optimizer never steps though the gradients are fine: the weights stand still."""
+
+    kind = "no_updates"
+    non_finite = False
+    evidence_name = "steps_without_update"
+
+    def threshold(self) -> int:
+        return self.t.no_update_steps
+
+
+class LossSpike(Rule):
+    """The loss jumps far above its rolling baseline (the largest loss of a record's
+    span counts; the baseline is the median over the last ``spike_window`` steps)."""
+
+    kind = "loss_spike"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._window: deque[tuple[int, float]] = deque()  # (step, loss)
+        self._values: deque[float] = deque()  # the window's values, in step
+        self._start: float | None = None  # the first finite loss: the run's scale
+        self._first_step: int | None = None
+
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
+        loss = view.loss_max
+        if loss is None:
+            return []
+        window = self._window
+        while window and window[0][0] <= view.step - self.t.spike_window:
+            window.popleft()
+            self._values.popleft()
+        if self._start is None:
+            self._start = loss
+            self._first_step = view.first
+        findings = []
+        assert self._first_step is not None
+        if (
+            window
+            and view.first - self._first_step >= self.t.spike_min_steps
+            and (loss > self.t.spike_factor * min(self._values))
+        ):
+            # (below factor x the window's least, it is below factor x its median too)
+            values = [value for _, value in window]
+            median = statistics.median(values)
+            deviation = statistics.median(abs(x - median) for x in values) or (abs(median) * 0.01)
+            if (
+                median > 0
+                and loss > median * self.t.spike_factor
+                and loss - median > self.t.spike_deviations * deviation
+                and loss - median > self.t.spike_min_jump * abs(self._start)
+            ):
+                findings.append(
+                    self.alert(
+                        view.step,
+                        "loss",
+                        {"loss": loss, "baseline": median, "times": loss / median},
+                    )
+                )
+        shown = view.loss if view.loss is not None and math.isfinite(view.loss) else loss
+        window.append((view.step, shown))
+        self._values.append(shown)  # the window's values alone, for a min taken in C
+        return findings

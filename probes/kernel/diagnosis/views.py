@@ -1,0 +1,90 @@
+"""The records as the rules see them (``probes.kernel.schema.views`` parses them) and the recent
+past the rules look at.
+
+Time is counted in steps: a record that stands for several steps (``span``) carries
+their peaks, and the smoothed loss weighs each record by the steps it stands for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from probes.kernel.schema.views import EvalView, Record, RunInfo, StepView, as_number
+
+__all__ = [
+    "EvalView",
+    "RecentPast",
+    "Record",
+    "RunInfo",
+    "StepView",
+    "as_number",
+    "mean",
+    "weighted_mean",
+]
+
+
+def mean(values: Sequence[float]) -> float:
+    """The mean of finite floats, without the overflow of their sum near float max."""
+    count = len(values)
+    return math.fsum(v / count for v in values)
+
+
+@dataclass
+class RecentPast:
+    """The bounded recent past the rules look at."""
+
+    info: RunInfo
+    evals: deque[EvalView] = field(default_factory=lambda: deque(maxlen=256))
+    first_steps: list[StepView] = field(default_factory=list)  # the run's start, kept
+    # (step, loss estimate, steps) of the latest records: the smoothed loss reads them
+    # (three numbers a record, not the record: a monitor holds the histories of many runs)
+    _losses: deque[tuple[int, float | None, int]] = field(default_factory=lambda: deque(maxlen=256))
+
+    MIN_RECORDS: ClassVar[int] = 3  # a smoothed loss averages at least this many records
+
+    def add_step(self, view: StepView, keep_first: int) -> None:
+        self._losses.append((view.step, view.loss_estimate, view.steps))
+        if len(self.first_steps) < keep_first:
+            self.first_steps.append(view)
+
+    def recent_losses(
+        self, up_to_step: int, steps: int, after_step: int = -1
+    ) -> list[tuple[float, int]]:
+        """``(loss, steps it stands for)`` of the records in the last ``steps`` steps at
+        or before ``up_to_step`` (and after ``after_step``), finite ones only; the last
+        ``MIN_RECORDS`` when those are fewer and cover fewer steps (sparse records
+        without spans). A record standing for several steps gives the middle of its
+        span's range: steadier than the one batch it shows.
+
+        Read from the newest back, and only as far as needed: the rules ask on every
+        record, and a history scanned whole would cost most of the monitor's time."""
+        window_start = up_to_step - steps
+        gathered: list[tuple[int, float, int]] = []  # newest first
+        for step, loss, count in reversed(self._losses):
+            if step > up_to_step or loss is None:
+                continue
+            if step <= after_step or (step <= window_start and len(gathered) >= self.MIN_RECORDS):
+                break
+            gathered.append((step, loss, count))
+        recent = [(loss, count) for step, loss, count in gathered if step > window_start]
+        if len(recent) < self.MIN_RECORDS and sum(c for _, c in recent) < steps:
+            recent = [(loss, count) for _, loss, count in gathered[: self.MIN_RECORDS]]
+        recent.reverse()
+        return recent
+
+    def smoothed_loss(self, up_to_step: int, steps: int, after_step: int = -1) -> float | None:
+        """The smoothed training loss at a step: ``recent_losses`` weighted by the steps
+        each stands for (None when there is none)."""
+        return weighted_mean(self.recent_losses(up_to_step, steps, after_step))
+
+
+def weighted_mean(values: Sequence[tuple[float, int]]) -> float | None:
+    """The mean of ``(value, weight)`` pairs, None for none."""
+    total = sum(weight for _, weight in values)
+    if not total:
+        return None
+    return math.fsum(value * (weight / total) for value, weight in values)

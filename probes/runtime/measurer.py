@@ -1,0 +1,312 @@
+"""What one training step measures, on the training thread, without reading a value.
+
+(The step boundary itself, ``begin_step`` / ``end_step`` and the optimizer's hooks, is in
+``probes.runtime.step``; this module measures what happens between them.)
+
+``StepMeasurer`` is driven by the probe at the step's boundaries and the optimizer's
+hooks. Every quantity is a 0-d tensor launched on the device; ``finish`` gathers them
+into a ``Measurement`` whose copy to the host the sender reads later.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from probes.runtime.guard import GuardTrip, find_non_finite
+from probes.runtime.layers import LayerMap
+from probes.runtime.sampled import ActivationStats, UpdateNorms
+from probes.runtime.stats import CLIP_TOTAL, Measurement, NormReducer, compose_order, to_host
+
+
+class _GradNote(NamedTuple):
+    """Which gradient tensor a parameter held right after the last optimizer step."""
+
+    param_index: int
+    grad: weakref.ref[torch.Tensor]
+    version: int
+
+
+class StepMeasurer:
+    """Launch a step's measurements; hand them over as a ``Measurement``.
+
+    Args:
+        model: the watched model.
+        layers: its layers and trainable parameters.
+        optimizer: its optimizer, if any (learning rates, update norms).
+        grad_accumulation: the user accumulates on purpose: skip the zero_grad check.
+        sample_every: the probe's sampling period (the zero_grad check follows it).
+        on_error: called with an exception raised inside a hook of ours.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: LayerMap,
+        optimizer: torch.optim.Optimizer | None,
+        *,
+        grad_accumulation: bool,
+        on_error: Callable[[Exception], None],
+        sample_every: int = 20,
+    ) -> None:
+        self.layers = layers
+        self.on_error = on_error  # a hook of ours must never raise into training
+        self.sample_every = sample_every
+        self.optimizer = optimizer
+        self.norms = NormReducer()
+        self.activations = ActivationStats(model, layers.names, on_error=on_error)
+        self.updates = UpdateNorms(layers.params, self.norms) if optimizer else None
+        self.check_clearing = not grad_accumulation and bool(layers.params)
+        # Tensor learning rates (capturable schedulers) travel with the batched copy.
+        self._tensor_lrs = optimizer is not None and any(
+            isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups
+        )
+        self._note: _GradNote | None = None  # the gradient seen at the last update
+        self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
+        self._post_hook: RemovableHandle | None = None
+        # Update ratios are taken across the first optimizer.step() from a sampled step
+        # on: under gradient accumulation the sampled step may have none of its own.
+        self._update_pending = False
+        self._measure_update = False
+        self.current: Measurement | None = None
+        self.index = -1  # the step under way, measured or not (the probe sets it)
+
+    # --- boundaries ------------------------------------------------------------------
+
+    def begin(self, index: int, wall_time: float, sampled: bool) -> Measurement:
+        """A measured step starts: fresh state; activation hooks on sampled steps."""
+        self.current = Measurement(self.layers, index, wall_time, sampled)
+        if self.optimizer is not None:
+            self.current.optimizer_step = False  # until its pre-hook runs
+        if sampled and self.activations.modules:
+            self.activations.attach()
+        self._measure_update = (sampled or self._update_pending) and self.updates is not None
+        if self._measure_update and self.optimizer is not None:
+            # Only these steps need to see the weights after the update.
+            self._post_hook = self.optimizer.register_step_post_hook(self._after_optimizer_step)
+        return self.current
+
+    def abandon(self) -> None:
+        """The step failed: drop its state and every hook it added."""
+        self.activations.detach()
+        self._remove_post_hook()
+        if self.updates is not None:
+            self.updates.discard()
+        self.current = None
+
+    def _remove_post_hook(self) -> None:
+        if self._post_hook is not None:
+            self._post_hook.remove()
+            self._post_hook = None
+
+    def before_optimizer_step(self, *, guard: bool = False) -> GuardTrip | None:
+        """Gradients are final: check they were cleared since the last step and note
+        them for the next; launch their norms; on sampled steps copy the weights.
+
+        With ``guard``, returns what it found when a gradient is non-finite (one host
+        sync per step); the caller then keeps the optimizer from using them."""
+        step = self.current
+        if step is not None:
+            step.optimizer_step = True
+            step.lrs = self._learning_rates()  # the rates this update uses
+        if self.check_clearing:
+            self._check_clearing(step)
+        trip = self._guard(step) if guard else None
+        if step is None:
+            return trip
+        if not step.grads_read:
+            self.read_grads(step)
+        if self._measure_update and self.updates is not None and trip is None:
+            self.updates.before_step()
+        return trip
+
+    def _guard(self, step: Measurement | None) -> GuardTrip | None:
+        """The guard's check, on a step measured or not (its grads read first)."""
+        if step is None:
+            step = Measurement(self.layers, self.index, 0.0, False)  # a step not measured
+        if not step.grads_read:
+            self.read_grads(step)
+        return find_non_finite(step, self.layers)
+
+    def _after_optimizer_step(self, optimizer: object, args: object, kwargs: object) -> None:
+        """The weights moved (a sampled step): take the norms of the update."""
+        step = self.current
+        if step is not None and self.updates is not None:
+            started = time.perf_counter()
+            try:
+                taken = self.updates.after_step()
+                if taken is not None:
+                    step.update_norms, step.update_order = taken
+                    self._update_pending = False
+            except Exception as exc:
+                self.on_error(exc)
+            step.probe_time += time.perf_counter() - started  # the probe's own time too
+
+    def clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
+        """A clip is about to scale the gradients: read them first, unclipped."""
+        step = self.current
+        if step is not None:
+            if not step.grads_read:
+                self.read_grads(step)
+            step.clipped = max_norm
+            step.clip_norm_type = norm_type
+        self._in_place_ops += 1  # clipping scales every grad in place
+
+    def clipped(self, total_norm: torch.Tensor) -> None:
+        """The clip is done; ``total_norm`` is torch's norm before it (not read now)."""
+        step = self.current
+        if step is not None and isinstance(total_norm, torch.Tensor):
+            step.tensor_scalars[CLIP_TOTAL] = total_norm.detach()
+
+    def finish(self) -> Measurement | None:
+        """The step ended: lay out what it launched and start the copy to the host."""
+        step, self.current = self.current, None
+        self._remove_post_hook()
+        if step is None:
+            return None
+        if not step.grads_read:
+            self.read_grads(step)
+        values: list[torch.Tensor] = list(step.grad_norms)
+        step.grad_count = len(values)
+        step.grad_present = compose_order(step.grad_present, step.grad_order)
+        if step.update_norms:
+            step.update_count = len(step.update_norms)
+            values += step.update_norms
+        elif self._measure_update:
+            # No optimizer.step() in this step: take the next one, until the next sampled
+            # step (a loop that steps after the block never shows one inside it).
+            self._update_pending = (step.step + 1) % self.sample_every != 0
+        if step.sampled:
+            param_norms, step.param_order = self._param_norms()
+            step.param_count = len(param_norms)
+            values += param_norms
+            counts, totals = self.activations.take()
+            if counts:
+                step.activation_totals = totals
+                values += counts
+        if not step.lrs:  # no optimizer.step() in this step: the rates now
+            step.lrs = self._learning_rates()
+        step.tensor_scalar_names = self._append_tensor_scalars(step, values)
+        if values:
+            step.values, step.event = to_host(values)
+        step.grad_norms = []  # the values hold them now
+        return step
+
+    # --- pieces ------------------------------------------------------------------------
+
+    def read_grads(self, step: Measurement) -> None:
+        """Launch the batched per-parameter gradient norms (nothing is read yet)."""
+        grads: list[torch.Tensor] = []
+        present: list[int] = []
+        for index, param in enumerate(self.layers.params):
+            grad = param.grad
+            if grad is not None:
+                grads.append(grad)
+                present.append(index)
+        step.grads_read = True
+        step.none_grads = len(self.layers.params) - len(grads)
+        step.grad_present = tuple(present) if step.none_grads else None
+        if grads and grads[0].requires_grad:
+            # Grads made by backward(create_graph=True): the norms must not grow a graph.
+            with torch.no_grad():
+                step.grad_norms, step.grad_order = self.norms.norms(grads)
+        elif grads:
+            step.grad_norms, step.grad_order = self.norms.norms(grads)
+
+    def _param_norms(self) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
+        if not self.layers.params:
+            return [], None
+        with torch.no_grad():
+            return self.norms.norms([p.detach() for p in self.layers.params])
+
+    def _check_clearing(self, step: Measurement | None) -> None:
+        """At every update: was the gradient noted at the last one cleared since? (An
+        identity and a version compared: cheap enough for every step, so a missing
+        zero_grad shows from the second update, before the growth it causes.)"""
+        if step is not None:
+            step.not_cleared = self._still_holds_last_steps_grad()
+        self._note_grad()  # for the next update
+
+    def _still_holds_last_steps_grad(self) -> bool:
+        """True when the gradient noted at the last optimizer step is the very tensor
+        now held and the only in-place change since is this step's accumulation: no
+        ``zero_grad`` ran in between (set_to_none makes a new tensor, zero_ bumps the
+        version). A clip by torch's own clip_grad_norm_ also bumps it, so this can
+        miss the bug then (ours is accounted for); it never accuses a loop that clears.
+        The optimizers of torch.optim leave the gradients' versions alone."""
+        note = self._note
+        if note is None:
+            return False
+        grad = self.layers.params[note.param_index].grad
+        return (
+            grad is not None
+            and note.grad() is grad
+            and (grad._version == note.version + 1 + self._in_place_ops)
+        )
+
+    def _note_grad(self) -> None:
+        self._note = None
+        self._in_place_ops = 0
+        if not self.check_clearing:
+            return
+        params = self.layers.params
+        first = params[0].grad  # nearly always the one; else look further
+        if first is not None:
+            self._note = _GradNote(0, weakref.ref(first), first._version)
+            return
+        for index, param in enumerate(params):
+            if param.grad is not None:
+                self._note = _GradNote(index, weakref.ref(param.grad), param.grad._version)
+                return
+
+    def _append_tensor_scalars(
+        self, step: Measurement, values: list[torch.Tensor]
+    ) -> tuple[str, ...]:
+        """Append the logged tensor scalars (and tensor LRs) to ``values``; their names.
+
+        On the CPU there is no device to wait for: they are read now (cheaper than a
+        copy, and a snapshot, since a scheduler may change a tensor LR in place)."""
+        scalars = step.tensor_scalars
+        if self.optimizer is not None and self._tensor_lrs:
+            scalars = dict(scalars)
+            for i, group in enumerate(self.optimizer.param_groups):
+                if isinstance(group.get("lr"), torch.Tensor):
+                    scalars[f"lr/{i}"] = group["lr"].detach()
+        if not scalars:
+            return ()
+        like = values[0] if values else next(iter(scalars.values()))
+        if like.device.type == "cpu":
+            for name, tensor in scalars.items():
+                if name.startswith("lr/"):
+                    step.lrs[int(name[3:])] = tensor.item()
+                elif name == CLIP_TOTAL:
+                    step.clip_total = tensor.item()
+                else:
+                    step.float_scalars[name] = tensor.item()
+            return ()
+        # The norms' float dtype; counts (activation hits) are integers, scalars are not.
+        dtype = like.dtype if values and like.is_floating_point() else torch.float32
+        for tensor in scalars.values():
+            if tensor.dtype != dtype or tensor.device != like.device or tensor.dim():
+                tensor = tensor.reshape(()).to(device=like.device, dtype=dtype, non_blocking=True)
+            values.append(tensor)
+        return tuple(scalars)
+
+    def _learning_rates(self) -> list[float]:
+        if self.optimizer is None:
+            return []
+        groups = self.optimizer.param_groups
+        if not self._tensor_lrs:
+            return [float(g.get("lr", math.nan)) for g in groups]
+        # Tensor LRs travel with the batched copy (see _append_tensor_scalars).
+        return [
+            math.nan if isinstance(g.get("lr"), torch.Tensor) else float(g.get("lr", math.nan))
+            for g in groups
+        ]

@@ -1,0 +1,480 @@
+"""``probes.watch``: attach to a model (and optimizer) and report every step.
+
+``Probe`` is the handle ``watch`` returns: it wires the parts (the layer map, the
+step measurer, the control of the run, the sender) and is the public API: steps
+(``probes.runtime.step``, a part of it), scalars, evaluation, events, closing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from probes.kernel.wire import TOKEN_ENV, resolve_address
+from probes.runtime import clip, lifecycle, structure
+from probes.runtime.anomaly import AnomalyStep
+from probes.runtime.control import Control, ControlState
+from probes.runtime.evaluation import EvalScope
+from probes.runtime.hello import hello_fields
+from probes.runtime.hooks import unwrap, unwrap_optimizer
+from probes.runtime.job import job_identity, sync_of
+from probes.runtime.layers import LayerMap, map_layers
+from probes.runtime.lr_experiment import LrExperiment, check_experiment, scale_learning_rates
+from probes.runtime.measurer import StepMeasurer
+from probes.runtime.options import WatchOptions
+from probes.runtime.sender import Sender, warn
+from probes.runtime.stats import Measurement
+from probes.runtime.step import StepBoundary, StepScope
+
+Scalar = float | int | torch.Tensor
+
+
+class Probe(StepBoundary):
+    """A handle on a watched training run; see ``watch``.
+
+    Use ``with probe.step():`` around each training step (or ``begin_step`` and
+    ``end_step`` from a framework's callbacks), ``probe.log(loss=...)`` for scalars,
+    ``with probe.evaluate():`` around validation, and ``close()`` (or use the probe as a
+    context manager) at the end. Once made, the probe never raises into training: a
+    failure inside it is reported once and the probe switches itself off.
+
+    Args:
+        model: the model being trained.
+        optimizer: its optimizer, or a wrapper that holds one.
+        options: how to watch (``WatchOptions``; ``watch`` builds them from keywords).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Any | None = None,
+        options: WatchOptions | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"watch() needs an nn.Module, got {type(model).__name__}")
+        self.options = options = options or WatchOptions()
+        # The optimizer inside accelerate's or Lightning's wrapper (TypeError otherwise).
+        self.optimizer = real_optimizer = unwrap_optimizer(optimizer)
+        self.model = model
+        self.module = unwrap(model)  # inside torch.compile / DDP wrappers: plain names
+        self.layers: LayerMap = map_layers(self.module)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.name = options.run or f"{type(self.module).__name__}-{os.getpid()}"
+        self.address = resolve_address(options.address)
+        self.identity = job_identity(options.job)
+        self.data_parallel = options.data_parallel or sync_of(model, self.identity)
+        self._param_ids = {id(p) for p in self.layers.params}
+        self._init_state()
+        self._measurer = StepMeasurer(
+            self.module,
+            self.layers,
+            real_optimizer,
+            grad_accumulation=options.grad_accumulation,
+            on_error=self._fail,
+            sample_every=options.sample_every,
+        )
+        self._next_step_scope = StepScope(self, None)
+        if options.guard and real_optimizer is None:
+            warn("guard=True needs the optimizer: pass it to probes.watch")
+        if not self.layers.params:
+            warn(
+                f"{self.name}: the model has no trainable parameters; only logged scalars "
+                "will be recorded"
+            )
+        self._handles: list[RemovableHandle] = []
+        if real_optimizer is not None:
+            self._handles.append(real_optimizer.register_step_pre_hook(self._before_optimizer_step))
+        self._handles += structure.watch_updates(
+            real_optimizer, self.layers, lambda: self._measurer.current, self._fail
+        )
+        self._control, self.sender = self._connect()
+        clip.install()  # frameworks clip through torch's function: read before it
+        lifecycle.register(self)
+        for alert in structure.watch_time_alerts(self.module, real_optimizer, self.layers):
+            self.send({"kind": "alert", "step": 0, "alert": alert.to_dict()})
+
+    def _init_state(self) -> None:
+        """The state of a probe that has seen no step yet."""
+        self._index = -1
+        self._in_step = False
+        self._step_started = 0.0
+        self._probe_time = 0.0  # the probe's own seconds on the training thread, this step
+        self._last: Measurement | None = None
+        # Records that must reach the monitor after ``_last`` (an eval of its step).
+        self._after_last: list[dict[str, Any]] = []
+        self._lr_experiment: LrExperiment | None = None  # watched until the LR moves
+        self._eval: EvalScope | None = None
+        self._anomaly: AnomalyStep | None = None
+        self._disabled = False
+        self._closed = False
+        self._skipped = False
+        self._bad_scalars: set[str] = set()  # names warned about once
+        self._unbracketed_updates = 0  # optimizer steps before any probe step
+
+    def _connect(self) -> tuple[Control, Sender]:
+        """The run's control (commands at step boundaries) and its sender thread."""
+        options, optimizer = self.options, self.optimizer
+        connected = threading.Event()
+        control = Control(
+            connected=connected,
+            send=self.send,
+            scale_lr=self._scale_lr if optimizer is not None else None,
+            grace_s=_grace_seconds(options.pause_grace_s),
+            token=os.environ.get(TOKEN_ENV) if not self.address.is_loopback else None,
+            run_id=self.run_id,
+            guard=options.guard and optimizer is not None,
+        )
+        hello = hello_fields(
+            run_id=self.run_id,
+            name=self.name,
+            model=self.model,
+            module=self.module,
+            optimizer=optimizer,
+            layers=self.layers,
+            activations=self._measurer.activations.names,
+            identity=self.identity,
+            sync=self.data_parallel,
+            options=options,
+        )
+        sender = Sender(
+            self.address,
+            hello,
+            queue_size=options.queue_size,
+            history_capacity=options.history,
+            max_steps_per_s=_steps_per_s(options.max_steps_per_s, self.identity.rank),
+            on_command=control.receive,
+            connected=connected,
+            hello_state=control.state.as_dict,
+            # Every rank of a job shows the same steps now and then, whatever its speed.
+            anchor_every=(
+                options.sample_every * ANCHOR_SAMPLES if self.identity.distributed else 0
+            ),
+        )
+        return control, sender
+
+    # --- public API -----------------------------------------------------------------
+
+    @property
+    def step_index(self) -> int:
+        """Index of the current (or last) step; -1 before the first."""
+        return self._index
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_step(self) -> bool:
+        """True between ``begin_step`` and ``end_step``."""
+        return self._in_step
+
+    @property
+    def evaluating(self) -> bool:
+        """True between ``begin_evaluation`` and ``end_evaluation``."""
+        return self._eval is not None
+
+    def step(self, index: int | None = None) -> StepScope:
+        """Context manager around one training step (forward, backward, update).
+
+        Args:
+            index: the step's index, when resuming from a checkpoint; by default the
+                previous index plus one, starting at 0.
+        """
+        if index is None:
+            return self._next_step_scope  # reused: one object less per step
+        return StepScope(self, index)
+
+    def log(self, **scalars: Scalar) -> None:
+        """Record scalars for the current step, or for the eval inside ``evaluate()``.
+
+        Values may be floats, ints or one-element tensors; tensors are not read here
+        (no ``.item()``, no device sync): they travel with the step's batched copy.
+        Called after a step's ``with`` block, they attach to that step.
+        """
+        if self._disabled or self._closed:
+            return
+        started = time.perf_counter()
+        try:
+            if self._eval is not None:
+                self._log_into(self._eval.tensors, self._eval.floats, scalars)
+            elif self._in_step and self._measurer.current is not None:
+                step = self._measurer.current
+                self._log_into(step.tensor_scalars, step.float_scalars, scalars)
+            elif self._last is not None:
+                self._log_into(self._last.late_scalars, self._last.float_scalars, scalars)
+            elif self._index >= 0:
+                self._log_into({}, {}, scalars)  # a step not measured (every > 1): check, drop
+            else:
+                warn(
+                    "probe.log() before the first step is ignored; log inside `with probe.step():`"
+                )
+        except Exception as exc:
+            self._fail(exc)
+        if self._in_step:
+            self._probe_time += time.perf_counter() - started
+
+    @contextmanager
+    def evaluate(self) -> Iterator[Probe]:
+        """Context manager around validation; ``log`` inside it makes an ``eval`` record.
+
+        The record is tied to the current step. The probe also notes whether the
+        model's forward passes ran in training mode or with gradient recording on (the
+        two controls are orthogonal: ``model.eval()`` and ``torch.inference_mode()``).
+        """
+        opened = self.begin_evaluation()
+        try:
+            yield self
+        finally:
+            if opened:
+                self.end_evaluation()
+
+    def begin_evaluation(self) -> bool:
+        """An evaluation begins (``evaluate()`` on entry; a framework's validation start).
+
+        Returns:
+            False if one is already open (or the probe is off): nothing was begun.
+        """
+        if self._disabled or self._closed or self._eval is not None:
+            return False
+        try:
+            layers = set(self.layers.names)
+            modules = [
+                self.module,
+                *(m for n, m in self.module.named_modules() if n and n in layers),
+            ]
+            self._eval = EvalScope(modules, max(self._index, 0))
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        return True
+
+    def end_evaluation(self, **scalars: Scalar) -> None:
+        """The evaluation ends: log ``scalars`` (its metrics) and send its record."""
+        scope, self._eval = self._eval, None
+        if scope is None:
+            return
+        try:
+            self._log_into(scope.tensors, scope.floats, scalars)
+            self._put_after_step(dict(scope.record()))
+        except Exception as exc:
+            scope.remove_hooks()
+            self._fail(exc)
+
+    @property
+    def update_skipped(self) -> bool:
+        """True when the last step's update was skipped (guard or anomaly step)."""
+        return self._skipped
+
+    @property
+    def control(self) -> ControlState:
+        """Paused, anomaly steps armed, guard: as the monitor sees them."""
+        return self._control.state
+
+    def arm_anomaly(self, steps: int = 1) -> None:
+        """Run the next ``steps`` steps under anomaly detection (as the ``a`` key does)."""
+        self._control.receive({"command": "anomaly", "args": {"count": steps, "step_now": False}})
+
+    def event(self, name: str, **fields: Any) -> None:
+        """Send a named event (an LR change, a restart, ...) tied to the current step."""
+        if self._closed:
+            return
+        self.send(
+            {
+                "kind": "event",
+                "name": name,
+                "step": max(self._index, 0),
+                "time": time.time(),
+                **fields,
+            }
+        )
+
+    def send(self, record: dict[str, Any]) -> None:
+        """Queue a record (an alert, a check report, an event) to the monitor; never
+        blocks. For helpers that report through the probe (``probes.checks.reports``)."""
+        self.sender.put(record)
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Remove every hook, flush what is measured, say bye and stop the sender.
+
+        Args:
+            error: the exception that ended the run, if one did (the monitor shows it
+                instead of "finished").
+
+        Closing twice is a no-op.
+        """
+        self._close(lifecycle.end_reason(error))
+
+    def _close(self, reason: str) -> None:
+        """``close``, telling the monitor why the run ended ("closed", or the error)."""
+        if self._closed:
+            return
+        self._closed = True
+        lifecycle.unregister(self)
+        clip.uninstall()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._eval is not None:
+            self._eval.remove_hooks()
+            self._eval = None
+        self._measurer.abandon()  # activation hooks of a step left open
+        self._end_anomaly()  # anomaly mode of a step left open
+        try:
+            self._flush_last()
+        finally:
+            self.sender.close(reason=reason)
+
+    def __enter__(self) -> Probe:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._close(lifecycle.end_reason(exc))
+
+    def owns(self, param: torch.Tensor) -> bool:
+        """True if ``param`` is one of the watched model's trainable parameters."""
+        return id(param) in self._param_ids
+
+    # --- step boundary --------------------------------------------------------------
+
+    def _scale_lr(self, factor: float) -> list[float]:
+        """Multiply every param group's learning rate (the monitor's LR experiment)."""
+        assert self.optimizer is not None
+        new, self._lr_experiment = scale_learning_rates(self.optimizer, factor, self._index + 1)
+        return new
+
+    def _check_lr_experiment(self, step: int) -> None:
+        """Did the loop (a scheduler) set the learning rate back since the experiment?"""
+        assert self._lr_experiment is not None and self.optimizer is not None
+        self._lr_experiment, alert = check_experiment(self._lr_experiment, self.optimizer, step)
+        if alert is not None:
+            self.send({"kind": "alert", "step": step, "alert": alert.to_dict()})
+
+    def _log_into(
+        self,
+        tensors: dict[str, torch.Tensor],
+        floats: dict[str, float],
+        scalars: dict[str, Scalar],
+    ) -> None:
+        """File each scalar; a value that is not one number is dropped with one warning
+        per name (a mistake in what is logged must not stop the measuring)."""
+        for name, value in scalars.items():
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                tensors[name] = value.detach()
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                floats[name] = float(value)
+            elif name not in self._bad_scalars:
+                self._bad_scalars.add(name)
+                shape = (
+                    f"a tensor of shape {tuple(value.shape)}"
+                    if isinstance(value, torch.Tensor)
+                    else type(value).__name__
+                )
+                warn(
+                    f"log({name}=...) takes a float or a one-element tensor, got {shape}; "
+                    "that value is not recorded"
+                )
+
+    def _fail(self, exc: BaseException) -> None:
+        """Switch the probe off after an internal error; training goes on."""
+        if self._disabled:
+            return
+        self._disabled = True
+        with contextlib.suppress(Exception):
+            self._measurer.abandon()  # no activation hooks or weight copy left behind
+        with contextlib.suppress(Exception):
+            self._end_anomaly()
+        if self._eval is not None:
+            with contextlib.suppress(Exception):
+                self._eval.remove_hooks()
+            self._eval = None
+        warn(f"probe switched off after an error: {type(exc).__name__}: {exc}")
+        self.send(
+            {
+                "kind": "event",
+                "name": "probe_error",
+                "step": max(self._index, 0),
+                "time": time.time(),
+                "message": f"{type(exc).__name__}: {exc}",
+            }
+        )
+
+
+PAUSE_GRACE_ENV = "TRAINTOP_PAUSE_GRACE"
+DEFAULT_PAUSE_GRACE_S = 10.0
+
+
+def _grace_seconds(explicit: float | None) -> float:
+    if explicit is not None:
+        return explicit
+    try:
+        return float(os.environ.get(PAUSE_GRACE_ENV, DEFAULT_PAUSE_GRACE_S))
+    except ValueError:
+        return DEFAULT_PAUSE_GRACE_S
+
+
+#: Step records a second a rank sends at most, rank 0 and the others: the others' matter
+#: for cross-rank checks (their sampled steps are kept) more than for their curves, and
+#: one monitor takes the records of many ranks.
+RANK0_STEPS_PER_S = 60.0
+ANCHOR_SAMPLES = 5  # a job's ranks each show one sampled step in this many, unmerged
+OTHER_RANKS_STEPS_PER_S = 10.0
+
+
+def _steps_per_s(explicit: float | None, rank: int) -> float:
+    if explicit is not None:
+        return explicit
+    return RANK0_STEPS_PER_S if rank == 0 else OTHER_RANKS_STEPS_PER_S
+
+
+def watch(
+    model: nn.Module, optimizer: torch.optim.Optimizer | Any | None = None, **options: Any
+) -> Probe:
+    """Watch a training run: per-step loss, per-layer gradient norms and more.
+
+    Args:
+        model: the model being trained.
+        optimizer: its optimizer, or a wrapper that holds one (accelerate's, Lightning's);
+            gradients are read in ``optimizer.step()`` (after a closure's backward),
+            or before a ``torch.nn.utils.clip_grad_norm_``, whichever comes first.
+        **options: any of ``WatchOptions`` (its docstring says what each does): ``run``,
+            ``address``, ``every``, ``sample_every``, ``grad_accumulation``, ``guard``,
+            ``on_anomaly``, ``pause_grace_s``, ``queue_size``, ``history``,
+            ``max_steps_per_s``, ``job``, ``data_parallel``.
+
+    Returns:
+        A ``Probe``; also a context manager that closes it.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, ``optimizer`` is neither an
+            optimizer nor a wrapper of one, or an option is unknown (the message lists
+            the known ones).
+        ValueError: an option's value is out of range.
+
+    Example::
+
+        with probes.watch(model, optimizer, run="resnet-baseline") as probe:
+            for x, y in loader:
+                with probe.step():
+                    loss = F.cross_entropy(model(x), y)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    probe.log(loss=loss)
+    """
+    return Probe(model, optimizer, WatchOptions.of(options))

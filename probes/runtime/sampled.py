@@ -1,0 +1,268 @@
+"""Costlier statistics, taken on sampled steps only (every ``sample_every`` steps).
+
+``ActivationStats`` attaches forward hooks to the activation modules for one step and
+counts dead (exactly zero, ReLU family) or saturated (tanh, sigmoid) outputs on the
+device, and the exact zeros of the inputs of linear and convolutional layers (a ReLU
+written as a function). ``UpdateNorms`` copies the weights before ``optimizer.step()`` and takes the
+norm of the change after it. Neither reads a value: the results join the step's
+batched copy to the host, and every hook handle is removed when the step ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from probes.kernel.schema import INPUT_SUFFIX
+from probes.runtime.hooks import compiling_possible, eager
+from probes.runtime.stats import NormReducer
+
+# Module type -> (family, test of an output element being dead or saturated).
+RELU_TYPES: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6)
+TANH_TYPES: tuple[type[nn.Module], ...] = (nn.Tanh, nn.Hardtanh)
+SIGMOID_TYPES: tuple[type[nn.Module], ...] = (nn.Sigmoid, nn.Hardsigmoid)
+ACTIVATION_ROWS = 16  # batch rows an activation's dead/saturated fraction is counted on
+TANH_SATURATED = 0.99  # |tanh(x)| above this: the gradient 1 - y^2 is below 0.02
+SIGMOID_SATURATED = 0.01  # sigmoid below this or above 1 - this
+# Layers whose input is counted for exact zeros (a ReLU written as F.relu before them).
+INPUT_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.modules.conv._ConvNd)
+MODE_SENSITIVE_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.dropout._DropoutNd,
+    nn.modules.batchnorm._BatchNorm,
+)
+
+
+def activation_family(module: nn.Module) -> str | None:
+    """``"relu"``, ``"tanh"``, ``"sigmoid"`` or None for other modules."""
+    if isinstance(module, RELU_TYPES):
+        return "relu"
+    if isinstance(module, TANH_TYPES):
+        return "tanh"
+    if isinstance(module, SIGMOID_TYPES):
+        return "sigmoid"
+    return None
+
+
+def count_mode_sensitive(model: nn.Module) -> int:
+    """Modules that behave differently in train and eval mode (dropout, batch norm)."""
+    return sum(isinstance(m, MODE_SENSITIVE_TYPES) for m in model.modules())
+
+
+def _inputs_known(model: nn.Module, layers: set[str]) -> set[str]:
+    """Layers whose input needs no count of its own: in an ``nn.Sequential``, the
+    model's first (its input is the data), one right after an activation module
+    (counted already) and one right after another layer (no ReLU in between)."""
+    known = set()
+    for parent_name, parent in model.named_modules():
+        if not isinstance(parent, nn.Sequential):
+            continue
+        children = list(parent.named_children())
+        names = [f"{parent_name}.{child}" if parent_name else child for child, _ in children]
+        for i, name in enumerate(names):
+            if (i == 0 and parent is model) or (
+                i > 0
+                and (activation_family(children[i - 1][1]) is not None or names[i - 1] in layers)
+            ):
+                known.add(name)
+    return known
+
+
+@dataclass
+class _Tally:
+    hits: torch.Tensor | None = None
+    total: int = 0
+
+
+class ActivationStats:
+    """Fraction of dead or saturated outputs per activation module, on sampled steps,
+    counted on the first ``ACTIVATION_ROWS`` rows of the batch (enough to estimate a
+    fraction; counting whole outputs of a wide model cost most of a sampled step).
+
+    Activations written as functions (``F.relu`` inside a forward) have no module to
+    hook: for them the input of each linear or convolutional layer is counted too (its
+    exact zeros, family ``"input"``, named ``layer(input)``), unless that input is the
+    model's own (the data).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer_names: tuple[str, ...] = (),
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        self.on_error = on_error  # a failing count must not raise into the forward
+        # (name, family, module, index of the layer feeding it: the last layer before
+        # it in module order, so the monitor can colour that layer's row)
+        self.modules: list[tuple[str, str, nn.Module, int | None]] = []
+        layer_index = {name: i for i, name in enumerate(layer_names)}
+        fed_by_sequential = _inputs_known(model, set(layer_index))
+        feeding: int | None = None
+        for name, module in model.named_modules():
+            key = name or "(root)"
+            if (
+                key in layer_index
+                and isinstance(module, INPUT_TYPES)
+                and key not in fed_by_sequential
+            ):
+                self.modules.append((f"{key}{INPUT_SUFFIX}", "input", module, feeding))
+            feeding = layer_index.get(key, feeding)
+            family = activation_family(module)
+            if family is not None:
+                self.modules.append((key, family, module, feeding))
+        self._model = model
+        self._model_inputs: set[int] = set()  # ids of this step's inputs to the model
+        self._handles: list[RemovableHandle] = []
+        self._tallies: list[_Tally] = []
+        self._plain_hooks = [
+            self._hook(i, family) for i, (_, family, _, _) in enumerate(self.modules)
+        ]
+        self._plain_inputs_hook = self._note_model_inputs
+        self._eager_hooks: list[Callable[..., None]] | None = None
+        self._eager_inputs_hook: Callable[..., None] | None = None
+
+    @property
+    def names(self) -> list[list[object]]:
+        """``[name, family, feeding layer index]`` per activation module (for the hello)."""
+        return [[name, family, layer] for name, family, _, layer in self.modules]
+
+    def attach(self) -> None:
+        """Start counting (one step)."""
+        self.detach()
+        self._tallies = [_Tally() for _ in self.modules]
+        self._model_inputs.clear()
+        hooks, inputs_hook = self._hooks_now()
+        if any(family == "input" for _, family, _, _ in self.modules):
+            self._handles.append(self._model.register_forward_pre_hook(inputs_hook))
+        for (_, family, module, _), hook in zip(self.modules, hooks, strict=True):
+            register = (
+                module.register_forward_pre_hook
+                if family == "input"
+                else module.register_forward_hook
+            )
+            self._handles.append(register(hook))
+
+    def _hooks_now(self) -> tuple[list[Callable[..., None]], Callable[..., None]]:
+        """The hooks, made once: plain, or eager once anything can be compiled."""
+        if self._eager_hooks is None and compiling_possible():
+            self._eager_hooks = [eager(hook) for hook in self._plain_hooks]
+            self._eager_inputs_hook = eager(self._plain_inputs_hook)
+        if self._eager_hooks is not None and self._eager_inputs_hook is not None:
+            return self._eager_hooks, self._eager_inputs_hook
+        return self._plain_hooks, self._plain_inputs_hook
+
+    def _note_model_inputs(self, module: nn.Module, args: object) -> None:
+        """The model's own inputs are data, not activations: their zeros say nothing."""
+        if isinstance(args, tuple):
+            self._model_inputs.update(id(a) for a in args if isinstance(a, torch.Tensor))
+
+    def detach(self) -> None:
+        """Remove every hook (idempotent)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def take(self) -> tuple[list[torch.Tensor], list[int]]:
+        """Detach; return the hit counts (0-d tensors) and element totals of the modules
+        that ran. Modules that did not run this step are left out (total 0)."""
+        self.detach()
+        tallies, self._tallies = self._tallies, []
+        counts = [t.hits for t in tallies if t.hits is not None]
+        totals = [t.total for t in tallies]
+        return counts, totals
+
+    def _hook(self, index: int, family: str) -> Callable[..., None]:
+        def count(module: nn.Module, args: object, output: object) -> None:
+            try:
+                tally(module, output)
+            except Exception as exc:  # never into the user's forward
+                if self.on_error is not None:
+                    self.on_error(exc)
+
+        def count_input(module: nn.Module, args: object) -> None:
+            try:
+                first = args[0] if isinstance(args, tuple) and args else None
+                if (
+                    isinstance(first, torch.Tensor)
+                    and first.is_floating_point()
+                    and id(first) not in self._model_inputs
+                ):
+                    tally(module, first)
+            except Exception as exc:
+                if self.on_error is not None:
+                    self.on_error(exc)
+
+        def tally(module: nn.Module, output: object) -> None:
+            if not isinstance(output, torch.Tensor) or index >= len(self._tallies):
+                return
+            if output.dim() > 1 and output.shape[0] > ACTIVATION_ROWS:
+                output = output[:ACTIVATION_ROWS]  # a fraction: a few samples estimate it
+            with torch.no_grad():  # count_nonzero: half the cost of a comparison + sum
+                if family in ("relu", "input"):
+                    hits = output.numel() - torch.count_nonzero(output)
+                elif family == "tanh":
+                    hits = torch.count_nonzero(output.abs() > TANH_SATURATED)
+                else:
+                    saturated = (output < SIGMOID_SATURATED) | (output > 1 - SIGMOID_SATURATED)
+                    hits = torch.count_nonzero(saturated)
+            tally = self._tallies[index]
+            tally.hits = hits if tally.hits is None else tally.hits + hits
+            tally.total += output.numel()
+
+        return count_input if family == "input" else count
+
+
+UPDATE_SAMPLE = 4096  # elements per parameter the update/weight ratio is estimated on
+
+
+class UpdateNorms:
+    """|w_after - w_before| and |w_after| across one ``optimizer.step()``, on a sample
+    of about ``UPDATE_SAMPLE`` elements of each parameter (evenly spaced rows).
+
+    Copying every weight would cost more than the rest of the probe together (25 MB
+    for a 6M-parameter model, each sampled step); a sample of each tensor estimates the
+    ratio |dw|/|w| well (exactly for tensors of up to that many elements).
+    """
+
+    def __init__(
+        self, params: tuple[nn.Parameter, ...], norms: NormReducer, sample: int = UPDATE_SAMPLE
+    ) -> None:
+        self.params = list(params)
+        self._norms = norms
+        self._sample = sample
+        self._views: list[torch.Tensor] = []
+        self._before: list[torch.Tensor] | None = None
+
+    def before_step(self) -> None:
+        """Copy the sampled weights (one batched op)."""
+        with torch.no_grad():
+            self._views = [self._view(p) for p in self.params]
+            self._before = list(torch._foreach_mul(self._views, 1.0))
+
+    def after_step(self) -> tuple[list[torch.Tensor], tuple[int, ...] | None] | None:
+        """Norms of the sampled change, then of the sampled weights (0-d tensors, one
+        list, 2 x parameters long) and their order; None without a copy."""
+        before, self._before = self._before, None
+        if before is None:
+            return None
+        with torch.no_grad():
+            torch._foreach_sub_(before, self._views)  # before - after: the same norm
+            return self._norms.norms([*before, *self._views])
+
+    def discard(self) -> None:
+        """Drop the copy (a step that failed)."""
+        self._before = None
+
+    def _view(self, param: torch.Tensor) -> torch.Tensor:
+        """Evenly spaced whole rows (contiguous runs: a strided gather of single elements
+        costs ten times more), about ``sample`` elements in all."""
+        data = param.detach()
+        rows = data.reshape(data.shape[0], -1) if data.dim() > 1 else data.reshape(1, -1)
+        count, width = rows.shape
+        if count * width <= self._sample:
+            return rows
+        keep = max(1, self._sample // width)
+        return rows[:: max(1, count // keep)]

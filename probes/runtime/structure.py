@@ -1,0 +1,218 @@
+"""Structural checks: is the optimizer wired to the model it trains?
+
+When ``watch()`` is called (no cost per step) the probe compares the model's parameters
+with the optimizer's param groups and sends what it finds as alerts, at step 0:
+
+- ``params_not_in_optimizer``: trainable parameters in no param group (a layer built or
+  replaced after the optimizer, a list of modules that forgot one), naming the layers;
+- ``optimizer_not_for_model``: the optimizer's parameters are not the model's (a copy
+  of the model made after the optimizer was built): its updates never reach the model;
+- ``mostly_frozen``: most of the model has ``requires_grad=False``, and which layers do
+  train (a warning when only normalisation layers or biases are left).
+
+Per step, ``UpdateCheck`` reads the parameters' version counters before and after
+``optimizer.step()`` (no device work, no sync): a layer whose tensors the step did not
+touch is reported in the record's ``not_stepped``, and the monitor's
+``updates_not_applied`` rule weighs it against the layer's gradient.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from probes.kernel.diagnosis import Alert, Severity
+from probes.kernel.diagnosis.catalog import entry
+from probes.runtime.layers import LayerMap
+
+MOSTLY_FROZEN = 0.9  # this fraction of the parameter elements frozen: mostly frozen
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+)
+NAMES_SHOWN = 6
+
+
+def watch_time_alerts(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, layers: LayerMap
+) -> list[Alert]:
+    """What is wrong with how the model and its optimizer fit together, as alerts."""
+    alerts = _frozen(model, layers)
+    if optimizer is not None:
+        alerts += _optimizer(model, optimizer, layers)
+    return alerts
+
+
+def _alert(
+    kind: str, severity: Severity, subject: str, evidence: dict[str, Any], layers: Sequence[str]
+) -> Alert:
+    described = entry(kind)
+    return Alert(
+        kind,
+        severity,
+        0,
+        subject,
+        evidence,
+        described.signal,
+        described.experiments,
+        layers=tuple(layers),
+    )
+
+
+def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: LayerMap) -> list[Alert]:
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    held_ids = {id(p) for p in held}
+    model_ids = {id(p) for p in model.parameters()}
+    missing = [i for i, p in enumerate(layers.params) if id(p) not in held_ids]
+    foreign = [p for p in held if id(p) not in model_ids]
+    missing_layers = list(dict.fromkeys(layers.names[layers.param_layer[i]] for i in missing))
+    if (
+        foreign
+        and missing
+        and (
+            len(missing) == len(layers.params)
+            or _shapes_cover([layers.params[i] for i in missing], foreign)
+        )
+    ):
+        return [
+            _alert(
+                "optimizer_not_for_model",
+                "error",
+                "",
+                {
+                    "foreign_params": len(foreign),
+                    "model_params_held": len(layers.params) - len(missing),
+                    "model_params": len(layers.params),
+                    "same_shapes": _shapes_cover([layers.params[i] for i in missing], foreign),
+                },
+                missing_layers,
+            )
+        ]
+    if not missing:
+        return []
+    names = [layers.param_names[i] for i in missing]
+    evidence: dict[str, Any] = {"params": len(names), "names": ", ".join(names[:NAMES_SHOWN])}
+    if len(missing_layers) > 1:
+        evidence.update(
+            layers_affected=len(missing_layers), range=f"{missing_layers[0]}..{missing_layers[-1]}"
+        )
+    return [
+        _alert("params_not_in_optimizer", "warning", missing_layers[0], evidence, missing_layers)
+    ]
+
+
+def _shapes_cover(missing: Sequence[torch.Tensor], foreign: Sequence[torch.Tensor]) -> bool:
+    """Every missing parameter has a foreign one of its shape: a copy of the model."""
+    available = Counter(tuple(p.shape) for p in foreign)
+    needed = Counter(tuple(p.shape) for p in missing)
+    return all(available[shape] >= count for shape, count in needed.items())
+
+
+def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
+    unique = {id(p): p for p in model.parameters()}
+    total = sum(_numel(p) for p in unique.values())
+    frozen = sum(_numel(p) for p in unique.values() if not p.requires_grad)
+    if not total or frozen / total < MOSTLY_FROZEN:
+        return []
+    modules = dict(model.named_modules())
+    training = list(layers.names)
+    only_norms = all(isinstance(modules.get(name), NORM_TYPES) for name in training) or all(
+        name.rpartition(".")[2] == "bias" for name in layers.param_names
+    )
+    return [
+        _alert(
+            "mostly_frozen",
+            "warning" if only_norms else "info",
+            "",
+            {
+                "frozen_fraction": frozen / total,
+                "trainable_params": total - frozen,
+                "training": ", ".join(training[:NAMES_SHOWN]) or "none",
+                "training_layers": len(training),
+                "only_normalisation": only_norms,
+            },
+            training,
+        )
+    ]
+
+
+def _numel(param: torch.Tensor) -> int:
+    return 0 if isinstance(param, nn.parameter.UninitializedParameter) else param.numel()
+
+
+class UpdateCheck:
+    """Which layers did ``optimizer.step()`` leave untouched? Read from the version
+    counters of their parameters (every in-place update bumps them): two passes over
+    plain attributes a step, nothing on the device. A custom optimizer that writes
+    through ``.data`` bumps no counter; the monitor then sees weights change on sampled
+    steps although the counters did not, and stops trusting them."""
+
+    def __init__(self, layers: LayerMap) -> None:
+        self.params = layers.params
+        self.param_layer = layers.param_layer
+        self.layer_count = layers.num_layers
+        self._before: list[int] | None = None
+
+    def before(self) -> None:
+        self._before = [p._version for p in self.params]
+
+    def after(self) -> list[int] | None:
+        """The layers none of whose parameters changed version (None: not checked)."""
+        before, self._before = self._before, None
+        if before is None:
+            return None
+        now = [p._version for p in self.params]
+        if all(map(operator.ne, now, before)):  # the common step: every tensor updated
+            return []
+        layer = self.param_layer
+        changed = {layer[i] for i, version in enumerate(now) if version != before[i]}
+        if len(changed) == self.layer_count:
+            return []
+        return [i for i in range(self.layer_count) if i not in changed]
+
+
+def watch_updates(
+    optimizer: torch.optim.Optimizer | None,
+    layers: LayerMap,
+    current: Callable[[], Any],
+    on_error: Callable[[Exception], None],
+) -> list[RemovableHandle]:
+    """Hooks around ``optimizer.step()`` that note, in the measured step (``current()``),
+    the layers the step left untouched (``not_stepped``)."""
+    if optimizer is None or not layers.params:
+        return []
+    check = UpdateCheck(layers)
+    spent = [0.0]  # the pre-hook's seconds, added to the step's probe_time after
+
+    def before(opt: object, args: object, kwargs: object) -> None:
+        started = time.perf_counter()
+        try:
+            if current() is not None:
+                check.before()
+        except Exception as exc:  # never into the user's optimizer.step()
+            on_error(exc)
+        spent[0] = time.perf_counter() - started
+
+    def after(opt: object, args: object, kwargs: object) -> None:
+        started = time.perf_counter()
+        try:
+            step = current()
+            untouched = check.after()
+            if step is not None:
+                if untouched:
+                    step.not_stepped = untouched
+                # the probe's own time on the training thread, as the rest of it counts
+                step.probe_time += spent[0] + time.perf_counter() - started
+        except Exception as exc:
+            on_error(exc)
+
+    return [optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)]
