@@ -2,8 +2,9 @@
 
 The probe writes these records (``probes.runtime.stats``, ``probes.runtime.hello``,
 ``probes.runtime.control``, ``probes.runtime.anomaly``) and the monitor reads them
-(``probes.kernel.schema.views``); their field names are defined here, once, as typed dictionaries that mypy checks every use of. A
-choice such as "which eval scalar is the validation loss" is made here once too.
+(``probes.kernel.schema.views``); their field names are defined here, once, as typed
+dictionaries that mypy checks every use of. A choice such as "which eval scalar is the
+validation loss" is made here once too.
 
 Every frame also carries ``v`` (the protocol version), ``kind`` and ``run`` (the run's
 id), added by the sender (``probes.kernel.wire``). The fields of a ``...Fields`` base are always
