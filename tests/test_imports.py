@@ -1,5 +1,6 @@
-"""Import boundaries (DESIGN.md): the training side never loads the UI, the monitor
-never loads torch. Checked in a fresh interpreter, as harlequin does."""
+"""Import boundaries (ARCHITECTURE.md, "Import rules"): the training side never loads the
+UI, the monitor never loads torch. Checked in a fresh interpreter, as harlequin does.
+(That no module imports itself back round a circle is ``tests/test_import_graph.py``.)"""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def test_training_side_loads_no_ui(statement: str) -> None:
     [
         "import tui",
         "import tui.app, tui.cli, tui.headless, tui.launcher, tui.state, tui.server",
+        "import tui.serve, tui.monitor",
     ],
 )
 def test_monitor_loads_no_torch(statement: str) -> None:
@@ -79,6 +81,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         "probes",
         "probes.kernel",
         "probes.kernel.wire",
+        "probes.kernel.commands",
         "probes.kernel.schema",
         "probes.kernel.diagnosis",
     }
@@ -88,6 +91,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
     "module",
     [
         "probes.kernel.wire",
+        "probes.kernel.commands",
         "probes.kernel.schema",
         "probes.kernel.thinning",
         "probes.kernel.replay",
@@ -108,6 +112,7 @@ def test_the_probes_stdlib_parts_never_load_torch(module: str) -> None:
         "tui.headless",
         "tui.runlog",
         "tui.monitor",
+        "tui.serve",
         "tui.jobs",
         "tui.events",
         "tui.sources",

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
-from probes.runtime.job import job_identity
+import pytest
+from torch import nn
+
+from probes.runtime.hello import hello_fields
+from probes.runtime.job import JobIdentity, job_identity
+from probes.runtime.layers import map_layers
+from probes.runtime.options import WatchOptions
 
 LAUNCHER_VARIABLES = (
     "TRAINTOP_JOB",
@@ -20,6 +26,26 @@ LAUNCHER_VARIABLES = (
     "WORLD_SIZE",
     "LOCAL_RANK",
 )
+
+
+def hello_of(identity: JobIdentity) -> dict[str, Any]:
+    """The hello a probe with this identity sends (its job fields are the identity's)."""
+    model = nn.Linear(2, 1)
+    layers = map_layers(model)
+    return dict(
+        hello_fields(
+            run_id="r",
+            name="n",
+            model=model,
+            module=model,
+            optimizer=None,
+            layers=layers,
+            activations=[],
+            identity=identity,
+            sync=None,
+            options=WatchOptions(),
+        )
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +82,7 @@ def test_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
         1,
         4,
     )
-    assert identity.as_hello()["job"] == "torchrun-4f2a"
+    assert hello_of(identity)["job"] == "torchrun-4f2a"
 
 
 def test_torchrun_without_a_rendezvous_id_uses_the_rendezvous_address(

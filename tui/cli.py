@@ -9,18 +9,15 @@ traintop demo [SCENARIO]      run a bundled failure mode with the monitor attach
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import fields
 
 from probes.kernel.diagnosis import Thresholds
 from probes.kernel.diagnosis.thresholds import RENAMED
 from probes.kernel.wire import TOKEN_ENV, resolve_address
+from tui.serve import serve
 from tui.server import ServerError
-from tui.sources import FrameSource
-from tui.state import MonitorState
 
 SEVERITIES = ("info", "warning", "error")
 
@@ -189,54 +186,6 @@ def parse_thresholds(pairs: list[str]) -> Thresholds:
                 f"names: {', '.join(valid)}"
             )
     return Thresholds().with_overrides(**overrides)
-
-
-def serve(
-    source: FrameSource,
-    *,
-    headless: bool,
-    record: str | None,
-    summary_every: int,
-    exit_when_done: bool,
-    fail_on: str | None = None,
-    thresholds: Thresholds | None = None,
-    companion: Callable[[], int | None] | None = None,
-    mode: str = "live",
-    compare_on_start: bool = False,
-) -> int:
-    """Run the monitor on ``source``: the Textual app, or headless printing.
-
-    ``companion`` gives the exit status of a process the monitor was started for (the
-    demo trainer), None while it runs: a trainer that dies is reported, and a headless
-    monitor then stops instead of waiting for a run that will never come.
-    """
-    state = MonitorState(thresholds)
-    if headless:
-        from tui.headless import HeadlessMonitor, run_headless
-
-        monitor = HeadlessMonitor(
-            summary_every=summary_every, record_path=record, fail_on=fail_on, state=state
-        )
-        return asyncio.run(
-            run_headless(
-                source,
-                monitor,
-                exit_when_done=exit_when_done,
-                companion=companion,
-            )
-        )
-    from tui.app import make_app
-
-    app = make_app(
-        source,
-        record_path=record,
-        state=state,
-        companion=companion,
-        mode=mode,
-        compare_on_start=compare_on_start,
-    )
-    result = app.run()
-    return app.return_code or (result or 0)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def run_demo(args: argparse.Namespace) -> int:
     log_path = os.path.join(folder, "trainer.log")
     trainer = _start_trainer(args, address, log_path)
     try:
-        from tui.cli import serve
+        from tui.serve import serve
         from tui.sources import ServerSource
 
         status = serve(

@@ -11,6 +11,7 @@ import itertools
 import math
 from collections.abc import Callable
 
+from probes.kernel.commands import Command
 from probes.kernel.schema import check_frame
 from probes.kernel.wire import Frame, command_signature, make_frame
 from tui.events import MonitorEvent
@@ -77,13 +78,15 @@ class Monitor:
         """The source has no more frames (a replay is over): its runs are gone."""
         self._emit(self.state.mark_offline(reason))
 
-    def send_command(self, run_id: str, command: str, **args: object) -> str | None:
+    def send_command(self, run_id: str, command: Command | str, **args: object) -> str | None:
         """Send a command to a run's probe, or to every rank of its job; None if sent,
-        else why not (one line).
+        else why not (one line). ``command`` is a ``Command`` or its value ("pause"); a
+        string no ``Command`` has is sent as it is, and the probe refuses it in its ack.
 
         A job's ranks get the command for the same step boundary (``at_step``, chosen
         ahead of every rank), so no rank pauses while another waits for it in a
         collective; a paused job's ranks wait at one boundary and act at once."""
+        name = command.value if isinstance(command, Command) else command  # the wire's
         run = self.state.runs.get(run_id)
         targets = [run_id]
         if run is not None and run.job is not None and run.job in self.state.jobs:
@@ -92,18 +95,18 @@ class Monitor:
             targets = [r.run_id for r in members] or targets
             if len(members) > 1 and not any(r.control.get("paused") for r in members):
                 args = {**args, "at_step": boundary_ahead(members)}
-        sent = [self._send_one(target, command, args) for target in targets]
+        sent = [self._send_one(target, name, args) for target in targets]
         problems = [p for p in sent if p is not None]
         return problems[0] if len(problems) == len(sent) else None
 
-    def _send_one(self, run_id: str, command: str, args: dict[str, object]) -> str | None:
+    def _send_one(self, run_id: str, name: str, args: dict[str, object]) -> str | None:
         conn = self.connections.get(run_id)
         if conn is None:
             return "that run is not connected"
         command_id = next(self._command_ids)
-        frame = make_frame("command", id=command_id, run=run_id, command=command, args=args)
+        frame = make_frame("command", id=command_id, run=run_id, command=name, args=args)
         if self.token:
-            frame["auth"] = command_signature(self.token, run_id, command_id, command, args)
+            frame["auth"] = command_signature(self.token, run_id, command_id, name, args)
         conn.send(frame)
         return None
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-from probes.runtime.lifecycle import probes_watching
+from probes.runtime.lifecycle import OpenProbe, probes_watching
 
 #: torch's own function, captured before anything could replace it.
 torch_clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_
@@ -56,7 +56,7 @@ def clip_grad_norm_(
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     watching = _probes_watching_any(params)
     for probe in watching:
-        probe._clipping(float(max_norm), float(norm_type))
+        probe.clipping(float(max_norm), float(norm_type))
     total = torch_clip_grad_norm_(
         params,
         max_norm,
@@ -65,11 +65,11 @@ def clip_grad_norm_(
         foreach=foreach,
     )
     for probe in watching:
-        probe._clipped(total)
+        probe.clipped(total)
     return total
 
 
-def _probes_watching_any(params: list[torch.Tensor]) -> list:  # list[Probe]
+def _probes_watching_any(params: list[torch.Tensor]) -> list[OpenProbe]:
     """The probes that watch these parameters: those of the first parameter any probe
     owns (a model's first parameters may be frozen ones, which no probe watches)."""
     for param in params:

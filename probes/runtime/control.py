@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from probes.kernel.commands import Command
 from probes.kernel.schema.records import ControlStateFields
 from probes.kernel.wire import command_signature
 from probes.runtime.sender import warn
 
 Frame = dict[str, Any]
-COMMANDS = ("pause", "resume", "step", "anomaly", "guard", "lr_scale")
 LR_FACTORS = (0.5, 2.0)  # the learning-rate experiments the monitor may run
 
 
@@ -78,6 +78,14 @@ class Control:
         self._token = token
         self._run_id = run_id
         self._step = 0
+        self._handlers: dict[Command, Callable[[dict[str, Any]], tuple[bool, str]]] = {
+            Command.PAUSE: self._do_pause,
+            Command.RESUME: self._do_resume,
+            Command.STEP: self._do_step,
+            Command.ANOMALY: self._do_anomaly,
+            Command.GUARD: self._do_guard,
+            Command.LR_SCALE: self._do_lr_scale,
+        }
 
     # --- sender thread -----------------------------------------------------------------
 
@@ -177,20 +185,21 @@ class Control:
             self._send(ack)
 
     def _apply(self, frame: Frame) -> tuple[bool, str]:
-        command = str(frame.get("command", ""))
-        if command not in COMMANDS:
-            return False, f"unknown command {command!r}"
+        text = str(frame.get("command", ""))
+        command = Command.parse(text)
+        if command is None:
+            return False, f"unknown command {text!r}"
         if not self._authentic(frame, command):
             return False, "refused: missing or wrong signature (TRAINTOP_TOKEN)"
         args = frame.get("args") or {}
         if not isinstance(args, dict):
             return False, f"refused: args must be an object, got {type(args).__name__}"
         try:
-            return getattr(self, f"_do_{command}")(args)
+            return self._handlers[command](args)
         except (TypeError, ValueError) as exc:  # a malformed argument: refuse, run on
             return False, f"refused: bad arguments for {command}: {exc}"
 
-    def _authentic(self, frame: Frame, command: str) -> bool:
+    def _authentic(self, frame: Frame, command: Command) -> bool:
         if not self._token:
             return True  # Unix socket (0600 in a 0700 folder) or loopback
         try:
@@ -198,7 +207,7 @@ class Control:
         except (TypeError, ValueError):
             return False
         expected = command_signature(
-            self._token, self._run_id, command_id, command, frame.get("args") or {}
+            self._token, self._run_id, command_id, command.value, frame.get("args") or {}
         )
         return hmac.compare_digest(str(frame.get("auth", "")), expected)
 

@@ -23,7 +23,7 @@ from probes.runtime.hooks import eager
 
 
 class EvalScope:
-    """The scalars of one evaluation and its forward counts; ``finish`` makes the record.
+    """The scalars of one evaluation and its forward counts; ``record`` makes the record.
 
     Args:
         modules: the modules to watch (the model and its layers).

@@ -1,5 +1,6 @@
 """The guard, in one place: non-finite gradients found before ``optimizer.step()`` are
-kept from the weights, the alert says where, and the run pauses (``probe.py``).
+kept from the weights, the alert says where, and the run pauses (the step boundary in
+``probes.runtime.step`` raises the alert and pauses).
 
 The check costs one host/device synchronisation a step (the finiteness must be read),
 which is why the guard is off by default. Skipping is done by dropping the gradients:

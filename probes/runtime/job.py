@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
 
 JOB_ENV = "TRAINTOP_JOB"
 
@@ -29,15 +28,6 @@ class JobIdentity:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-    def as_hello(self) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "world_size": self.world_size,
-            "host": self.host,
-        }
 
 
 def job_identity(explicit_job: str | None = None) -> JobIdentity:

@@ -1,7 +1,9 @@
 """A run's lifecycle: which probes are open, how a run ended, and closing at exit.
 
 Torch is not imported here: the registry only holds probes, and ``end_reason`` reads
-exceptions.
+exceptions. Nor is the probe's module: the registry knows a probe by what it asks of
+one (``OpenProbe``), so the probe and the clip, which both use this, never import each
+other through it.
 """
 
 from __future__ import annotations
@@ -9,25 +11,35 @@ from __future__ import annotations
 import atexit
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from probes.runtime.probe import Probe
-
-_open_probes: weakref.WeakSet[Probe] = weakref.WeakSet()
+from typing import Any, Protocol
 
 
-def register(probe: Probe) -> None:
+class OpenProbe(Protocol):
+    """What the registry and the clip (``probes.runtime.clip``) ask of an open probe."""
+
+    def owns(self, param: Any) -> bool: ...
+
+    def clipping(self, max_norm: float, norm_type: float = 2.0) -> None: ...
+
+    def clipped(self, total_norm: Any) -> None: ...
+
+    def close_with_reason(self, reason: str) -> None: ...
+
+
+_open_probes: weakref.WeakSet[OpenProbe] = weakref.WeakSet()
+
+
+def register(probe: OpenProbe) -> None:
     """A probe opened: it is flushed at interpreter exit unless closed before."""
     _open_probes.add(probe)
 
 
-def unregister(probe: Probe) -> None:
+def unregister(probe: OpenProbe) -> None:
     """A probe closed."""
     _open_probes.discard(probe)
 
 
-def probes_watching(param: Any) -> list[Probe]:
+def probes_watching(param: Any) -> list[OpenProbe]:
     """The open probes whose model trains ``param``."""
     return [probe for probe in list(_open_probes) if probe.owns(param)]
 
@@ -51,4 +63,4 @@ def _close_open_probes() -> None:
     interactive = hasattr(sys, "ps1") or bool(sys.flags.interactive)
     reason = "closed" if interactive else end_reason(getattr(sys, "last_value", None))
     for probe in list(_open_probes):
-        probe._close(reason)
+        probe.close_with_reason(reason)

@@ -63,8 +63,9 @@ def scale_learning_rates(
     optimizer: torch.optim.Optimizer, factor: float, first_step: int
 ) -> tuple[list[float], LrExperiment | None]:
     """Multiply every param group's learning rate by ``factor``; the new rates, and the
-    experiment to watch from ``first_step`` (None with tensor rates: reading one on a
-    device would sync)."""
+    experiment to watch from ``first_step``. None with tensor rates: they are read here
+    once (the answer shows them), but watching means reading them at every step, a
+    device sync a step for a rate on the device."""
     before, new = [], []
     for group in optimizer.param_groups:
         before.append(float(group["lr"]))

@@ -1,7 +1,8 @@
 """What one training step measures, on the training thread, without reading a value.
 
-(The step boundary itself, ``begin_step`` / ``end_step`` and the optimizer's hooks, is in
-``probes.runtime.step``; this module measures what happens between them.)
+(The step boundary itself, ``begin_step`` / ``end_step``, is in ``probes.runtime.step``,
+the optimizer's hooks in ``probes.runtime.optimizer_hooks``; this module measures what
+happens between them.)
 
 ``StepMeasurer`` is driven by the probe at the step's boundaries and the optimizer's
 hooks. Every quantity is a 0-d tensor launched on the device; ``finish`` gathers them
@@ -44,6 +45,9 @@ class StepMeasurer:
         grad_accumulation: the user accumulates on purpose: skip the zero_grad check.
         sample_every: the probe's sampling period (the zero_grad check follows it).
         on_error: called with an exception raised inside a hook of ours.
+        register_post_hook: registers the hook after ``optimizer.step()`` of a step that
+            measures the update (the probe's ``OptimizerHooks``, which owns every hook
+            on the optimizer); by default the optimizer's own method.
     """
 
     def __init__(
@@ -55,11 +59,15 @@ class StepMeasurer:
         grad_accumulation: bool,
         on_error: Callable[[Exception], None],
         sample_every: int = 20,
+        register_post_hook: Callable[[Callable[..., None]], RemovableHandle] | None = None,
     ) -> None:
         self.layers = layers
         self.on_error = on_error  # a hook of ours must never raise into training
         self.sample_every = sample_every
         self.optimizer = optimizer
+        self._register_post_hook = register_post_hook or (
+            optimizer.register_step_post_hook if optimizer is not None else None
+        )
         self.norms = NormReducer()
         self.activations = ActivationStats(model, layers.names, on_error=on_error)
         self.updates = UpdateNorms(layers.params, self.norms) if optimizer else None
@@ -88,9 +96,9 @@ class StepMeasurer:
         if sampled and self.activations.modules:
             self.activations.attach()
         self._measure_update = (sampled or self._update_pending) and self.updates is not None
-        if self._measure_update and self.optimizer is not None:
+        if self._measure_update and self._register_post_hook is not None:
             # Only these steps need to see the weights after the update.
-            self._post_hook = self.optimizer.register_step_post_hook(self._after_optimizer_step)
+            self._post_hook = self._register_post_hook(self._after_optimizer_step)
         return self.current
 
     def abandon(self) -> None:

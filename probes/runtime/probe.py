@@ -1,8 +1,20 @@
 """``probes.watch``: attach to a model (and optimizer) and report every step.
 
-``Probe`` is the handle ``watch`` returns: it wires the parts (the layer map, the
-step measurer, the control of the run, the sender) and is the public API: steps
-(``probes.runtime.step``, a part of it), scalars, evaluation, events, closing.
+``Probe`` is the handle ``watch`` returns, and the public API: steps, scalars,
+evaluation, events, closing. It holds no step state itself; it wires a small graph of
+parts, each handed what it uses when it is made:
+
+- ``StepBoundary`` (``probes.runtime.step``): begins and ends steps, reads gradients
+  where they are final, counts the probe's own time; owns the state of the step;
+- ``OptimizerHooks`` (``probes.runtime.optimizer_hooks``): every hook on the optimizer,
+  registered and removed in one place;
+- ``StepMeasurer`` (``probes.runtime.measurer``): what a step measures;
+- ``Control`` (``probes.runtime.control``): the monitor's commands, at step boundaries;
+- ``Sender`` (``probes.runtime.sender``): records to the monitor, on its own thread.
+
+Helpers outside the graph reach the probe through public methods: ``send`` (check
+reports), ``clipping`` / ``clipped`` (``probes.runtime.clip``), ``close_with_reason``
+(``probes.runtime.lifecycle`` at exit).
 """
 
 from __future__ import annotations
@@ -19,28 +31,25 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
+from probes.kernel.commands import Command
 from probes.kernel.wire import TOKEN_ENV, resolve_address
 from probes.runtime import clip, lifecycle, structure
-from probes.runtime.anomaly import AnomalyStep
 from probes.runtime.control import Control, ControlState
 from probes.runtime.evaluation import EvalScope
 from probes.runtime.hello import hello_fields
 from probes.runtime.hooks import unwrap, unwrap_optimizer
 from probes.runtime.job import job_identity, sync_of
 from probes.runtime.layers import LayerMap, map_layers
-from probes.runtime.lr_experiment import LrExperiment, check_experiment, scale_learning_rates
 from probes.runtime.measurer import StepMeasurer
+from probes.runtime.optimizer_hooks import OptimizerHooks
 from probes.runtime.options import WatchOptions
+from probes.runtime.scalars import Scalar, ScalarFiler
 from probes.runtime.sender import Sender, warn
-from probes.runtime.stats import Measurement
 from probes.runtime.step import StepBoundary, StepScope
 
-Scalar = float | int | torch.Tensor
 
-
-class Probe(StepBoundary):
+class Probe:
     """A handle on a watched training run; see ``watch``.
 
     Use ``with probe.step():`` around each training step (or ``begin_step`` and
@@ -75,7 +84,9 @@ class Probe(StepBoundary):
         self.identity = job_identity(options.job)
         self.data_parallel = options.data_parallel or sync_of(model, self.identity)
         self._param_ids = {id(p) for p in self.layers.params}
-        self._init_state()
+        self._eval: EvalScope | None = None
+        self._scalars = ScalarFiler()
+        self._hooks = OptimizerHooks(real_optimizer, on_error=self._fail)
         self._measurer = StepMeasurer(
             self.module,
             self.layers,
@@ -83,8 +94,8 @@ class Probe(StepBoundary):
             grad_accumulation=options.grad_accumulation,
             on_error=self._fail,
             sample_every=options.sample_every,
+            register_post_hook=self._hooks.add_post_hook,
         )
-        self._next_step_scope = StepScope(self, None)
         if options.guard and real_optimizer is None:
             warn("guard=True needs the optimizer: pass it to probes.watch")
         if not self.layers.params:
@@ -92,35 +103,29 @@ class Probe(StepBoundary):
                 f"{self.name}: the model has no trainable parameters; only logged scalars "
                 "will be recorded"
             )
-        self._handles: list[RemovableHandle] = []
-        if real_optimizer is not None:
-            self._handles.append(real_optimizer.register_step_pre_hook(self._before_optimizer_step))
-        self._handles += structure.watch_updates(
-            real_optimizer, self.layers, lambda: self._measurer.current, self._fail
-        )
         self._control, self.sender = self._connect()
+        self._boundary = StepBoundary(
+            module=self.module,
+            layers=self.layers,
+            optimizer=real_optimizer,
+            options=options,
+            identity=self.identity,
+            measurer=self._measurer,
+            control=self._control,
+            sender=self.sender,
+            scalars=self._scalars,
+            on_error=self._fail,
+        )
+        self._next_step_scope = StepScope(self._boundary, self, None)
+        self._hooks.install(
+            before_step=self._boundary.before_optimizer_step,
+            layers=self.layers,
+            measurer=self._measurer,
+        )
         clip.install()  # frameworks clip through torch's function: read before it
         lifecycle.register(self)
         for alert in structure.watch_time_alerts(self.module, real_optimizer, self.layers):
             self.send({"kind": "alert", "step": 0, "alert": alert.to_dict()})
-
-    def _init_state(self) -> None:
-        """The state of a probe that has seen no step yet."""
-        self._index = -1
-        self._in_step = False
-        self._step_started = 0.0
-        self._probe_time = 0.0  # the probe's own seconds on the training thread, this step
-        self._last: Measurement | None = None
-        # Records that must reach the monitor after ``_last`` (an eval of its step).
-        self._after_last: list[dict[str, Any]] = []
-        self._lr_experiment: LrExperiment | None = None  # watched until the LR moves
-        self._eval: EvalScope | None = None
-        self._anomaly: AnomalyStep | None = None
-        self._disabled = False
-        self._closed = False
-        self._skipped = False
-        self._bad_scalars: set[str] = set()  # names warned about once
-        self._unbracketed_updates = 0  # optimizer steps before any probe step
 
     def _connect(self) -> tuple[Control, Sender]:
         """The run's control (commands at step boundaries) and its sender thread."""
@@ -168,16 +173,16 @@ class Probe(StepBoundary):
     @property
     def step_index(self) -> int:
         """Index of the current (or last) step; -1 before the first."""
-        return self._index
+        return self._boundary.index
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._boundary.closed
 
     @property
     def in_step(self) -> bool:
         """True between ``begin_step`` and ``end_step``."""
-        return self._in_step
+        return self._boundary.in_step
 
     @property
     def evaluating(self) -> bool:
@@ -193,7 +198,41 @@ class Probe(StepBoundary):
         """
         if index is None:
             return self._next_step_scope  # reused: one object less per step
-        return StepScope(self, index)
+        return StepScope(self._boundary, self, index)
+
+    def begin_step(self, index: int | None = None) -> None:
+        """A training step begins (what ``with probe.step():`` does on entry).
+
+        For loops the caller does not own: a framework callback calls this at the start
+        of each optimizer step (its first micro-batch under gradient accumulation). A
+        paused run blocks here until the monitor resumes or steps it.
+
+        Args:
+            index: the step's index (e.g. the framework's global step); by default the
+                previous index plus one, starting at 0.
+        """
+        self._boundary.begin_step(index)
+
+    def gradients_final(self) -> None:
+        """The gradients of this step are final: read them now, if not read yet.
+
+        Needed only where nothing else tells: the optimizer's step and torch's
+        ``clip_grad_norm_`` already do. A framework calls it before it clips by other
+        means, or before it clears the gradients of a step with no optimizer watched.
+        """
+        self._boundary.gradients_final()
+
+    def end_step(self, error: BaseException | None = None) -> bool:
+        """The step ends (what ``with probe.step():`` does on exit).
+
+        Args:
+            error: the exception that ended the step, if one did.
+
+        Returns:
+            True when ``error`` is the anomaly step's own and the probe dealt with it (the
+            update was skipped, the run pauses): a ``with`` block swallows it then.
+        """
+        return self._boundary.end_step(error)
 
     def log(self, **scalars: Scalar) -> None:
         """Record scalars for the current step, or for the eval inside ``evaluate()``.
@@ -202,27 +241,19 @@ class Probe(StepBoundary):
         (no ``.item()``, no device sync): they travel with the step's batched copy.
         Called after a step's ``with`` block, they attach to that step.
         """
-        if self._disabled or self._closed:
+        boundary = self._boundary
+        if boundary.disabled or boundary.closed:
+            return
+        scope = self._eval
+        if scope is None:
+            boundary.log(scalars)
             return
         started = time.perf_counter()
         try:
-            if self._eval is not None:
-                self._log_into(self._eval.tensors, self._eval.floats, scalars)
-            elif self._in_step and self._measurer.current is not None:
-                step = self._measurer.current
-                self._log_into(step.tensor_scalars, step.float_scalars, scalars)
-            elif self._last is not None:
-                self._log_into(self._last.late_scalars, self._last.float_scalars, scalars)
-            elif self._index >= 0:
-                self._log_into({}, {}, scalars)  # a step not measured (every > 1): check, drop
-            else:
-                warn(
-                    "probe.log() before the first step is ignored; log inside `with probe.step():`"
-                )
+            self._scalars.file(scope.tensors, scope.floats, scalars)
         except Exception as exc:
             self._fail(exc)
-        if self._in_step:
-            self._probe_time += time.perf_counter() - started
+        boundary.count_time(started)  # (an evaluate() inside the step)
 
     @contextmanager
     def evaluate(self) -> Iterator[Probe]:
@@ -245,7 +276,8 @@ class Probe(StepBoundary):
         Returns:
             False if one is already open (or the probe is off): nothing was begun.
         """
-        if self._disabled or self._closed or self._eval is not None:
+        boundary = self._boundary
+        if boundary.disabled or boundary.closed or self._eval is not None:
             return False
         try:
             layers = set(self.layers.names)
@@ -253,7 +285,7 @@ class Probe(StepBoundary):
                 self.module,
                 *(m for n, m in self.module.named_modules() if n and n in layers),
             ]
-            self._eval = EvalScope(modules, max(self._index, 0))
+            self._eval = EvalScope(modules, max(boundary.index, 0))
         except Exception as exc:
             self._fail(exc)
             return False
@@ -265,8 +297,8 @@ class Probe(StepBoundary):
         if scope is None:
             return
         try:
-            self._log_into(scope.tensors, scope.floats, scalars)
-            self._put_after_step(dict(scope.record()))
+            self._scalars.file(scope.tensors, scope.floats, scalars)
+            self._boundary.put_after_step(dict(scope.record()))
         except Exception as exc:
             scope.remove_hooks()
             self._fail(exc)
@@ -274,7 +306,7 @@ class Probe(StepBoundary):
     @property
     def update_skipped(self) -> bool:
         """True when the last step's update was skipped (guard or anomaly step)."""
-        return self._skipped
+        return self._boundary.skipped
 
     @property
     def control(self) -> ControlState:
@@ -283,17 +315,19 @@ class Probe(StepBoundary):
 
     def arm_anomaly(self, steps: int = 1) -> None:
         """Run the next ``steps`` steps under anomaly detection (as the ``a`` key does)."""
-        self._control.receive({"command": "anomaly", "args": {"count": steps, "step_now": False}})
+        self._control.receive(
+            {"command": Command.ANOMALY.value, "args": {"count": steps, "step_now": False}}
+        )
 
     def event(self, name: str, **fields: Any) -> None:
         """Send a named event (an LR change, a restart, ...) tied to the current step."""
-        if self._closed:
+        if self._boundary.closed:
             return
         self.send(
             {
                 "kind": "event",
                 "name": name,
-                "step": max(self._index, 0),
+                "step": max(self._boundary.index, 0),
                 "time": time.time(),
                 **fields,
             }
@@ -304,6 +338,16 @@ class Probe(StepBoundary):
         blocks. For helpers that report through the probe (``probes.checks.reports``)."""
         self.sender.put(record)
 
+    def clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
+        """A clip of this probe's gradients is about to run: read them first, unclipped.
+        For ``probes.clip_grad_norm_``, which calls it."""
+        self._boundary.clipping(max_norm, norm_type)
+
+    def clipped(self, total_norm: torch.Tensor) -> None:
+        """The clip ran; ``total_norm`` is torch's norm before it. For
+        ``probes.clip_grad_norm_``, which calls it."""
+        self._boundary.clipped(total_norm)
+
     def close(self, error: BaseException | None = None) -> None:
         """Remove every hook, flush what is measured, say bye and stop the sender.
 
@@ -313,25 +357,25 @@ class Probe(StepBoundary):
 
         Closing twice is a no-op.
         """
-        self._close(lifecycle.end_reason(error))
+        self.close_with_reason(lifecycle.end_reason(error))
 
-    def _close(self, reason: str) -> None:
-        """``close``, telling the monitor why the run ended ("closed", or the error)."""
-        if self._closed:
+    def close_with_reason(self, reason: str) -> None:
+        """``close``, telling the monitor why the run ended in its own words ("closed",
+        "interrupted", "error: ..."); at interpreter exit, ``probes.runtime.lifecycle``
+        closes the probes left open so."""
+        boundary = self._boundary
+        if boundary.closed:
             return
-        self._closed = True
+        boundary.closed = True
         lifecycle.unregister(self)
         clip.uninstall()
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
         if self._eval is not None:
             self._eval.remove_hooks()
             self._eval = None
-        self._measurer.abandon()  # activation hooks of a step left open
-        self._end_anomaly()  # anomaly mode of a step left open
+        boundary.abandon()  # activation hooks and anomaly mode of a step left open
         try:
-            self._flush_last()
+            boundary.flush_last()
         finally:
             self.sender.close(reason=reason)
 
@@ -344,61 +388,22 @@ class Probe(StepBoundary):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._close(lifecycle.end_reason(exc))
+        self.close_with_reason(lifecycle.end_reason(exc))
 
     def owns(self, param: torch.Tensor) -> bool:
         """True if ``param`` is one of the watched model's trainable parameters."""
         return id(param) in self._param_ids
 
-    # --- step boundary --------------------------------------------------------------
+    # --- the parts' callbacks ---------------------------------------------------------
 
     def _scale_lr(self, factor: float) -> list[float]:
-        """Multiply every param group's learning rate (the monitor's LR experiment)."""
-        assert self.optimizer is not None
-        new, self._lr_experiment = scale_learning_rates(self.optimizer, factor, self._index + 1)
-        return new
-
-    def _check_lr_experiment(self, step: int) -> None:
-        """Did the loop (a scheduler) set the learning rate back since the experiment?"""
-        assert self._lr_experiment is not None and self.optimizer is not None
-        self._lr_experiment, alert = check_experiment(self._lr_experiment, self.optimizer, step)
-        if alert is not None:
-            self.send({"kind": "alert", "step": step, "alert": alert.to_dict()})
-
-    def _log_into(
-        self,
-        tensors: dict[str, torch.Tensor],
-        floats: dict[str, float],
-        scalars: dict[str, Scalar],
-    ) -> None:
-        """File each scalar; a value that is not one number is dropped with one warning
-        per name (a mistake in what is logged must not stop the measuring)."""
-        for name, value in scalars.items():
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                tensors[name] = value.detach()
-            elif isinstance(value, int | float) and not isinstance(value, bool):
-                floats[name] = float(value)
-            elif name not in self._bad_scalars:
-                self._bad_scalars.add(name)
-                shape = (
-                    f"a tensor of shape {tuple(value.shape)}"
-                    if isinstance(value, torch.Tensor)
-                    else type(value).__name__
-                )
-                warn(
-                    f"log({name}=...) takes a float or a one-element tensor, got {shape}; "
-                    "that value is not recorded"
-                )
+        """The control's LR experiment (applied at a step boundary, by the boundary)."""
+        return self._boundary.scale_lr(factor)
 
     def _fail(self, exc: BaseException) -> None:
         """Switch the probe off after an internal error; training goes on."""
-        if self._disabled:
+        if not self._boundary.switch_off():
             return
-        self._disabled = True
-        with contextlib.suppress(Exception):
-            self._measurer.abandon()  # no activation hooks or weight copy left behind
-        with contextlib.suppress(Exception):
-            self._end_anomaly()
         if self._eval is not None:
             with contextlib.suppress(Exception):
                 self._eval.remove_hooks()
@@ -408,7 +413,7 @@ class Probe(StepBoundary):
             {
                 "kind": "event",
                 "name": "probe_error",
-                "step": max(self._index, 0),
+                "step": max(self._boundary.index, 0),
                 "time": time.time(),
                 "message": f"{type(exc).__name__}: {exc}",
             }

@@ -10,12 +10,16 @@ closure's backward when a closure is passed: the closure is wrapped), before any
 ``torch.nn.utils.clip_grad_norm_`` (``probes.runtime.clip``), or where the caller says
 (``gradients_final``). The probe's own time on the training thread is counted here.
 
-``StepBoundary`` is a part of ``Probe`` (a mixin: it works on the probe's own state,
-declared below); nothing in it raises into training.
+``StepBoundary`` is one part of the probe's object graph (``probes.runtime.probe`` wires
+it): it is handed the measurer, the run's control and the sender, and owns the state of
+the step under way; the optimizer's hooks (``probes.runtime.optimizer_hooks``) call
+``before_optimizer_step``. Nothing in it raises into training: a failure goes to
+``on_error``, which switches the probe off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -28,44 +32,129 @@ from probes.runtime.control import Control
 from probes.runtime.guard import GuardTrip, guard_alert, skip_update
 from probes.runtime.job import JobIdentity
 from probes.runtime.layers import LayerMap
-from probes.runtime.lr_experiment import LrExperiment
+from probes.runtime.lr_experiment import LrExperiment, check_experiment, scale_learning_rates
 from probes.runtime.measurer import StepMeasurer
 from probes.runtime.options import WatchOptions
+from probes.runtime.scalars import Scalar, ScalarFiler
 from probes.runtime.sender import Sender, warn
 from probes.runtime.stats import Measurement
 from probes.runtime.unbracketed import UNBRACKETED_UPDATES, unbracketed_alert
 
 
 class StepBoundary:
-    """Begin and end steps, and read gradients where they are final (see the module)."""
+    """Begin and end steps, and read gradients where they are final (see the module).
 
-    # The probe's state this part works on (set in ``Probe.__init__``).
-    module: torch.nn.Module
-    layers: LayerMap
-    optimizer: torch.optim.Optimizer | None
-    options: WatchOptions
-    identity: JobIdentity
-    sender: Sender
-    _control: Control
-    _measurer: StepMeasurer
-    _index: int
-    _in_step: bool
-    _step_started: float
-    _probe_time: float
-    _last: Measurement | None
-    _after_last: list[dict[str, Any]]
-    _anomaly: AnomalyStep | None
-    _skipped: bool
-    _disabled: bool
-    _closed: bool
-    _lr_experiment: LrExperiment | None
-    _unbracketed_updates: int
+    Args:
+        module: the watched model, unwrapped (anomaly steps hook its layers).
+        layers: its layers and trainable parameters.
+        optimizer: the real optimizer, if any (guard skips, LR experiments).
+        options: how the run is watched.
+        identity: the run's place in its job (anomaly mode never stops one rank).
+        measurer: measures what happens between the boundaries.
+        control: the monitor's commands, applied at each step's start.
+        sender: where records go, in the order the monitor must see them.
+        scalars: files what ``log`` is given.
+        on_error: switches the probe off after an internal error.
+    """
 
-    def _fail(self, exc: BaseException) -> None:
-        raise NotImplementedError  # the probe's
+    def __init__(
+        self,
+        *,
+        module: torch.nn.Module,
+        layers: LayerMap,
+        optimizer: torch.optim.Optimizer | None,
+        options: WatchOptions,
+        identity: JobIdentity,
+        measurer: StepMeasurer,
+        control: Control,
+        sender: Sender,
+        scalars: ScalarFiler,
+        on_error: Callable[[BaseException], None],
+    ) -> None:
+        self.module = module
+        self.layers = layers
+        self.optimizer = optimizer
+        self.options = options
+        self.identity = identity
+        self._measurer = measurer
+        self._control = control
+        self._sender = sender  # its ``put`` looked up each time (a benchmark counts it)
+        self._scalars = scalars
+        self._fail = on_error
+        self.index = -1  # the current (or last) step; -1 before the first
+        self.in_step = False
+        self.disabled = False  # switched off after an internal error (``switch_off``)
+        self.closed = False
+        self.skipped = False  # the last step's update was skipped (guard, anomaly step)
+        self._step_started = 0.0
+        self._probe_time = 0.0  # the probe's own seconds on the training thread, this step
+        self._last: Measurement | None = None
+        # Records that must reach the monitor after ``_last`` (an eval of its step).
+        self._after_last: list[dict[str, Any]] = []
+        self._lr_experiment: LrExperiment | None = None  # watched until the LR moves
+        self._anomaly: AnomalyStep | None = None
+        self._unbracketed_updates = 0  # optimizer steps before any probe step
+
+    # --- what the probe asks of its step ---------------------------------------------------
+
+    def log(self, scalars: dict[str, Scalar]) -> None:
+        """``probe.log`` outside an evaluation: the scalars join the step under way, or
+        the step just ended (its record is held until the next begins)."""
+        started = time.perf_counter()
+        try:
+            if self.in_step and self._measurer.current is not None:
+                step = self._measurer.current
+                self._scalars.file(step.tensor_scalars, step.float_scalars, scalars)
+            elif self._last is not None:
+                self._scalars.file(self._last.late_scalars, self._last.float_scalars, scalars)
+            elif self.index >= 0:
+                self._scalars.file({}, {}, scalars)  # a step not measured (every > 1): drop
+            else:
+                warn(
+                    "probe.log() before the first step is ignored; log inside `with probe.step():`"
+                )
+        except Exception as exc:
+            self._fail(exc)
+        if self.in_step:
+            self._probe_time += time.perf_counter() - started
+
+    def count_time(self, started: float) -> None:
+        """The probe's own time since ``started`` counts in the step under way, if any."""
+        if self.in_step:
+            self._probe_time += time.perf_counter() - started
+
+    def switch_off(self) -> bool:
+        """Stop measuring after an internal error: no hook of the step left behind.
+        False if it was off already."""
+        if self.disabled:
+            return False
+        self.disabled = True
+        with contextlib.suppress(Exception):
+            self._measurer.abandon()  # no activation hooks or weight copy left behind
+        with contextlib.suppress(Exception):
+            self._end_anomaly()
+        return True
+
+    def abandon(self) -> None:
+        """The probe closes: drop a step left open (its activation hooks, its anomaly
+        mode); what was measured before it is still sent (``flush_last``)."""
+        self._measurer.abandon()
+        self._end_anomaly()
+
+    def scale_lr(self, factor: float) -> list[float]:
+        """Multiply every param group's learning rate (the monitor's LR experiment)."""
+        assert self.optimizer is not None
+        new, self._lr_experiment = scale_learning_rates(self.optimizer, factor, self.index + 1)
+        return new
 
     def _check_lr_experiment(self, step: int) -> None:
-        raise NotImplementedError  # the probe's
+        """Did the loop (a scheduler) set the learning rate back since the experiment?"""
+        assert self._lr_experiment is not None and self.optimizer is not None
+        self._lr_experiment, alert = check_experiment(self._lr_experiment, self.optimizer, step)
+        if alert is not None:
+            self._sender.put({"kind": "alert", "step": step, "alert": alert.to_dict()})
+
+    # --- the boundaries -----------------------------------------------------------------
 
     def begin_step(self, index: int | None = None) -> None:
         """A training step begins (what ``with probe.step():`` does on entry).
@@ -79,10 +168,10 @@ class StepBoundary:
                 previous index plus one, starting at 0.
         """
         started = time.perf_counter()
-        if self._disabled or self._closed:  # still count steps, so events keep their step
-            self._index = self._index + 1 if index is None else index
+        if self.disabled or self.closed:  # still count steps, so events keep their step
+            self.index = self.index + 1 if index is None else index
             return
-        if self._in_step:  # a step never ended (a framework's hook skipped): end it
+        if self.in_step:  # a step never ended (a framework's hook skipped): end it
             self.end_step()
         self._step_started = started
         try:
@@ -98,7 +187,7 @@ class StepBoundary:
         ``clip_grad_norm_`` already do. A framework calls it before it clips by other
         means, or before it clears the gradients of a step with no optimizer watched.
         """
-        if not self._in_step or self._disabled:
+        if not self.in_step or self.disabled:
             return
         started = time.perf_counter()
         try:
@@ -119,8 +208,8 @@ class StepBoundary:
             True when ``error`` is the anomaly step's own and the probe dealt with it (the
             update was skipped, the run pauses): a ``with`` block swallows it then.
         """
-        if not self._in_step or self._disabled:
-            self._in_step = False
+        if not self.in_step or self.disabled:
+            self.in_step = False
             return False
         started = time.perf_counter()
         swallow = False
@@ -128,22 +217,22 @@ class StepBoundary:
             swallow = self._exit_step(error, started)
         except Exception as exc:
             self._fail(exc)
-        self._in_step = False
+        self.in_step = False
         return swallow
 
     def _enter_step(self, index: int | None) -> None:
-        next_index = self._index + 1 if index is None else index
+        next_index = self.index + 1 if index is None else index
         self._measurer.index = next_index
-        self._skipped = False
+        self.skipped = False
         if self._lr_experiment is not None:
             self._check_lr_experiment(next_index)
         if self._control.busy:  # commands to apply, or paused: may block here
-            self._control.boundary(next_index, self._flush_last)
+            self._control.boundary(next_index, self.flush_last)
             # A pause is neither the step's time nor the probe's.
             self._step_started = time.perf_counter()
-        self._flush_last()
-        self._index = next_index
-        self._in_step = True
+        self.flush_last()
+        self.index = next_index
+        self.in_step = True
         if self._control.state.anomaly_armed and self._control.take_anomaly_step():
             # In a multi-rank job a backward stopped on one rank would leave the others
             # waiting in DDP's all-reduce: anomaly mode then only records, never stops.
@@ -193,9 +282,9 @@ class StepBoundary:
         if caught:
             self._skip_update()  # partial sums of the failed backward must not leak on
         if pause:
-            self._control.pause("the anomaly step found a non-finite gradient", self._index)
+            self._control.pause("the anomaly step found a non-finite gradient", self.index)
         report["state"] = self._control.state.as_dict()
-        self.sender.put(dict(report))
+        self._sender.put(dict(report))
         return pause
 
     def _anomaly_caught(self, error: BaseException) -> None:
@@ -208,12 +297,12 @@ class StepBoundary:
     def _guard_tripped(self, trip: GuardTrip) -> None:
         self._skip_update()
         alert = guard_alert(trip)
-        self.sender.put({"kind": "alert", "step": trip.step, "alert": alert.to_dict()})
-        self._control.pause("the guard skipped a non-finite update", self._index)
+        self._sender.put({"kind": "alert", "step": trip.step, "alert": alert.to_dict()})
+        self._control.pause("the guard skipped a non-finite update", self.index)
 
     def _skip_update(self) -> None:
         """Keep ``optimizer.step()`` from changing any weight (``probes.runtime.guard``)."""
-        self._skipped = True
+        self.skipped = True
         skip_update(self.layers.params, self.optimizer)
 
     def _end_anomaly(self) -> None:
@@ -222,12 +311,13 @@ class StepBoundary:
         if anomaly is not None:
             anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
 
-    def _before_optimizer_step(
+    def before_optimizer_step(
         self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, Any] | None:
-        """The optimizer's step pre-hook. With a closure, the gradients are those the
-        closure makes: it is wrapped, and they are read after its backward."""
-        if self._in_step and not self._disabled:
+        """``optimizer.step()`` is about to run (its pre-hook, ``OptimizerHooks``, calls
+        this). With a closure, the gradients are those the closure makes: it is wrapped,
+        and they are read after its backward; the (args, kwargs) with it are returned."""
+        if self.in_step and not self.disabled:
             try:
                 closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
                 if closure is not None:
@@ -239,7 +329,7 @@ class StepBoundary:
             # optimizer.step() after the step's block: it still updates with that step's
             # gradients (the record, not yet sent, must not say the update was skipped).
             self._last.optimizer_step = True
-        elif self._index < 0 and not self._disabled and not self._closed:
+        elif self.index < 0 and not self.disabled and not self.closed:
             try:
                 self._note_unbracketed_update()
             except Exception as exc:
@@ -252,7 +342,7 @@ class StepBoundary:
         if self._unbracketed_updates == UNBRACKETED_UPDATES:
             alert = unbracketed_alert(self._unbracketed_updates)
             warn(alert.signal)
-            self.sender.put({"kind": "alert", "step": 0, "alert": alert.to_dict()})
+            self._sender.put({"kind": "alert", "step": 0, "alert": alert.to_dict()})
 
     def _closure_reading(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         """``closure``, then (its first call only: LBFGS calls it again in its line
@@ -272,7 +362,7 @@ class StepBoundary:
     def _gradients_ready(self) -> None:
         """Gradients are final and ``optimizer.step()`` is next: measure them (and, with
         the guard, keep non-finite ones from the weights). Never raises."""
-        if not self._in_step or self._disabled:
+        if not self.in_step or self.disabled:
             return
         started = time.perf_counter()
         try:
@@ -283,9 +373,9 @@ class StepBoundary:
             self._fail(exc)
         self._probe_time += time.perf_counter() - started
 
-    def _clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
-        """Called by ``probes.runtime.clip.clip_grad_norm_`` before it clips."""
-        if self._in_step and not self._disabled:
+    def clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
+        """``probes.runtime.clip.clip_grad_norm_`` is about to clip (through the probe)."""
+        if self.in_step and not self.disabled:
             started = time.perf_counter()
             try:
                 self._measurer.clipping(max_norm, norm_type)
@@ -293,9 +383,9 @@ class StepBoundary:
                 self._fail(exc)
             self._probe_time += time.perf_counter() - started
 
-    def _clipped(self, total_norm: torch.Tensor) -> None:
-        """Called by ``probes.runtime.clip.clip_grad_norm_`` with torch's total norm."""
-        if self._in_step and not self._disabled:
+    def clipped(self, total_norm: torch.Tensor) -> None:
+        """``probes.runtime.clip.clip_grad_norm_`` clipped: torch's total norm, unread."""
+        if self.in_step and not self.disabled:
             try:
                 self._measurer.clipped(total_norm)
             except Exception as exc:
@@ -303,23 +393,23 @@ class StepBoundary:
 
     # --- records, in the order the monitor must see them ---------------------------------
 
-    def _flush_last(self) -> None:
+    def flush_last(self) -> None:
         last, self._last = self._last, None
         if last is not None:
-            self.sender.put(last)
+            self._sender.put(last)
         if self._after_last:  # rare (an eval): no new list on every step
             held, self._after_last = self._after_last, []
             for record in held:
-                self.sender.put(record)
+                self._sender.put(record)
 
-    def _put_after_step(self, record: dict[str, Any]) -> None:
+    def put_after_step(self, record: dict[str, Any]) -> None:
         """Send ``record`` after the step record it follows: that record is held until
         the next step begins (late ``log`` calls join it), and the monitor must judge
         the step before an eval of the same step (a NaN is the step's, not the eval's)."""
-        if self._last is not None or self._in_step:  # (an evaluate() inside the step)
+        if self._last is not None or self.in_step:  # (an evaluate() inside the step)
             self._after_last.append(record)
         else:
-            self.sender.put(record)
+            self._sender.put(record)
 
 
 def with_closure(
@@ -334,14 +424,15 @@ def with_closure(
 class StepScope:
     """The ``with probe.step():`` block; a class rather than a generator, for speed."""
 
-    __slots__ = ("_index", "_probe")
+    __slots__ = ("_boundary", "_index", "_probe")
 
-    def __init__(self, probe: StepBoundary, index: int | None) -> None:
+    def __init__(self, boundary: StepBoundary, probe: object, index: int | None) -> None:
+        self._boundary = boundary
         self._probe = probe
         self._index = index
 
     def __enter__(self) -> Any:  # the probe
-        self._probe.begin_step(self._index)
+        self._boundary.begin_step(self._index)
         return self._probe
 
     def __exit__(
@@ -350,4 +441,4 @@ class StepScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        return self._probe.end_step(exc)
+        return self._boundary.end_step(exc)

@@ -13,20 +13,19 @@ with the optimizer's param groups and sends what it finds as alerts, at step 0:
 Per step, ``UpdateCheck`` reads the parameters' version counters before and after
 ``optimizer.step()`` (no device work, no sync): a layer whose tensors the step did not
 touch is reported in the record's ``not_stepped``, and the monitor's
-``updates_not_applied`` rule weighs it against the layer's gradient.
+``updates_not_applied`` rule weighs it against the layer's gradient (the hooks that
+run it are ``probes.runtime.optimizer_hooks``').
 """
 
 from __future__ import annotations
 
 import operator
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.diagnosis import Alert, Severity
 from probes.kernel.diagnosis.catalog import entry
@@ -178,41 +177,3 @@ class UpdateCheck:
         if len(changed) == self.layer_count:
             return []
         return [i for i in range(self.layer_count) if i not in changed]
-
-
-def watch_updates(
-    optimizer: torch.optim.Optimizer | None,
-    layers: LayerMap,
-    current: Callable[[], Any],
-    on_error: Callable[[Exception], None],
-) -> list[RemovableHandle]:
-    """Hooks around ``optimizer.step()`` that note, in the measured step (``current()``),
-    the layers the step left untouched (``not_stepped``)."""
-    if optimizer is None or not layers.params:
-        return []
-    check = UpdateCheck(layers)
-    spent = [0.0]  # the pre-hook's seconds, added to the step's probe_time after
-
-    def before(opt: object, args: object, kwargs: object) -> None:
-        started = time.perf_counter()
-        try:
-            if current() is not None:
-                check.before()
-        except Exception as exc:  # never into the user's optimizer.step()
-            on_error(exc)
-        spent[0] = time.perf_counter() - started
-
-    def after(opt: object, args: object, kwargs: object) -> None:
-        started = time.perf_counter()
-        try:
-            step = current()
-            untouched = check.after()
-            if step is not None:
-                if untouched:
-                    step.not_stepped = untouched
-                # the probe's own time on the training thread, as the rest of it counts
-                step.probe_time += spent[0] + time.perf_counter() - started
-        except Exception as exc:
-            on_error(exc)
-
-    return [optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)]

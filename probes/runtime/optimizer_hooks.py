@@ -1,0 +1,113 @@
+"""Every hook on the watched optimizer, in one owner: registered here, removed on close.
+
+Three hooks stay for the life of the probe: before ``optimizer.step()`` the step
+boundary reads the gradients (``StepBoundary.before_optimizer_step``), then the update
+check notes the parameters' versions; after it, the update check names the layers the
+step left untouched (``probes.runtime.structure.UpdateCheck``). The measurer adds a post-hook of
+its own on the steps that measure the update (``add_post_hook``): registered then, so it
+runs after any hook the training code added meanwhile, as it always has.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from probes.runtime.layers import LayerMap
+from probes.runtime.stats import Measurement
+from probes.runtime.structure import UpdateCheck
+
+PreHook = Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[Any, Any] | None]
+PostHook = Callable[[Any, Any, Any], None]
+
+
+class CurrentStep(Protocol):
+    """What the hooks read of the measurer: the step being measured, if any."""
+
+    current: Measurement | None
+
+
+class OptimizerHooks:
+    """The one owner of the probe's hooks on ``optimizer`` (None: no hooks at all).
+
+    Args:
+        optimizer: the real optimizer (unwrapped), or None.
+        on_error: called with an exception raised inside a hook of ours (it switches
+            the probe off; nothing is raised into ``optimizer.step()``).
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer | None, *, on_error: Callable[[Exception], None]
+    ) -> None:
+        self.optimizer = optimizer
+        self._on_error = on_error
+        self._handles: list[RemovableHandle] = []
+        self._transient: RemovableHandle | None = None  # the measurer's, this step
+        self._check: UpdateCheck | None = None
+        self._measurer: CurrentStep | None = None
+        self._check_spent = 0.0  # the pre-hook's check seconds, added to probe_time after
+
+    def install(
+        self,
+        *,
+        before_step: PreHook,
+        layers: LayerMap,
+        measurer: CurrentStep,
+    ) -> None:
+        """Hook ``optimizer.step()``: ``before_step`` (the step boundary's) and the
+        update check of ``layers`` before it, the update check after it."""
+        optimizer = self.optimizer
+        if optimizer is None:
+            return
+        self._measurer = measurer
+        self._handles.append(optimizer.register_step_pre_hook(before_step))
+        if layers.params:
+            self._check = UpdateCheck(layers)
+            self._handles.append(optimizer.register_step_pre_hook(self._check_before))
+            self._handles.append(optimizer.register_step_post_hook(self._check_after))
+
+    def add_post_hook(self, hook: PostHook) -> RemovableHandle:
+        """Register ``hook`` after ``optimizer.step()`` for now (the measurer's, on the
+        steps that measure the update); its caller removes it, and close does too."""
+        assert self.optimizer is not None
+        if self._transient is not None:
+            self._transient.remove()  # (removed already, normally: one at a time)
+        self._transient = self.optimizer.register_step_post_hook(hook)
+        return self._transient
+
+    def remove(self) -> None:
+        """Remove every hook (idempotent)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._transient is not None:
+            self._transient.remove()
+            self._transient = None
+
+    def _check_before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        started = time.perf_counter()
+        try:
+            if self._measurer is not None and self._measurer.current is not None:
+                assert self._check is not None
+                self._check.before()
+        except Exception as exc:  # never into the user's optimizer.step()
+            self._on_error(exc)
+        self._check_spent = time.perf_counter() - started
+
+    def _check_after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        started = time.perf_counter()
+        try:
+            step = self._measurer.current if self._measurer is not None else None
+            assert self._check is not None
+            untouched = self._check.after()
+            if step is not None:
+                if untouched:
+                    step.not_stepped = untouched
+                # the probe's own time on the training thread, as the rest of it counts
+                step.probe_time += self._check_spent + time.perf_counter() - started
+        except Exception as exc:
+            self._on_error(exc)

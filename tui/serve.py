@@ -1,0 +1,63 @@
+"""The monitor on a frame source: the Textual app, or headless printing.
+
+Its own module, not ``tui.cli``'s, so that the command line and the demo launcher
+(``tui.launcher``, which the command line starts) both use it without importing each
+other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from probes.kernel.diagnosis import Thresholds
+from tui.sources import FrameSource
+from tui.state import MonitorState
+
+
+def serve(
+    source: FrameSource,
+    *,
+    headless: bool,
+    record: str | None,
+    summary_every: int,
+    exit_when_done: bool,
+    fail_on: str | None = None,
+    thresholds: Thresholds | None = None,
+    companion: Callable[[], int | None] | None = None,
+    mode: str = "live",
+    compare_on_start: bool = False,
+) -> int:
+    """Run the monitor on ``source``: the Textual app, or headless printing.
+
+    ``companion`` gives the exit status of a process the monitor was started for (the
+    demo trainer), None while it runs: a trainer that dies is reported, and a headless
+    monitor then stops instead of waiting for a run that will never come.
+    """
+    state = MonitorState(thresholds)
+    if headless:
+        from tui.headless import HeadlessMonitor, run_headless
+
+        monitor = HeadlessMonitor(
+            summary_every=summary_every, record_path=record, fail_on=fail_on, state=state
+        )
+        return asyncio.run(
+            run_headless(
+                source,
+                monitor,
+                exit_when_done=exit_when_done,
+                companion=companion,
+            )
+        )
+    from tui.app import make_app
+
+    app = make_app(
+        source,
+        record_path=record,
+        state=state,
+        companion=companion,
+        mode=mode,
+        compare_on_start=compare_on_start,
+    )
+    result = app.run()
+    return app.return_code or (result or 0)
