@@ -11,11 +11,13 @@ import torch
 from torch import nn
 
 import probes
+from probes.kernel.commands import Command
 from probes.kernel.wire import command_signature
 from probes.runtime.control import Control
 from tests.collector import FrameCollector
 from tests.waiting import wait_until
 from tui.monitor import Monitor
+from tui.server import Connection
 
 
 class Sent(list):
@@ -278,3 +280,46 @@ def test_at_step_is_signed_with_the_command(monkeypatch: pytest.MonkeyPatch) -> 
     control.receive(signed)
     control.boundary(5, flush=lambda: None)
     assert [a["ok"] for a in sent.acks()] == [False, True]
+
+
+def test_every_command_reaches_its_handler_under_its_wire_spelling() -> None:
+    # The wire's spellings, as monitors and probes of earlier versions send and read them.
+    assert [c.value for c in Command] == ["pause", "resume", "step", "anomaly", "guard", "lr_scale"]
+    assert all(c.key and c.label for c in Command)  # the screen offers each one
+    control, sent, _ = make_control()
+    for command_id, name in enumerate(Command, 1):
+        control.receive(command(name.value, command_id))
+    control.boundary(0, flush=lambda: None)
+    acks = sent.acks()
+    assert [a["command"] for a in acks] == [c.value for c in Command]
+    assert not [a for a in acks if str(a["result"]).startswith("unknown command")]
+    assert Command.parse("pause") is Command.PAUSE and Command.parse("reboot") is None
+
+
+class RecordingConnection(Connection):
+    """A live connection whose frames are kept instead of written."""
+
+    def __init__(self) -> None:
+        super().__init__(1, "test", None)
+        self.frames: list[dict] = []
+
+    def send(self, frame: dict) -> None:
+        self.frames.append(frame)
+
+
+def test_the_monitor_sends_a_command_as_its_plain_string_and_signs_that() -> None:
+    monitor = Monitor()
+    monitor.token = "secret"
+    conn = RecordingConnection()
+    monitor.connections["run-1"] = conn
+    assert monitor.send_command("run-1", Command.GUARD, on=True) is None
+    assert monitor.send_command("run-1", "pause") is None  # a value does as well
+    first, second = conn.frames
+    assert type(first["command"]) is str and first["command"] == "guard"
+    assert first["auth"] == command_signature("secret", "run-1", first["id"], "guard", {"on": True})
+    assert type(second["command"]) is str and second["command"] == "pause"
+    # And the probe's control takes the signed frame as it always has.
+    control, sent, _ = make_control(token="secret")
+    control.receive(first)
+    control.boundary(0, flush=lambda: None)
+    assert sent.acks()[0]["ok"] is True and control.state.guard

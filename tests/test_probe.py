@@ -11,6 +11,7 @@ from torch import nn
 
 import probes
 from probes.kernel.wire import resolve_address
+from probes.runtime.optimizer_hooks import OptimizerHooks
 from probes.runtime.sender import Sender
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 from tests.waiting import wait_until
@@ -95,6 +96,29 @@ def test_close_removes_every_hook() -> None:
     assert changed(before, model)
     assert len(model._forward_pre_hooks) == 0
     assert len(optimizer._optimizer_step_pre_hooks) == 0
+
+
+def test_closing_inside_a_sampled_step_removes_the_measurers_hook_too() -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = probes.watch(model, optimizer)
+    probe.begin_step()  # step 0 is sampled: its update is measured after optimizer.step()
+    assert len(optimizer._optimizer_step_post_hooks) == 2
+    probe.close()
+    assert len(optimizer._optimizer_step_pre_hooks) == 0
+    assert len(optimizer._optimizer_step_post_hooks) == 0
+
+
+def test_the_optimizer_hooks_owner_removes_a_hook_its_caller_left() -> None:
+    optimizer = torch.optim.SGD(mlp().parameters(), lr=0.1)
+    hooks = OptimizerHooks(optimizer, on_error=lambda exc: None)
+    hooks.add_post_hook(lambda opt, args, kwargs: None)
+    second = hooks.add_post_hook(lambda opt, args, kwargs: None)  # one at a time
+    assert len(optimizer._optimizer_step_post_hooks) == 1
+    second.remove()  # its caller's removal, then the owner's: both fine
+    hooks.add_post_hook(lambda opt, args, kwargs: None)
+    hooks.remove()
+    assert len(optimizer._optimizer_step_post_hooks) == 0
 
 
 def test_context_manager_closes(collector: FrameCollector) -> None:
