@@ -364,9 +364,8 @@ class Probe:
         "interrupted", "error: ..."); at interpreter exit, ``probes.runtime.lifecycle``
         closes the probes left open so."""
         boundary = self._boundary
-        if boundary.closed:
+        if not boundary.close():
             return
-        boundary.closed = True
         lifecycle.unregister(self)
         clip.uninstall()
         self._hooks.remove()

@@ -71,11 +71,11 @@ class StepBoundary:
         scalars: ScalarFiler,
         on_error: Callable[[BaseException], None],
     ) -> None:
-        self.module = module
-        self.layers = layers
-        self.optimizer = optimizer
-        self.options = options
-        self.identity = identity
+        self._module = module
+        self._layers = layers
+        self._optimizer = optimizer
+        self._options = options
+        self._identity = identity
         self._measurer = measurer
         self._control = control
         self._sender = sender  # its ``put`` looked up each time (a benchmark counts it)
@@ -84,7 +84,7 @@ class StepBoundary:
         self.index = -1  # the current (or last) step; -1 before the first
         self.in_step = False
         self.disabled = False  # switched off after an internal error (``switch_off``)
-        self.closed = False
+        self.closed = False  # (``close``)
         self.skipped = False  # the last step's update was skipped (guard, anomaly step)
         self._step_started = 0.0
         self._probe_time = 0.0  # the probe's own seconds on the training thread, this step
@@ -123,6 +123,14 @@ class StepBoundary:
         if self.in_step:
             self._probe_time += time.perf_counter() - started
 
+    def close(self) -> bool:
+        """The probe closes: no step is measured from now on. False if it was closed
+        already (then there is nothing more to do)."""
+        if self.closed:
+            return False
+        self.closed = True
+        return True
+
     def switch_off(self) -> bool:
         """Stop measuring after an internal error: no hook of the step left behind.
         False if it was off already."""
@@ -143,14 +151,14 @@ class StepBoundary:
 
     def scale_lr(self, factor: float) -> list[float]:
         """Multiply every param group's learning rate (the monitor's LR experiment)."""
-        assert self.optimizer is not None
-        new, self._lr_experiment = scale_learning_rates(self.optimizer, factor, self.index + 1)
+        assert self._optimizer is not None
+        new, self._lr_experiment = scale_learning_rates(self._optimizer, factor, self.index + 1)
         return new
 
     def _check_lr_experiment(self, step: int) -> None:
         """Did the loop (a scheduler) set the learning rate back since the experiment?"""
-        assert self._lr_experiment is not None and self.optimizer is not None
-        self._lr_experiment, alert = check_experiment(self._lr_experiment, self.optimizer, step)
+        assert self._lr_experiment is not None and self._optimizer is not None
+        self._lr_experiment, alert = check_experiment(self._lr_experiment, self._optimizer, step)
         if alert is not None:
             self._sender.put({"kind": "alert", "step": step, "alert": alert.to_dict()})
 
@@ -237,16 +245,16 @@ class StepBoundary:
             # In a multi-rank job a backward stopped on one rank would leave the others
             # waiting in DDP's all-reduce: anomaly mode then only records, never stops.
             self._anomaly = AnomalyStep(
-                self.module,
+                self._module,
                 next_index,
                 on_error=self._fail,
                 on_caught=self._anomaly_caught,
-                catch=self.options.on_anomaly == "pause",
-                check_nan=not self.identity.distributed,
+                catch=self._options.on_anomaly == "pause",
+                check_nan=not self._identity.distributed,
             )
             self._anomaly.start()
-        if next_index % self.options.every == 0:
-            sampled = next_index % self.options.sample_every == 0
+        if next_index % self._options.every == 0:
+            sampled = next_index % self._options.sample_every == 0
             self._measurer.begin(next_index, time.time(), sampled)
 
     def _exit_step(self, error: BaseException | None, started: float) -> bool:
@@ -272,12 +280,12 @@ class StepBoundary:
         scalars = dict(step.float_scalars) if step is not None else {}
         error = error if error is not None else anomaly.caught
         caught = backward_op(error) is not None
-        pause = caught and self.options.on_anomaly == "pause"
+        pause = caught and self._options.on_anomaly == "pause"
         report = anomaly.finish(
             error,
             scalars=scalars,
             paused=pause,
-            raise_on_anomaly=self.options.on_anomaly == "raise",
+            raise_on_anomaly=self._options.on_anomaly == "raise",
         )
         if caught:
             self._skip_update()  # partial sums of the failed backward must not leak on
@@ -303,7 +311,7 @@ class StepBoundary:
     def _skip_update(self) -> None:
         """Keep ``optimizer.step()`` from changing any weight (``probes.runtime.guard``)."""
         self.skipped = True
-        skip_update(self.layers.params, self.optimizer)
+        skip_update(self._layers.params, self._optimizer)
 
     def _end_anomaly(self) -> None:
         """Turn off an anomaly step that will not finish normally (close, failure)."""
