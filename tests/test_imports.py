@@ -79,6 +79,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         "probes",
         "probes.kernel",
         "probes.kernel.wire",
+        "probes.kernel.fold",
         "probes.kernel.schema",
         "probes.kernel.diagnosis",
     }
@@ -90,6 +91,8 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         "probes.kernel.wire",
         "probes.kernel.schema",
         "probes.kernel.thinning",
+        "probes.kernel.merge",
+        "probes.kernel.fold",
         "probes.kernel.replay",
         "probes.kernel.diagnosis",
         "probes.kernel.diagnosis.ranks",
