@@ -224,3 +224,24 @@ def probe_alert(
             "experiments": ["look at the rows"],
         },
     )
+
+
+def thinned_as_sent(records: list[Frame], factor: int) -> list[Frame]:
+    """Records as a run ``factor`` times faster than the sender's budget would send
+    them: the sender's thinning policy (``probes.kernel.thinning.Thinner``), fed as
+    the sender feeds it, ``factor`` steps a collect with a budget of one (the first step
+    sent alone); other records pass, in order."""
+    from probes.kernel.thinning import RECORDS, Thinner
+
+    thinner: Thinner[Frame] = Thinner(RECORDS)
+    out: list[Frame] = []
+    batch: list[Frame] = []
+    steps = 0
+    need = factor + 1  # the first collect: the first step alone, then a group
+    for record in records:
+        batch.append(record)
+        steps += record.get("kind") == "step"
+        if steps == need:
+            out += thinner.thin(batch, 1)
+            batch, steps, need = [], 0, factor
+    return out + thinner.thin(batch, 1) if batch else out

@@ -82,6 +82,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         "probes.kernel",
         "probes.kernel.wire",
         "probes.kernel.commands",
+        "probes.kernel.fold",
         "probes.kernel.schema",
         "probes.kernel.diagnosis",
     }
@@ -94,6 +95,8 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         "probes.kernel.commands",
         "probes.kernel.schema",
         "probes.kernel.thinning",
+        "probes.kernel.merge",
+        "probes.kernel.fold",
         "probes.kernel.replay",
         "probes.kernel.diagnosis",
         "probes.kernel.diagnosis.ranks",

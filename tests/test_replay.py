@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from probes.kernel.replay import ReplayHistory, has_non_finite, merge_steps, span_of, thin
+from probes.kernel.merge import has_non_finite
+from probes.kernel.replay import ReplayHistory
+from probes.kernel.thinning import RECORDS, Thinner, span_of
 
 Record = dict[str, Any]
 
@@ -45,17 +47,17 @@ def test_has_non_finite(record: Record, expected: bool) -> None:
     assert has_non_finite(record) is expected
 
 
-# --- merge_steps -------------------------------------------------------------------------
+# --- collapse -------------------------------------------------------------------------
 
 
 def test_merge_single_record_unchanged() -> None:
     record = step(3)
-    assert merge_steps([record]) is record
+    assert RECORDS.collapse([record]) is record
 
 
 def test_merge_keeps_last_and_sets_span() -> None:
     records = [step(i) for i in range(4, 9)]
-    merged = merge_steps(records)
+    merged = RECORDS.collapse(records)
     assert merged["step"] == 8
     assert merged["scalars"] == records[-1]["scalars"]
     assert merged["span"] == [4, 8]
@@ -64,7 +66,7 @@ def test_merge_keeps_last_and_sets_span() -> None:
 
 def test_merge_keeps_first_non_finite() -> None:
     records = [step(0), step(1, math.nan), step(2), step(3, math.inf), step(4)]
-    merged = merge_steps(records)
+    merged = RECORDS.collapse(records)
     assert merged["step"] == 1
     assert math.isnan(merged["scalars"]["loss"])
     assert merged["span"] == [0, 4]
@@ -72,37 +74,32 @@ def test_merge_keeps_first_non_finite() -> None:
 
 def test_merge_non_finite_last() -> None:
     records = [step(0), step(1), step(2, -math.inf)]
-    merged = merge_steps(records)
+    merged = RECORDS.collapse(records)
     assert merged["step"] == 2
     assert has_non_finite(merged)
     assert merged["span"] == [0, 2]
 
 
 def test_merge_already_merged_records() -> None:
-    left = merge_steps([step(i) for i in range(0, 5)])
-    right = merge_steps([step(i) for i in range(5, 10)])
-    merged = merge_steps([left, right])
+    left = RECORDS.collapse([step(i) for i in range(0, 5)])
+    right = RECORDS.collapse([step(i) for i in range(5, 10)])
+    merged = RECORDS.collapse([left, right])
     assert merged["span"] == [0, 9]
     assert merged["step"] == 9
 
-    with_nan = merge_steps([step(10), step(11, math.nan), step(12)])
-    merged = merge_steps([merged, with_nan, merge_steps([step(13), step(14)])])
+    with_nan = RECORDS.collapse([step(10), step(11, math.nan), step(12)])
+    merged = RECORDS.collapse([merged, with_nan, RECORDS.collapse([step(13), step(14)])])
     assert merged["span"] == [0, 14]
     assert merged["step"] == 11
     assert has_non_finite(merged)
 
 
-# --- thin, over step records as dicts -----------------------------------------------
+# --- thinning, over step records as dicts -----------------------------------------------
 
 
 def thin_steps(records: list[Record], budget: int, keep_first: bool = False) -> list[Record]:
-    return thin(
-        records,
-        budget,
-        is_step=lambda r: r.get("kind") == "step",
-        merge=lambda run: [merge_steps(run)],
-        keep_first=keep_first,
-    )
+    """The sender's thinning policy over records, one collect."""
+    return Thinner(RECORDS, first_alone=keep_first).thin(records, budget)
 
 
 def test_thin_within_budget_unchanged() -> None:
@@ -302,9 +299,7 @@ def test_history_first_step_non_finite() -> None:
 
 
 def test_merged_history_records_updated_if_any_step_did() -> None:
-    from probes.kernel.replay import merge_steps
-
     records = [{"kind": "step", "step": n, "optimizer_step": False} for n in range(3)]
-    assert merge_steps(records)["optimizer_step"] is False
+    assert RECORDS.collapse(records)["optimizer_step"] is False
     records[1].pop("optimizer_step")  # step 1 updated
-    assert "optimizer_step" not in merge_steps(records)
+    assert "optimizer_step" not in RECORDS.collapse(records)

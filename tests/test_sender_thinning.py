@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from probes.kernel.replay import thin
-from probes.runtime.sender import _is_step, _merge_pending
+from probes.kernel.thinning import Thinner
+from probes.runtime.sender import PendingSteps
 
 
 @dataclass
@@ -30,12 +30,25 @@ class FakeMeasurement:
     def has_non_finite(self) -> bool:
         return self.bad
 
-    def peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]:
+    def merge_values(self) -> dict:
         grads = [math.nan, *self.grads[1:]] if self.bad else list(self.grads)
-        return grads, math.sqrt(sum(g * g for g in grads)), {"loss": self.loss}
+        return {
+            "grad_norms": grads,
+            "grad_norm_total": math.sqrt(sum(g * g for g in grads)),
+            "scalars": {"loss": self.loss},
+            "duration": self.duration,
+            "optimizer_step": self.optimizer_step,
+            "grads_not_cleared": self.not_cleared,
+            "not_stepped": self.not_stepped,
+        }
 
     def to_record(self) -> dict:
         return {"kind": "step", "step": self.step, **(self.merged or {})}
+
+
+def merged(group: list) -> list:
+    """What the sender's policy keeps of one group (nothing sent before it)."""
+    return Thinner(PendingSteps()).merge(group)
 
 
 def steps(count: int, *, sampled_every: int = 0, bad: tuple[int, ...] = ()) -> list:
@@ -46,12 +59,12 @@ def steps(count: int, *, sampled_every: int = 0, bad: tuple[int, ...] = ()) -> l
 
 
 def test_a_group_keeps_its_last_step_so_the_step_count_stays_true() -> None:
-    kept = _merge_pending(steps(10))
+    kept = merged(steps(10))
     assert [(m.step, m.span) for m in kept] == [(9, (0, 9))]
 
 
 def test_a_group_keeps_its_last_sampled_step_too() -> None:
-    kept = _merge_pending(steps(10, sampled_every=4))  # 0, 4, 8 sampled
+    kept = merged(steps(10, sampled_every=4))  # 0, 4, 8 sampled
     assert [(m.step, m.span) for m in kept] == [(8, (0, 8)), (9, None)]  # 9 stands alone
 
 
@@ -60,24 +73,24 @@ def test_a_merged_record_updated_if_any_of_its_steps_did() -> None:
     group = steps(10, sampled_every=4)
     for m in group:
         m.optimizer_step = m.step % 4 == 1
-    kept = _merge_pending(group)
+    kept = merged(group)
     assert [(m.step, m.optimizer_step) for m in kept] == [(8, True), (9, True)]
     idle = steps(3)
     for m in idle:
         m.optimizer_step = False
-    assert [m.optimizer_step for m in _merge_pending(idle)] == [False]
+    assert [m.optimizer_step for m in merged(idle)] == [False]
 
 
 def test_a_non_finite_step_is_kept_with_the_one_before_it() -> None:
-    kept = _merge_pending(steps(10, bad=(6, 7)))
+    kept = merged(steps(10, bad=(6, 7)))
     assert [(m.step, m.span) for m in kept] == [(5, (0, 5)), (6, (6, 9))]
-    first_bad = _merge_pending(steps(4, bad=(0,)))
+    first_bad = merged(steps(4, bad=(0,)))
     assert [(m.step, m.span) for m in first_bad] == [(0, (0, 3))]
 
 
 def test_thinning_a_fast_run_keeps_step_zero_every_bad_step_and_the_last() -> None:
     items = [*steps(1000, sampled_every=20, bad=(500,)), {"kind": "eval", "step": 999}]
-    kept = thin(items, 10, is_step=_is_step, merge=_merge_pending, keep_first=True)
+    kept = Thinner(PendingSteps()).thin(items, 10)  # the first step sent alone
     measured = [m for m in kept if not isinstance(m, dict)]
     assert measured[0].step == 0 and measured[0].span is None
     assert 500 in [m.step for m in measured] and 499 in [m.step for m in measured]

@@ -1,6 +1,6 @@
-"""The thinning policy (``probes.kernel.thinning``): the peaks a merged record keeps, where a
-group is cut, and the point of it all: thinned and unthinned copies of the same records
-raise the same alerts at the same steps."""
+"""The thinning policy (``probes.kernel.thinning``, ``probes.kernel.merge``): the peaks a
+merged record keeps, where a group is cut, and the point of it all: thinned and
+unthinned copies of the same records raise the same alerts at the same steps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from probes.kernel.diagnosis import Diagnoser, RunInfo
-from probes.kernel.thinning import Member, Peaks, merge_records, plan, thin_records
+from probes.kernel.merge import Peaks
+from probes.kernel.thinning import RECORDS, Member, plan
+from tests.frames import thinned_as_sent
 
 Record = dict[str, Any]
 LAYERS = ("enc.0", "enc.1", "head")
@@ -50,7 +52,7 @@ def test_a_merged_record_keeps_the_peaks_of_its_span() -> None:
         step(5, loss=0.5, grads=(3.0, 1.0, 1.0), probe_time=0.002),
         step(6, loss=1.0, grads=(1.0, 1.0, 2.0), probe_time=0.001),
     ]
-    merged = merge_records(records)
+    merged = RECORDS.collapse(records)
     assert merged["step"] == 6 and merged["span"] == [4, 6]
     assert merged["grad_norms"] == [1.0, 1.0, 2.0]  # the step it shows
     assert merged["grad_norms_max"] == [3.0, 9.0, 2.0]
@@ -59,7 +61,7 @@ def test_a_merged_record_keeps_the_peaks_of_its_span() -> None:
     assert merged["duration"] == pytest.approx(0.03)
     assert merged["probe_time"] == pytest.approx(0.004)
     assert "first_non_finite_step" not in merged
-    assert "probe_time" not in merge_records([step(1), step(2)])  # never invented
+    assert "probe_time" not in RECORDS.collapse([step(1), step(2)])  # never invented
 
 
 def test_the_first_non_finite_step_is_named_and_shown_and_peaks_stay_finite() -> None:
@@ -69,7 +71,7 @@ def test_the_first_non_finite_step_is_named_and_shown_and_peaks_stay_finite() ->
         step(2, grads=(1.0, math.inf, 1.0)),
         step(3),
     ]
-    merged = merge_records(records)
+    merged = RECORDS.collapse(records)
     assert merged["step"] == 1 and math.isnan(merged["scalars"]["loss"])
     assert merged["first_non_finite_step"] == 1
     assert merged["grad_norms_max"] == [1.0, 50.0, 1.0]
@@ -80,21 +82,21 @@ def test_flags_of_a_merged_record() -> None:
     """It updated if any step did; it held old gradients if every updating step did; it
     names the layers no update of its span touched."""
     accumulating = [step(0, optimizer_step=False), step(1), step(2, optimizer_step=False)]
-    assert "optimizer_step" not in merge_records(accumulating)
+    assert "optimizer_step" not in RECORDS.collapse(accumulating)
     idle = [step(0, optimizer_step=False), step(1, optimizer_step=False)]
-    assert merge_records(idle)["optimizer_step"] is False
+    assert RECORDS.collapse(idle)["optimizer_step"] is False
     streak = [step(n, grads_not_cleared=True, not_stepped=[1, 2]) for n in range(3)]
-    merged = merge_records(streak)
+    merged = RECORDS.collapse(streak)
     assert merged["grads_not_cleared"] is True and merged["not_stepped"] == [1, 2]
     broken = [*streak, step(3, not_stepped=[2])]
-    merged = merge_records(broken)
+    merged = RECORDS.collapse(broken)
     assert "grads_not_cleared" not in merged and merged["not_stepped"] == [2]
 
 
 def test_peaks_of_merged_records_merge_again() -> None:
-    first = merge_records([step(0, loss=3.0), step(1, grads=(7.0, 1.0, 1.0))])
-    second = merge_records([step(2, loss=0.2), step(3)])
-    merged = merge_records([first, second])
+    first = RECORDS.collapse([step(0, loss=3.0), step(1, grads=(7.0, 1.0, 1.0))])
+    second = RECORDS.collapse([step(2, loss=0.2), step(3)])
+    merged = RECORDS.collapse([first, second])
     assert merged["span"] == [0, 3]
     assert merged["grad_norms_max"][0] == 7.0
     assert (merged["scalars_max"]["loss"], merged["scalars_min"]["loss"]) == (3.0, 0.2)
@@ -105,16 +107,18 @@ def test_peaks_accumulate_scalars_other_than_the_loss() -> None:
     peaks = Peaks()
     for n, acc in enumerate((0.5, 0.9, 0.7)):
         peaks.add(
+            {
+                "grad_norms": [1.0],
+                "grad_norm_total": 1.0,
+                "scalars": {"loss": 1.0, "acc": acc},
+                "duration": None,
+                "probe_time": None,
+                "optimizer_step": None,
+                "grads_not_cleared": False,
+                "not_stepped": None,
+            },
             step=n,
-            grads=[1.0],
-            total=1.0,
-            scalars={"loss": 1.0, "acc": acc},
             non_finite=False,
-            duration=None,
-            probe_time=None,
-            optimizer_step=None,
-            not_cleared=False,
-            not_stepped=None,
         )
     fields = peaks.fields()
     assert fields["scalars_max"]["acc"] == 0.9 and fields["scalars_min"]["acc"] == 0.5
@@ -267,7 +271,7 @@ def test_thinned_and_unthinned_records_raise_the_same_alerts_at_the_same_steps(
     build, kind = SCENARIOS[name]
     records = build()
     every = raised(records)
-    thinned_records = thin_records(records, factor)
+    thinned_records = thinned_as_sent(records, factor)
     assert sum(r["kind"] == "step" for r in thinned_records) < len(records) / factor * 4
     thinned = raised(thinned_records)
     assert [(k, s) for k, s, _ in thinned] == [(k, s) for k, s, _ in every]
@@ -280,7 +284,7 @@ def test_an_explosion_doubling_each_step_is_raised_at_the_same_step() -> None:
     records = [step(n, grads=(2.0 ** max(0, n - 30), 1.0, 1.0)) for n in range(60)]
     every = raised(records)
     assert every[0][:2] == ("exploding_gradient", "enc.0")
-    assert raised(thin_records(records, 50)) == every
+    assert raised(thinned_as_sent(records, 50)) == every
 
 
 def test_every_anchor_is_shown_on_its_own_whatever_the_group() -> None:

@@ -3,10 +3,10 @@
 ``GradHeatmap`` keeps, for every layer, at most ``capacity`` columns of equal step
 width, each holding the largest gradient norm seen in its steps (an explosion must not
 vanish into an average). When the run outgrows the columns, neighbouring columns are
-merged pairwise and the width in steps doubles, as ``tui.series.BucketedSeries`` does,
-so the whole run stays at an even resolution. Values are float32 (``array('f')``): one
-layer costs 4 bytes a column, 2 KiB at the default 512 columns, whatever the run's
-length; 64 ranks x 200 layers fit in about 26 MB.
+merged pairwise and the width in steps doubles (``probes.kernel.fold``, as
+``tui.series.BucketedSeries`` does), so the whole run stays at an even resolution.
+Values are float32 (``array('f')``): one layer costs 4 bytes a column, 2 KiB at the
+default 512 columns, whatever the run's length; 64 ranks x 200 layers fit in about 26 MB.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
+
+from probes.kernel.fold import fold_pairs
 
 MISSING = -1.0  # no gradient in this column (no record yet, or .grad was None)
 NON_FINITE = math.inf  # NaN or Inf: larger than any norm, so max() keeps it
@@ -142,12 +144,11 @@ class GradHeatmap:
         columns = self._all_columns()
         self.newest = None
         self.stride *= 2
-        self.sealed = [
-            array("f", map(max, *columns[i : i + 2]))
-            if i + 1 < len(columns)
-            else array("f", columns[i])
-            for i in range(0, len(columns), 2)
-        ]
+        self.sealed = fold_pairs(cast("list[array]", columns), _larger)  # (arrays, all)
+
+
+def _larger(older: array, newer: array) -> array:
+    return array("f", map(max, older, newer))
 
 
 def _stored(norms: Sequence[float | None]) -> list[float]:

@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from probes.kernel.fold import fold_pairs
+
 
 @dataclass
 class BucketedSeries:
@@ -14,9 +16,9 @@ class BucketedSeries:
     While the series fits, every point is its own bucket. When it is full, all but the
     newest quarter are folded into buckets of ``stride`` points each, keeping the min,
     max and last y; when those are too many, they are merged pairwise and the stride
-    doubles. So the whole run keeps an even resolution (what a chart a few hundred
-    columns wide can show anyway; the start of a long run is never squeezed out), and
-    the newest points stay exact. The first non-finite x is kept exactly.
+    doubles (``probes.kernel.fold``). So the whole run keeps an even resolution (what a
+    chart a few hundred columns wide can show anyway; the start of a long run is never
+    squeezed out), and the newest points stay exact. The first non-finite x is kept exactly.
     """
 
     capacity: int = 2048
@@ -72,7 +74,7 @@ class BucketedSeries:
         folded = self._regroup(len(self.xs) - exact, self.stride)
         while len(folded) > self.capacity // 2:
             self.stride *= 2
-            folded = _pairs(folded)
+            folded = fold_pairs(folded, _join)
         tail = list(zip(self.xs, self.last, self.low, self.high, self.counts, strict=True))[-exact:]
         self.xs, self.last, self.low, self.high, self.counts = _columns(folded + tail)
 
@@ -106,13 +108,6 @@ def _join(older: Bucket, newer: Bucket) -> Bucket:
         _merge(older[3], newer[3], max),
         older[4] + newer[4],
     )
-
-
-def _pairs(buckets: list[Bucket]) -> list[Bucket]:
-    out = [_join(buckets[i], buckets[i + 1]) for i in range(0, len(buckets) - 1, 2)]
-    if len(buckets) % 2:
-        out.append(buckets[-1])
-    return out
 
 
 def _columns(

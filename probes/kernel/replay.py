@@ -1,99 +1,27 @@
 """Bounded, decimated history of a run's records (pure Python, no torch).
 
-The sender keeps one so that a monitor started late still sees the run from step 0,
-and uses ``thin`` to cap how many step records a second it finalises and sends.
-
-Thinning never loses the evidence that matters most: the first record is always kept,
-and a run of records collapses to its last one unless a record inside it holds a
-non-finite value, in which case the first such record is kept instead. The kept record
-says which steps it stands for in ``span`` and carries the peaks of those steps (the
-policy is ``probes.kernel.thinning``'s, shared with the sender).
+The sender keeps one, so that a monitor started late still sees the run from step 0.
+(What the sender sends live is thinned before it gets here, by the policy of
+``probes.kernel.thinning``.) The history bounds its memory by folding its older half
+pairwise (``probes.kernel.fold``), each pair merged into one record as the thinning
+policy merges records (``thinning.RECORDS.collapse``): the first non-finite record of
+a pair shows, else the later one, with ``span`` saying which steps it stands for and
+the peaks of those steps. The first step record is always kept as it was.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
-from probes.kernel.thinning import merge_records
+from probes.kernel.fold import fold_pairs
+from probes.kernel.thinning import RECORDS
 
 Record = dict[str, Any]
-T = TypeVar("T")
 
 
-def has_non_finite(record: Record) -> bool:
-    """True if any number in the record (nested lists and dicts included) is NaN or Inf."""
-    return any(not math.isfinite(x) for x in iter_numbers(record))
-
-
-def iter_numbers(value: Any) -> Iterator[float]:
-    """Every float or int inside ``value``, depth first (bools excluded)."""
-    if isinstance(value, float):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from iter_numbers(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from iter_numbers(item)
-
-
-def span_of(record: Record) -> tuple[int, int]:
-    """The steps a (possibly merged) step record stands for."""
-    span = record.get("span")
-    if span:
-        return int(span[0]), int(span[1])
-    step = int(record["step"])
-    return step, step
-
-
-def merge_steps(records: list[Record]) -> Record:
-    """Collapse consecutive step (or eval) records into one that stands for all of them,
-    with the peaks of its span (``probes.kernel.thinning``)."""
-    return merge_records(records)
-
-
-def thin(
-    items: list[T],
-    budget: int,
-    *,
-    is_step: Callable[[T], bool],
-    merge: Callable[[list[T]], list[T]],
-    keep_first: bool = False,
-) -> list[T]:
-    """About ``budget`` step items (plus the first step when ``keep_first``), in order.
-
-    Consecutive step items are merged in runs of equal size by ``merge``, which returns
-    what stands for the run (usually one item); other items pass through untouched and
-    end a run.
-    """
-    steps = sum(1 for item in items if is_step(item))
-    if steps <= budget or budget <= 0:
-        return items
-    out: list[T] = []
-    group_size = math.ceil(steps / budget)
-    run: list[T] = []
-    first_pending = keep_first
-    for item in items:
-        if not is_step(item):
-            if run:
-                out.extend(merge(run))
-                run = []
-            out.append(item)
-            continue
-        if first_pending:
-            first_pending = False
-            out.append(item)
-            continue
-        run.append(item)
-        if len(run) >= group_size:
-            out.extend(merge(run))
-            run = []
-    if run:
-        out.extend(merge(run))
-    return out
+def _join(older: Record, newer: Record) -> Record:
+    return RECORDS.collapse([older, newer])
 
 
 class ReplayHistory:
@@ -144,4 +72,4 @@ class ReplayHistory:
             return
         half = len(records) // 2
         half -= half % 2
-        records[:half] = [merge_steps(records[i : i + 2]) for i in range(0, half, 2)]
+        records[:half] = fold_pairs(records[:half], _join)

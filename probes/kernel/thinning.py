@@ -1,5 +1,5 @@
-"""How a fast run's step records are thinned: one policy for the sender (over pending
-measurements) and the history (over records). Pure Python, no torch.
+"""How a fast run's step records are thinned: one policy, for the sender (over pending
+measurements) and the replay history (over records). Pure Python, no torch.
 
 A run faster than the sender's budget (60 step records a second) sends one record for
 a group of consecutive steps. Time stays counted in steps, and no peak is lost:
@@ -22,19 +22,27 @@ a group of consecutive steps. Time stays counted in steps, and no peak is lost:
 - the first step with a non-finite number ends the finite part (the step before it
   shows the peak of a climb) and is the representative of the rest of the group.
 
-A merged record updated the weights if any of its steps did; it holds uncleared
-gradients if every step that updated did (a streak), and names the layers no update of
-its span touched.
+How each field of a merged record is made from its steps' (the peaks above, sums,
+flags: a merged record updated the weights if any of its steps did, it holds uncleared
+gradients if every step that updated did, and names the layers no update of its span
+touched) is the record spec's (``probes.kernel.schema.spec``, each field's ``merge``),
+applied by ``probes.kernel.merge.Peaks``. ``Thinner`` is the policy over a stream
+(groups within a budget, cut as above, judged against what was sent before);
+``RecordSteps`` and the sender's measurements are the two kinds of steps it thins.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
+
+from probes.kernel.merge import Peaks, apply, finite_number, has_non_finite, peak_or_own
+from probes.kernel.schema.spec import EVAL, STEP
 
 Record = dict[str, Any]
+T = TypeVar("T")
 
 ESCALATION = 2.0  # a step this many times above everything before it is sent as its own
 MAX_ESCALATIONS = 8  # ... at most this many per group (an explosion needs only its start)
@@ -70,6 +78,20 @@ class Member:
         if non_finite or None in values:
             values = tuple(finite_number(v) or 0.0 for v in values)  # the rare, slow way
         return cls(non_finite, keep, values, anchor)  # type: ignore[arg-type]
+
+    @classmethod
+    def of_values(
+        cls, values: Mapping[str, Any], *, non_finite: bool, keep: bool, anchor: bool = False
+    ) -> Member:
+        """A member from a step's fields (a merged one's peaks where it has them)."""
+        return cls.of(
+            non_finite=non_finite,
+            keep=keep,
+            total=_number_or_none(peak_or_own(values, "grad_norm_total", "grad_norm_total_max")),
+            scalars=peak_or_own(values, "scalars", "scalars_max") or {},
+            grads=peak_or_own(values, "grad_norms", "grad_norms_max") or (),
+            anchor=anchor,
+        )
 
 
 def plan(members: Sequence[Member], reference: Ceiling = ()) -> list[tuple[int, int, int]]:
@@ -132,196 +154,190 @@ def ceiling(members: Iterable[Member]) -> Ceiling:
     return tops
 
 
-class Peaks:
-    """The peaks of the steps a merged record stands for, accumulated step by step."""
+class Steps(Protocol[T]):
+    """How the policy reads one kind of step item: a pending measurement, or a record."""
 
-    def __init__(self) -> None:
-        self.grads: list[float | None] | None = None
-        self.total: float | None = None
-        self.scalars_max: dict[str, float] = {}
-        self.scalars_min: dict[str, float] = {}
-        self.first_bad: int | None = None
-        self.duration = 0.0
-        self.probe_time: float | None = None
-        self.updated = False  # some step of the span ran optimizer.step()
-        self.not_cleared: bool | None = None  # every updating step held old gradients
-        self.not_stepped: set[int] | None = None  # layers no update of the span touched
+    def is_step(self, item: Any) -> bool: ...
 
-    def add(
-        self,
-        *,
-        step: int,
-        grads: Sequence[float | None],
-        total: float | None,
-        scalars: Mapping[str, float],
-        non_finite: bool,
-        duration: float | None,
-        probe_time: float | None,
-        optimizer_step: bool | None,
-        not_cleared: bool,
-        not_stepped: Iterable[int] | None,
-        scalars_min: Mapping[str, float] | None = None,
-        first_bad: int | None = None,
-    ) -> None:
-        """One step (or a merged record: pass its own peaks as ``grads``, ``total``,
-        ``scalars`` and ``scalars_min``, and its ``first_bad``)."""
-        acc = self.grads
-        if (
-            not non_finite
-            and acc is not None
-            and len(acc) == len(grads)
-            and None not in grads
-            and None not in acc
-        ):
-            self.grads = list(map(max, acc, grads))  # type: ignore[arg-type]  # in C
-        else:
-            self.grads = _max_each(acc, grads)
-        self.total = _max(self.total, total)
-        if non_finite or scalars_min is not None:
-            _fold_scalars(self.scalars_max, scalars, max)
-            _fold_scalars(self.scalars_min, scalars if scalars_min is None else scalars_min, min)
-        else:  # finite floats: the common case, without the checks
-            highs, lows = self.scalars_max, self.scalars_min
-            for name, value in scalars.items():
-                if name not in highs:
-                    highs[name] = lows[name] = value
-                elif value > highs[name]:
-                    highs[name] = value
-                elif value < lows[name]:
-                    lows[name] = value
-        if self.first_bad is None:
-            self.first_bad = first_bad if first_bad is not None else (step if non_finite else None)
-        if duration is not None and math.isfinite(duration):
-            self.duration += duration
-        if probe_time is not None and math.isfinite(probe_time):
-            self.probe_time = (self.probe_time or 0.0) + probe_time
-        if optimizer_step is not False:  # True, or None (no optimizer watched)
-            self.updated = self.updated or optimizer_step is True
-            self.not_cleared = (
-                not_cleared if self.not_cleared is None else (self.not_cleared and not_cleared)
-            )
-            if self.not_stepped is None:
-                self.not_stepped = set(not_stepped or ())
-            elif self.not_stepped:
-                self.not_stepped &= set(not_stepped or ())
+    def step(self, item: T) -> int: ...
 
-    def add_record(self, record: Mapping[str, Any]) -> None:
-        """A step record, plain or merged."""
-        scalars = record.get("scalars") or {}
-        self.add(
-            step=int(record.get("step", 0)),
-            grads=record.get("grad_norms_max") or record.get("grad_norms") or (),
-            total=_first_number(record.get("grad_norm_total_max"), record.get("grad_norm_total")),
-            scalars=record.get("scalars_max") or scalars,
-            scalars_min=record.get("scalars_min") or scalars,
-            non_finite=_has_non_finite(record),
-            first_bad=record.get("first_non_finite_step"),
-            duration=record.get("duration"),
-            probe_time=record.get("probe_time"),
-            optimizer_step=record.get("optimizer_step", True),
-            not_cleared=bool(record.get("grads_not_cleared")),
-            not_stepped=record.get("not_stepped"),
+    def values(self, item: T) -> Mapping[str, Any]:
+        """Its fields as the spec names them (a merged one's peaks among them)."""
+        ...
+
+    def non_finite(self, item: T) -> bool: ...
+
+    def keep(self, item: T) -> bool:
+        """A sampled step, or one measuring an update: a group is cut after it."""
+        ...
+
+    def sampled(self, item: T) -> bool: ...
+
+    def stand_for(self, group: Sequence[T], representative: int, peaks: Peaks) -> T:
+        """What stands for ``group``: its representative, with the span and the
+        merged fields (``peaks``) of them all."""
+        ...
+
+
+class Thinner(Generic[T]):
+    """The thinning policy over a stream of items (steps, and other records that pass):
+    about ``budget`` step items per call, each group cut as ``plan`` says and judged
+    against what was sent before (``reference``).
+
+    Args:
+        steps: how to read the stream's steps.
+        anchor_every: for a rank of a job, the period of the sampled steps always sent
+            on their own (every rank sends the same ones); 0 for none.
+        first_alone: the stream's first step is sent alone (the sender's way: the
+            first group is then judged against it).
+    """
+
+    def __init__(self, steps: Steps[T], anchor_every: int = 0, *, first_alone: bool = True):
+        self.steps = steps
+        self.anchor_every = anchor_every
+        self.reference: Ceiling = ()
+        self._first_pending = first_alone
+
+    def thin(self, items: list[Any], budget: int) -> list[Any]:
+        """``items`` with their steps thinned to about ``budget`` (plus the first step
+        when it is sent alone), in order; other items pass through untouched and end a
+        group. Within the budget, ``items`` itself."""
+        is_step = self.steps.is_step
+        if self._first_pending:
+            first = next((item for item in items if is_step(item)), None)
+            self.note_sent([] if first is None else [first])
+        kept = group_within(
+            items, budget, is_step=is_step, merge=self.merge, keep_first=self._first_pending
         )
+        sent = [item for item in kept if is_step(item)]
+        self.note_sent(sent)
+        if sent:
+            self._first_pending = False
+        return kept
 
-    def fields(self) -> Record:
-        """The merged record's fields (they replace the representative's own)."""
-        fields: Record = {
-            "grad_norms_max": list(self.grads or ()),
-            "grad_norm_total_max": self.total,
-            "scalars_max": dict(self.scalars_max),
-            "scalars_min": dict(self.scalars_min),
-            "duration": self.duration,
-            "grads_not_cleared": bool(self.not_cleared),
-            "not_stepped": sorted(self.not_stepped or ()),
-        }
-        if self.probe_time is not None:
-            fields["probe_time"] = self.probe_time
-        if self.first_bad is not None:
-            fields["first_non_finite_step"] = self.first_bad
-        return fields
+    def merge(self, group: list[T]) -> list[T]:
+        """What stands for ``group``: its last step (so the step count stays true),
+        preceded by its last sampled one and by each escalation; or, when one is
+        non-finite, the finite part so cut and the first non-finite one for the rest."""
+        steps, every = self.steps, self.anchor_every
+        values = [steps.values(item) for item in group]
+        bad = [steps.non_finite(item) for item in group]
+        members = [
+            Member.of_values(
+                fields,
+                non_finite=non_finite,
+                keep=steps.keep(item),
+                anchor=bool(every) and steps.sampled(item) and steps.step(item) % every == 0,
+            )
+            for item, fields, non_finite in zip(group, values, bad, strict=True)
+        ]
+        kept = []
+        for start, end, rep in plan(members, self.reference):
+            if end == start:
+                kept.append(group[rep])
+                continue
+            peaks = Peaks()
+            for i in range(start, end + 1):
+                peaks.add(values[i], step=steps.step(group[i]), non_finite=bad[i])
+            kept.append(steps.stand_for(group[start : end + 1], rep - start, peaks))
+        self.reference = ceiling(members)
+        return kept
+
+    def note_sent(self, items: Sequence[T]) -> None:
+        """The steps just sent, thinned or not: the next group is judged against them
+        (a run that speeds up, or its first step sent alone, must not start from 0)."""
+        if items:
+            self.reference = ceiling(
+                Member.of_values(self.steps.values(item), non_finite=False, keep=False)
+                for item in items
+            )
 
 
-def apply(record: Record, fields: Mapping[str, Any], updated: bool) -> Record:
-    """Write merged ``fields`` into a representative's record; tidy the flags."""
-    record.update(fields)
-    for flag in ("grads_not_cleared", "not_stepped", "grad_norm_total_max"):
-        if not record.get(flag):
-            record.pop(flag, None)
-    if updated:
-        record.pop("optimizer_step", None)  # some step of the span did update
-    return record
-
-
-def merge_records(records: list[Record]) -> Record:
-    """Collapse consecutive step (or eval) records into one that stands for all of them
-    (its representative: the first non-finite one, else the last; a step record with
-    the peaks of them all)."""
-    if len(records) == 1:
-        return records[0]
-    kept = next((r for r in records if _has_non_finite(r)), records[-1])
-    return _merged(records, kept)
-
-
-def thin_records(records: list[Record], group: int, *, keep_first: bool = True) -> list[Record]:
-    """Step records as a run ``group`` times faster than the budget would send them
-    (other records pass, in order): the same policy as the sender's, over records. As
-    the sender does, the first step is sent alone (``keep_first``)."""
-    out: list[Record] = []
-    run: list[Record] = []
-    reference: Ceiling = ()
-    if keep_first:
-        first = next((i for i, r in enumerate(records) if r.get("kind") == "step"), None)
-        if first is not None:
-            out += records[: first + 1]
-            reference = ceiling([member_of(records[first])])
-            records = records[first + 1 :]
-    for record in [*records, None]:
-        if record is not None and record.get("kind") == "step" and len(run) < group:
-            run.append(record)
+def group_within(
+    items: list[Any],
+    budget: int,
+    *,
+    is_step: Callable[[Any], bool],
+    merge: Callable[[list[Any]], list[Any]],
+    keep_first: bool = False,
+) -> list[Any]:
+    """About ``budget`` step items (plus the first step when ``keep_first``), in order:
+    consecutive steps in groups of equal size, each replaced by what ``merge`` returns;
+    other items pass through untouched and end a group."""
+    steps = sum(1 for item in items if is_step(item))
+    if steps <= budget or budget <= 0:
+        return items
+    out: list[Any] = []
+    group_size = math.ceil(steps / budget)
+    run: list[Any] = []
+    first_pending = keep_first
+    for item in items:
+        if not is_step(item):
+            if run:
+                out.extend(merge(run))
+                run = []
+            out.append(item)
             continue
-        if run:
-            members = [member_of(r) for r in run]
-            for start, end, rep in plan(members, reference):
-                out.append(_merged(run[start : end + 1], run[rep]))
-            reference = ceiling(members)
+        if first_pending:
+            first_pending = False
+            out.append(item)
+            continue
+        run.append(item)
+        if len(run) >= group_size:
+            out.extend(merge(run))
             run = []
-        if record is None:
-            break
-        if record.get("kind") == "step":
-            run.append(record)
-        else:
-            out.append(record)
+    if run:
+        out.extend(merge(run))
     return out
 
 
-def member_of(record: Mapping[str, Any]) -> Member:
-    return Member.of(
-        non_finite=_has_non_finite(record),
-        keep=any(
-            record.get(name) is not None for name in ("param_norms", "update_ratios", "activations")
-        ),
-        total=_first_number(record.get("grad_norm_total_max"), record.get("grad_norm_total")),
-        scalars=record.get("scalars_max") or record.get("scalars") or {},
-        grads=record.get("grad_norms_max") or record.get("grad_norms") or (),
-    )
+class RecordSteps:
+    """Step records (and, in the history, eval records) as the policy reads them."""
+
+    def is_step(self, item: Any) -> bool:
+        return isinstance(item, dict) and item.get("kind") == "step"
+
+    def step(self, item: Record) -> int:
+        return int(item.get("step", 0))
+
+    def values(self, item: Record) -> Mapping[str, Any]:
+        return item
+
+    def non_finite(self, item: Record) -> bool:
+        return has_non_finite(item)
+
+    def keep(self, item: Record) -> bool:
+        return any(item.get(name) is not None for name in _SAMPLED)
+
+    sampled = keep
+
+    def stand_for(self, group: Sequence[Record], representative: int, peaks: Peaks) -> Record:
+        merged = apply(dict(group[representative]), peaks.fields())
+        merged["span"] = [span_of(group[0])[0], span_of(group[-1])[1]]
+        return merged
+
+    def collapse(self, group: Sequence[Record]) -> Record:
+        """One record for all of ``group`` (the history's fold, where two must become
+        one): the first non-finite one shows, else the last."""
+        if len(group) == 1:
+            return group[0]
+        bad = [has_non_finite(record) for record in group]
+        shown = bad.index(True) if True in bad else len(group) - 1
+        peaks = Peaks(STEP if group[shown].get("kind") == "step" else EVAL)
+        for record, non_finite in zip(group, bad, strict=True):
+            peaks.add(record, step=self.step(record), non_finite=non_finite)
+        return self.stand_for(group, shown, peaks)
 
 
-def _merged(records: list[Record], kept: Record) -> Record:
-    if len(records) == 1:
-        return records[0]
-    merged = dict(kept)
-    if kept.get("kind") == "step":
-        peaks = Peaks()
-        for record in records:
-            peaks.add_record(record)
-        apply(merged, peaks.fields(), peaks.updated)
-    elif any(r.get("optimizer_step", True) for r in records):
-        merged.pop("optimizer_step", None)
-    merged["span"] = [_span(records[0])[0], _span(records[-1])[1]]
-    return merged
+#: The fields only sampled steps (or those measuring an update) carry.
+_SAMPLED = ("param_norms", "update_ratios", "activations")
+
+#: The policy's reading of records (the replay history's, and the tests').
+RECORDS = RecordSteps()
 
 
-def _span(record: Mapping[str, Any]) -> tuple[int, int]:
+def span_of(record: Mapping[str, Any]) -> tuple[int, int]:
+    """The steps a (possibly merged) record stands for."""
     span = record.get("span")
     if span:
         return int(span[0]), int(span[1])
@@ -329,46 +345,5 @@ def _span(record: Mapping[str, Any]) -> tuple[int, int]:
     return step, step
 
 
-def _has_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, Mapping):
-        return any(_has_non_finite(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_has_non_finite(v) for v in value)
-    return False
-
-
-def finite_number(value: Any) -> float | None:
-    """``value`` as a finite float, else None."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _first_number(*values: Any) -> float | None:
-    return next((float(v) for v in values if isinstance(v, int | float)), None)
-
-
-def _max(a: float | None, b: float | None) -> float | None:
-    if b is None or not math.isfinite(b):
-        return a
-    return b if a is None else max(a, b)
-
-
-def _max_each(acc: list[float | None] | None, values: Sequence[float | None]) -> list[float | None]:
-    if acc is None:
-        return [v if v is not None and math.isfinite(v) else None for v in values]
-    if len(acc) != len(values):
-        return acc  # another layout (a model changed mid-run): keep the first
-    return [_max(a, b) for a, b in zip(acc, values, strict=True)]
-
-
-def _fold_scalars(into: dict[str, float], scalars: Mapping[str, Any], pick: Any) -> None:
-    for name, value in scalars.items():
-        number = finite_number(value)
-        if number is None:
-            continue
-        into[name] = number if name not in into else pick(into[name], number)
+def _number_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None

@@ -35,6 +35,15 @@ class _GradNote(NamedTuple):
     version: int
 
 
+class _PassNote(NamedTuple):
+    """Per layer, its gradient's version and backward passes at the last update; and
+    the first layer's gradient then (a new tensor: the gradients were set to None)."""
+
+    grad: weakref.ref[torch.Tensor]
+    versions: list[int | None]
+    passes: list[int | None]
+
+
 class StepMeasurer:
     """Launch a step's measurements; hand them over as a ``Measurement``.
 
@@ -77,6 +86,11 @@ class StepMeasurer:
             isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups
         )
         self._note: _GradNote | None = None  # the gradient seen at the last update
+        self._pass_note: _PassNote | None = None  # the layers' gradients at the last update
+        firsts: dict[int, int] = {}  # layer -> its first parameter
+        for index, layer in enumerate(layers.param_layer):
+            firsts.setdefault(layer, index)
+        self._layer_firsts = [firsts[layer] for layer in range(len(layers.names))]
         self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
         self._post_hook: RemovableHandle | None = None
         # Update ratios are taken across the first optimizer.step() from a sampled step
@@ -124,8 +138,11 @@ class StepMeasurer:
         if step is not None:
             step.optimizer_step = True
             step.lrs = self._learning_rates()  # the rates this update uses
+        in_place_ops = self._in_place_ops
         if self.check_clearing:
             self._check_clearing(step)
+        self._in_place_ops = 0  # (counted from this update on)
+        self._count_passes(step, in_place_ops)
         trip = self._guard(step) if guard else None
         if step is None:
             return trip
@@ -258,6 +275,34 @@ class StepMeasurer:
             and note.grad() is grad
             and (grad._version == note.version + 1 + self._in_place_ops)
         )
+
+    def _count_passes(self, step: Measurement | None, in_place_ops: int) -> None:
+        """Per layer, the backward passes accumulated into its gradient since it was
+        last cleared (``backward_passes``), from each layer's first gradient: its version
+        counts one in-place change a pass after the first (which made the tensor), and
+        our clips (``in_place_ops``). A new tensor since the last update (set to None:
+        torch's zero_grad) counts from 1; the same one adds its change since then to the
+        passes noted then. Host integers only, no device sync. (A loop that zeroes in
+        place, ``zero_grad(set_to_none=False)``, or AMP's unscale_ changes the version
+        as a pass does: version alone cannot tell them apart.)"""
+        params = self.layers.params
+        grads = [params[i].grad for i in self._layer_firsts]
+        versions = [None if g is None else g._version - in_place_ops for g in grads]
+        anchor = next((g for g in grads if g is not None), None)
+        note = self._pass_note
+        if note is not None and anchor is not None and note.grad() is anchor:
+            passes = [
+                None if v is None else (v + 1 if p is None or n is None else p + v - n)
+                for v, n, p in zip(versions, note.versions, note.passes, strict=True)
+            ]
+        else:
+            passes = [None if v is None else v + 1 for v in versions]
+        if step is not None:
+            step.layer_values["backward_passes"] = passes
+        self._pass_note = None
+        if anchor is not None:  # (noted as they stand, clips included)
+            noted = [None if g is None else g._version for g in grads]
+            self._pass_note = _PassNote(weakref.ref(anchor), noted, passes)
 
     def _note_grad(self) -> None:
         self._note = None

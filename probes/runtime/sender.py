@@ -20,11 +20,13 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeGuard
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
-from probes.kernel import thinning
-from probes.kernel.replay import ReplayHistory, thin
+from probes.kernel.merge import Peaks
+from probes.kernel.replay import ReplayHistory
+from probes.kernel.schema.spec import FLOAT32_FIELDS
+from probes.kernel.thinning import Thinner
 from probes.kernel.wire import (
     Address,
     Frame,
@@ -52,110 +54,54 @@ class PendingRecord(Protocol):
     sampled: bool
     update_norms: list[Any] | None  # an update measured in this step (its ratios)
     optimizer_step: bool | None  # did optimizer.step() run (None: no optimizer watched)
-    duration: float
-    not_cleared: bool  # the gradient of the last update was still held
-    not_stepped: list[int] | None  # layers optimizer.step() left untouched
-    merged: dict[str, Any] | None  # the peaks of the steps it stands for
+    merged: dict[str, Any] | None  # the merged fields of the steps it stands for
 
     def ready(self) -> bool: ...
 
     def has_non_finite(self) -> bool: ...
 
-    def peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]: ...
+    def merge_values(self) -> dict[str, Any]:
+        """The fields a merged record is made of (``probes.kernel.merge``), by name;
+        waits for the copy if needed."""
+        ...
 
     def to_record(self) -> Record: ...
 
 
-def _is_step(item: Record | PendingRecord) -> TypeGuard[PendingRecord]:
-    return not isinstance(item, dict)
+class PendingSteps:
+    """Pending measurements as the thinning policy (``probes.kernel.thinning``) reads
+    them: thinned before they become records, so a fast run costs the sender little."""
 
+    def is_step(self, item: object) -> bool:
+        return not isinstance(item, dict)
 
-class PendingMerge:
-    """The thinning policy of ``probes.kernel.thinning`` over pending measurements: what stands
-    for a group of steps, with the peaks of the steps each kept one stands for. It
-    remembers the largest total norm and loss of the group before (an escalation is
-    judged against them)."""
+    def step(self, item: PendingRecord) -> int:
+        return item.step
 
-    def __init__(self, anchor_every: int = 0) -> None:
-        self.reference: thinning.Ceiling = ()
-        self.anchor_every = anchor_every  # 0: no anchors (a run on its own)
+    def values(self, item: PendingRecord) -> Mapping[str, Any]:
+        # A merged one: its merged fields (the peaks) stand for it, and its own values
+        # (per-layer norms combined anew) are not needed.
+        return item.merge_values() if item.merged is None else item.merged
 
-    def __call__(self, group: list[PendingRecord]) -> list[PendingRecord]:
-        values = [m.peak_values() for m in group]
-        every = self.anchor_every
-        members = [
-            thinning.Member.of(
-                non_finite=m.has_non_finite(),
-                keep=bool(m.sampled or m.update_norms),
-                total=total,
-                scalars=scalars,
-                grads=grads,
-                anchor=bool(every) and m.sampled and m.step % every == 0,
-            )
-            for m, (grads, total, scalars) in zip(group, values, strict=True)
-        ]
-        kept = []
-        for start, end, rep in thinning.plan(members, self.reference):
-            representative = group[rep]
-            if end > start:
-                peaks = thinning.Peaks()
-                for i in range(start, end + 1):
-                    m = group[i]
-                    grads, total, scalars = values[i]
-                    peaks.add(
-                        step=m.step,
-                        grads=grads,
-                        total=total,
-                        scalars=scalars,
-                        non_finite=members[i].non_finite,
-                        duration=m.duration,
-                        probe_time=getattr(m, "probe_time", None),
-                        optimizer_step=m.optimizer_step,
-                        not_cleared=m.not_cleared,
-                        not_stepped=m.not_stepped,
-                    )
-                representative.span = (_first(group[start]), group[end].step)
-                representative.merged = peaks.fields()
-                if peaks.updated:  # an accumulation loop's last step need not update
-                    representative.optimizer_step = True
-            kept.append(representative)
-        self.reference = thinning.ceiling(members)
-        return kept
+    def non_finite(self, item: PendingRecord) -> bool:
+        return item.has_non_finite()
 
-    def note_sent(self, items: list[PendingRecord]) -> None:
-        """The steps just sent, thinned or not: the next group is judged against them
-        (a run that speeds up, or its first step sent alone, must not start from 0)."""
-        members = []
-        for item in items:
-            merged = item.merged
-            if merged is not None:
-                grads = merged.get("grad_norms_max") or ()
-                total, scalars = merged.get("grad_norm_total_max"), merged.get("scalars_max")
-            else:
-                grads, total, scalars = item.peak_values()
-            members.append(
-                thinning.Member.of(
-                    non_finite=False, keep=False, total=total, scalars=scalars or {}, grads=grads
-                )
-            )
-        if members:
-            self.reference = thinning.ceiling(members)
+    def keep(self, item: PendingRecord) -> bool:
+        return bool(item.sampled or item.update_norms)
 
+    def sampled(self, item: PendingRecord) -> bool:
+        return item.sampled
 
-def _steps(items: list[Record | PendingRecord]) -> list[PendingRecord]:
-    return [item for item in items if not isinstance(item, dict)]
-
-
-def _first(item: PendingRecord) -> int:
-    return item.span[0] if item.span else item.step
-
-
-def _merge_pending(group: list[PendingRecord]) -> list[PendingRecord]:
-    """What stands for ``group`` (``PendingMerge`` without the group before): its last
-    measurement (so the step count stays true), preceded by its last sampled one and by
-    each escalation; or, when one is non-finite, the finite part so cut and the first
-    non-finite one for the rest."""
-    return PendingMerge()(group)
+    def stand_for(
+        self, group: Sequence[PendingRecord], representative: int, peaks: Peaks
+    ) -> PendingRecord:
+        shown = group[representative]
+        first = group[0].span[0] if group[0].span else group[0].step
+        shown.span = (first, group[-1].step)
+        shown.merged = peaks.fields()
+        if peaks.updated:  # an accumulation loop's last step need not update
+            shown.optimizer_step = True
+        return shown
 
 
 def warn(message: str) -> None:
@@ -172,7 +118,7 @@ class Sender:
         queue_size: entries the training thread may queue before the oldest are dropped.
         flush_interval: seconds between sends.
         max_steps_per_s: step records kept per second at most; faster runs are thinned
-            (``probes.kernel.replay.thin``), never losing the first non-finite step.
+            (``probes.kernel.thinning``), never losing the first non-finite step.
         history_capacity: step records kept for replay to a late monitor.
         on_command: called on the sender thread with each command frame received.
         connected: the event to set while a monitor is connected (made if None).
@@ -204,14 +150,13 @@ class Sender:
         self._flush_interval = flush_interval
         self._max_steps_per_s = max_steps_per_s
         self._history = ReplayHistory(history_capacity)
-        self._merge = PendingMerge(anchor_every)
+        self._thinner: Thinner[PendingRecord] = Thinner(PendingSteps(), anchor_every)
         self._on_command = on_command
         self._waiting: deque[Record | PendingRecord] = deque()  # popped, not ready yet
         self._outbox: list[Record] = []
         self._sock: socket.socket | None = None
         self._reader = FrameReader()
         self._seq = 0
-        self._first_step_seen = False
         self._next_attempt = 0.0
         self._backoff = BACKOFF_MIN_S
         self._last_collect = time.monotonic()
@@ -273,7 +218,7 @@ class Sender:
 
         Step measurements beyond ``max_steps_per_s`` are thinned here, before they are
         turned into records, so a fast run costs the sender little per step; thinning
-        keeps a non-finite step over its neighbours (see ``probes.kernel.replay.thin``).
+        keeps a non-finite step over its neighbours (see ``probes.kernel.thinning``).
         """
         queue = self._queue
         while queue:  # popleft and append are atomic: no lock with the training thread
@@ -290,20 +235,10 @@ class Sender:
         now = time.monotonic()
         budget = max(1, int(self._max_steps_per_s * max(now - self._last_collect, 1e-3)))
         self._last_collect = now
-        if not self._first_step_seen:  # sent alone: the first group is judged against it
-            self._merge.note_sent(_steps(ready)[:1])
-        kept = thin(
-            ready,
-            budget,
-            is_step=_is_step,
-            merge=self._merge,  # type: ignore[arg-type]
-            keep_first=not self._first_step_seen,
-        )
-        self._merge.note_sent(_steps(kept))
+        kept = self._thinner.thin(ready, budget)  # the first step alone, as the first sent
         connected = self._sock is not None
         for item in kept:
             record = item if isinstance(item, dict) else item.to_record()
-            self._first_step_seen = self._first_step_seen or record["kind"] == "step"
             self._seq += 1
             record["seq"] = self._seq
             self._history.add(record)
@@ -385,7 +320,7 @@ class Sender:
         frame["run"] = self.run_id
         if frame["kind"] == "step":
             frame["dropped"] = self.dropped
-            for key in PER_LAYER_FIELDS:
+            for key in FLOAT32_FIELDS:
                 values = frame.get(key)
                 if values:
                     frame[key] = [_wire_float(v) for v in values]
@@ -452,13 +387,11 @@ class Sender:
             warn(message)
 
 
-#: A step record's per-layer lists: float32 values (the norms are computed in float32),
-#: sent with the 9 significant digits that carry a float32 exactly. Python's 17-digit
-#: floats made a record of 200 layers cost the monitor 100 us to parse; 9 digits, 40.
-PER_LAYER_FIELDS = ("grad_norms", "grad_norms_max", "param_norms", "update_ratios", "activations")
-
-
 def _wire_float(value: object) -> object:
+    """A step record's float32 values (the norms are computed in float32, the spec's
+    ``FLOAT32_FIELDS``) with the 9 significant digits that carry a float32 exactly.
+    Python's 17-digit floats made a record of 200 layers cost the monitor 100 us to
+    parse; 9 digits, 40."""
     return float(f"{value:.9g}") if type(value) is float else value
 
 

@@ -15,8 +15,8 @@ from typing import Any, cast
 
 import torch
 
+from probes.kernel.merge import apply as apply_merged
 from probes.kernel.schema.records import ClipFields, StepRecord
-from probes.kernel.thinning import apply as apply_merged
 from probes.runtime.layers import LayerMap, combine_layer_norms
 
 #: The name a clip's total norm (torch's, before clipping) travels under among a step's
@@ -48,6 +48,7 @@ class Measurement:
         "grads_read",
         "late_scalars",
         "layer_map",
+        "layer_values",
         "lrs",
         "merged",
         "none_grads",
@@ -107,6 +108,9 @@ class Measurement:
         self.span: tuple[int, int] | None = None  # set when it stands for several steps
         self.merged: dict[str, object] | None = None  # ... with their peaks (thinning)
         self.not_stepped: list[int] | None = None  # layers optimizer.step() left alone
+        # Per-layer fields of the spec known on the host as the step ends (no copy to
+        # wait for), by name: written into the record and merged as the spec says.
+        self.layer_values: dict[str, list[Any]] = {}
         self._host: list[float] | None = None
 
     def has_non_finite(self) -> bool:
@@ -178,13 +182,29 @@ class Measurement:
         if self.span is not None:
             record["span"] = list(self.span)
         plain = cast(dict[str, Any], record)  # (the sender adds its own fields: seq, ...)
+        plain.update(self.layer_values)
         if self.merged is not None:
-            apply_merged(plain, self.merged, self.optimizer_step is True)
+            apply_merged(plain, self.merged)
         return plain
 
-    def peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]:
-        """Per-layer gradient norms, their total and the scalars: what a merged record
-        keeps the peaks of (``probes.kernel.thinning``). Waits for the copy if needed."""
+    def merge_values(self) -> dict[str, Any]:
+        """The fields a merged record is made of (``probes.kernel.merge``): the
+        gradient norms, their total and the scalars (their peaks), the durations, the
+        update flags and the host-side per-layer values. Waits for the copy if needed."""
+        grads, total, scalars = self._peak_values()
+        return {
+            "grad_norms": grads,
+            "grad_norm_total": total,
+            "scalars": scalars,
+            "duration": self.duration,
+            "probe_time": self.probe_time,
+            "optimizer_step": self.optimizer_step,
+            "grads_not_cleared": self.not_cleared,
+            "not_stepped": self.not_stepped,
+            **self.layer_values,
+        }
+
+    def _peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]:
         values = self._values()
         grads = values[: self.grad_count]
         at = (

@@ -58,20 +58,19 @@ except ImportError:  # an older monitor
     causes_line = None  # type: ignore[assignment]
 
 try:
-    from probes.kernel.thinning import thin_records
+    from probes.kernel.thinning import Thinner  # noqa: F401  (the sender's policy, here)
+    from tests.frames import thinned_as_sent as thin_records
 except ImportError:  # an older probes: its own thinning (keep the last of each group)
-    from probes.kernel.replay import merge_steps, thin
+    from probes.kernel.replay import merge_steps, thin  # type: ignore[attr-defined]
 
-    def thin_records(
-        records: list[dict[str, Any]], group: int, *, keep_first: bool = True
-    ) -> list[dict[str, Any]]:
+    def thin_records(records: list[dict[str, Any]], factor: int) -> list[dict[str, Any]]:
         steps = sum(r.get("kind") == "step" for r in records)
         return thin(
             records,
-            max(1, steps // group),
+            max(1, steps // factor),
             is_step=lambda r: r.get("kind") == "step",
             merge=lambda g: [merge_steps(g)],
-            keep_first=keep_first,
+            keep_first=True,
         )
 
 
@@ -131,7 +130,8 @@ def run(case: Case, *, twin: bool, mode: str, steps: int | None = None) -> Outco
 
 def thinned(outcome: Outcome, factor: int = THINNED) -> Outcome:
     """The same records as a run ``factor`` times faster would send them
-    (``probes.kernel.thinning``, the sender's policy), through the monitor again."""
+    (``probes.kernel.thinning``, the sender's policy, fed as the sender feeds it),
+    through the monitor again."""
     return monitor(thin_records(outcome.frames, factor), outcome.seconds)
 
 

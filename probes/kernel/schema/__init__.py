@@ -1,6 +1,8 @@
 """The records both sides must agree on (stdlib only: the probe writes them, the monitor
 reads them; both import this).
 
+- ``spec``: every field of every frame, declared once (type, shape, how it merges when
+  steps are thinned); the checks, the views and the thinning merge are derived from it;
 - ``records``: typed definitions of each kind of frame (hello, step, eval, anomaly
   report, ack, the control state), and what their fields mean where a choice must be
   made once (which eval scalar is the validation loss);

@@ -3,7 +3,9 @@
 A frame that decoded may still carry a string where a step number belongs, an
 ``Infinity`` step, a hello with two layers of one name. ``check_frame`` raises
 ``ValueError`` with one line naming the field, so the frame is rejected whole and the
-state (and every view drawn from it) only ever holds what a probe sends.
+state (and every view drawn from it) only ever holds what a probe sends. Which fields
+are checked, and as what, is the record spec's (``probes.kernel.schema.spec``): one
+check per type here.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from probes.kernel.schema.spec import FRAMES, FrameSpec, Type
+
 Frame = dict[str, Any]
-PROBE_KINDS = frozenset({"hello", "step", "eval", "event", "alert", "ack", "anomaly", "bye"})
+PROBE_KINDS = frozenset(FRAMES)
 
 
 def check_frame(frame: Frame) -> None:
@@ -21,9 +25,8 @@ def check_frame(frame: Frame) -> None:
     kind = frame["kind"]
     if kind not in PROBE_KINDS:
         raise ValueError(f"a {kind} frame comes from a monitor, not from a probe")
-    checker = _CHECKERS.get(kind)
-    if checker is not None:
-        checker(frame)
+    for check, name in _PLANS[kind]:
+        check(frame, name)
 
 
 def _integer(frame: Frame, name: str, *, required: bool = False) -> None:
@@ -36,6 +39,10 @@ def _integer(frame: Frame, name: str, *, required: bool = False) -> None:
         raise ValueError(f"{name} out of range: {value:.3g}")
 
 
+def _required_integer(frame: Frame, name: str) -> None:
+    _integer(frame, name, required=True)
+
+
 def _number(frame: Frame, name: str) -> None:
     value = frame.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
@@ -44,6 +51,7 @@ def _number(frame: Frame, name: str) -> None:
 
 NUMBER_TYPES = frozenset({int, float})
 NULLABLE_NUMBER_TYPES = frozenset({int, float, type(None)})
+NULLABLE_INT_TYPES = frozenset({int, type(None)})
 
 
 def _numbers(frame: Frame, name: str, *, nullable: bool = False) -> None:
@@ -62,67 +70,16 @@ def _numbers(frame: Frame, name: str, *, nullable: bool = False) -> None:
             raise ValueError(f"{name} holds {value!r:.40}, not a number")
 
 
-def _mapping(frame: Frame, name: str) -> None:
-    value = frame.get(name)
-    if value is not None and not isinstance(value, dict):
-        raise ValueError(f"{name} must be an object, got {type(value).__name__}")
+def _nullable_numbers(frame: Frame, name: str) -> None:
+    _numbers(frame, name, nullable=True)
 
 
-def _scalars(frame: Frame) -> None:
-    _mapping(frame, "scalars")
-    for key, value in (frame.get("scalars") or {}).items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"scalar {key!r:.40} is {value!r:.40}, not a number")
-
-
-def _hello(frame: Frame) -> None:
-    _mapping(frame, "state")
-    layers = frame.get("layers", [])
-    if not isinstance(layers, list) or not all(isinstance(n, str) for n in layers):
-        raise ValueError("layers must be a list of names")
-    if len(set(layers)) != len(layers):
-        raise ValueError("layers holds the same name twice")
-    _numbers(frame, "param_counts")
-    for entry in frame.get("activations") or []:
-        if not (
-            isinstance(entry, list)
-            and len(entry) == 3
-            and isinstance(entry[0], str)
-            and (entry[2] is None or (isinstance(entry[2], int) and not isinstance(entry[2], bool)))
-        ):
-            raise ValueError(f"activations holds {entry!r:.60}, not [name, family, layer]")
-
-
-def _step(frame: Frame) -> None:
-    _integer(frame, "step", required=True)
-    _number(frame, "time")
-    _number(frame, "duration")
-    _number(frame, "probe_time")
-    _span(frame)
-    _integer(frame, "dropped")
-    _integer(frame, "none_grads")
-    _scalars(frame)
-    _numbers(frame, "lr")
-    for name in ("grad_norms", "param_norms", "update_ratios", "activations", "grad_norms_max"):
-        _numbers(frame, name, nullable=True)
-    for name in ("none_grad_params", "not_stepped"):
-        _indices(frame, name)
-    # a record standing for several steps: its span and the peaks of its steps
-    span = frame.get("span")
-    if span is not None and not (
-        isinstance(span, list)
-        and len(span) == 2
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in span)
-    ):
-        raise ValueError(f"span must be [first, last], got {span!r:.40}")
-    for name in ("grad_norm_total_max", "duration", "probe_time"):
-        _number(frame, name)
-    _integer(frame, "first_non_finite_step")
-    for name in ("scalars_max", "scalars_min"):
-        _mapping(frame, name)
-        for key, value in (frame.get(name) or {}).items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} {key!r:.40} is {value!r:.40}, not a number")
+def _counts(frame: Frame, name: str) -> None:
+    values = frame.get(name)
+    if values is None:
+        return
+    if not isinstance(values, list) or not set(map(type, values)) <= NULLABLE_INT_TYPES:
+        raise ValueError(f"{name} must be a list of integers or null")
 
 
 def _indices(frame: Frame, name: str) -> None:
@@ -133,8 +90,21 @@ def _indices(frame: Frame, name: str) -> None:
         raise ValueError(f"{name} must be a list of indices")
 
 
-def _span(frame: Frame) -> None:
-    span = frame.get("span")
+def _mapping(frame: Frame, name: str) -> None:
+    value = frame.get(name)
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{name} must be an object, got {type(value).__name__}")
+
+
+def _scalars(frame: Frame, name: str) -> None:
+    _mapping(frame, name)
+    for key, value in (frame.get(name) or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} {key!r:.40} is {value!r:.40}, not a number")
+
+
+def _span(frame: Frame, name: str) -> None:
+    span = frame.get(name)
     if span is None:
         return
     if not (
@@ -142,47 +112,73 @@ def _span(frame: Frame) -> None:
         and len(span) == 2
         and all(isinstance(s, int) and not isinstance(s, bool) for s in span)
     ):
-        raise ValueError(f"span must be [first step, last step], got {span!r:.40}")
+        raise ValueError(f"{name} must be [first step, last step], got {span!r:.40}")
 
 
-def _eval(frame: Frame) -> None:
-    _integer(frame, "step")
-    _scalars(frame)
-    for name in ("forwards", "train_mode_forwards", "grad_forwards"):
-        _integer(frame, name)
+def _names(frame: Frame, name: str) -> None:
+    names = frame.get(name, [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{name} must be a list of names")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{name} holds the same name twice")
 
 
-def _event(frame: Frame) -> None:
-    _integer(frame, "step")
-    _mapping(frame, "state")
+def _activations(frame: Frame, name: str) -> None:
+    for entry in frame.get(name) or []:
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and isinstance(entry[0], str)
+            and (entry[2] is None or (isinstance(entry[2], int) and not isinstance(entry[2], bool)))
+        ):
+            raise ValueError(f"{name} holds {entry!r:.60}, not [name, family, layer]")
 
 
-def _anomaly(frame: Frame) -> None:
-    _integer(frame, "step")
-    _number(frame, "time")
-    _number(frame, "duration")
-    _mapping(frame, "state")
-    first = frame.get("first_non_finite")
-    if first is not None and not (isinstance(first, dict) and isinstance(first.get("name"), str)):
-        raise ValueError("first_non_finite must be an object with a module name")
+def _module(frame: Frame, name: str) -> None:
+    value = frame.get(name)
+    if value is not None and not (isinstance(value, dict) and isinstance(value.get("name"), str)):
+        raise ValueError(f"{name} must be an object with a module name")
 
 
-def _alert(frame: Frame) -> None:
-    _mapping(frame, "alert")
-    alert = frame.get("alert") or {}
-    _integer(alert, "step")
+def _alert(frame: Frame, name: str) -> None:
+    _mapping(frame, name)
+    _integer(frame.get(name) or {}, "step")
 
 
-def _ack(frame: Frame) -> None:
-    _mapping(frame, "state")
+def _unchecked(frame: Frame, name: str) -> None:
+    return
 
 
-_CHECKERS: dict[str, Callable[[Frame], None]] = {
-    "hello": _hello,
-    "step": _step,
-    "eval": _eval,
-    "event": _event,
-    "anomaly": _anomaly,
-    "alert": _alert,
-    "ack": _ack,
+Check = Callable[[Frame, str], None]
+
+#: The check of each type of the spec.
+CHECKS: dict[Type, Check] = {
+    Type.INT: _integer,
+    Type.NUMBER: _number,
+    Type.TEXT: _unchecked,
+    Type.FLAG: _unchecked,
+    Type.NUMBERS: _numbers,
+    Type.NULLABLE_NUMBERS: _nullable_numbers,
+    Type.COUNTS: _counts,
+    Type.INDICES: _indices,
+    Type.SCALARS: _scalars,
+    Type.SPAN: _span,
+    Type.OBJECT: _mapping,
+    Type.NAMES: _names,
+    Type.ACTIVATIONS: _activations,
+    Type.MODULE: _module,
+    Type.ALERT: _alert,
+    Type.ANY: _unchecked,
 }
+
+
+def _plan(spec: FrameSpec) -> list[tuple[Check, str]]:
+    """The checks of a kind of frame, in the spec's order (its key field's first)."""
+    return [
+        (_required_integer if field.name == spec.key else CHECKS[field.type], field.name)
+        for field in spec
+        if field.checked and CHECKS[field.type] is not _unchecked
+    ]
+
+
+_PLANS = {kind: _plan(spec) for kind, spec in FRAMES.items()}

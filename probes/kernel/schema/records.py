@@ -2,13 +2,15 @@
 
 The probe writes these records (``probes.runtime.stats``, ``probes.runtime.hello``,
 ``probes.runtime.control``, ``probes.runtime.anomaly``) and the monitor reads them
-(``probes.kernel.schema.views``); their field names are defined here, once, as typed
-dictionaries that mypy checks every use of. A choice such as "which eval scalar is the
-validation loss" is made here once too.
+(``probes.kernel.schema.views``). Each field is declared once in the record spec
+(``probes.kernel.schema.spec``: its type, shape and merge); these typed dictionaries are
+the types mypy checks every use of, and ``tests/test_spec.py`` holds them to the spec. A
+choice such as "which eval scalar is the validation loss" is made here once too.
 
-Every frame also carries ``v`` (the protocol version), ``kind`` and ``run`` (the run's
-id), added by the sender (``probes.kernel.wire``). The fields of a ``...Fields`` base are always
-there; those of the class built on it (``total=False``) may be absent.
+Every frame also carries ``v`` (the protocol version) and ``kind``, set by
+``probes.kernel.wire.make_frame``, and ``run`` (the run's id), ``seq`` and, on a step,
+``dropped``, added by the sender (``probes.runtime.sender``). The fields of a ``...Fields``
+base are always there; those of the class built on it (``total=False``) may be absent.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class StepRecord(_StepRecordRequired, total=False):
     clip: ClipFields
     optimizer_step: bool  # False: optimizer.step() never ran in the step
     not_stepped: list[int]  # layers an update left untouched
+    backward_passes: list[int | None]  # per layer, into its gradient since it was cleared
     # a thinned record (``probes.kernel.thinning``): the steps it stands for, and their peaks
     span: list[int]  # [first, last]
     grad_norms_max: list[float | None]
@@ -103,8 +106,8 @@ class StepRecord(_StepRecordRequired, total=False):
     first_non_finite_step: int
 
 
-class EvalRecord(TypedDict):
-    """One evaluation, tied to the training step it follows."""
+class _EvalRecordRequired(TypedDict):
+    """The fields every eval record has."""
 
     kind: Literal["eval"]
     step: int
@@ -113,6 +116,12 @@ class EvalRecord(TypedDict):
     forwards: int  # forward passes seen, and of those:
     train_mode_forwards: int  # ... with the model in training mode
     grad_forwards: int  # ... with gradient recording on
+
+
+class EvalRecord(_EvalRecordRequired, total=False):
+    """One evaluation, tied to the training step it follows."""
+
+    span: list[int]  # in the replay history, evaluations merged: [first, last] step
 
 
 class _AnomalyReportRequired(TypedDict):

@@ -8,17 +8,20 @@ per layer the largest gradient norm (``grad_norms_max``), the largest total
 ``scalars_min``) and the first step with a non-finite number
 (``first_non_finite_step``). ``StepView`` reads a record of either shape the same way:
 the peaks of a plain record are its own values. Records are checked first
-(``probes.kernel.schema.checks``): the parser trusts their types.
+(``probes.kernel.schema.checks``): the parser trusts their types. Which field is read
+into which attribute, and how, is the record spec's (``probes.kernel.schema.spec``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 from probes.kernel.schema.records import validation_loss
+from probes.kernel.schema.spec import EVAL, STEP, Field, FrameSpec, Shape, Type
 
 Record = Mapping[str, Any]
 
@@ -69,6 +72,9 @@ class RunInfo:
         return None if index is None else self.layer(index)
 
 
+NO_LAYERS: Mapping[str, Any] = MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class StepView:
     """The numbers of one step record that the rules read."""
@@ -97,6 +103,16 @@ class StepView:
     time: float = 0.0  # wall time at the step's start (the run's clock)
     dropped: int = 0  # records the probe's queue dropped so far
     none_grads: int = 0  # parameters without a gradient
+    # The spec's per-layer fields that have no attribute above, by name: a field added
+    # to the spec is read here with no change to the view (see ``per_layer``).
+    more_layers: Mapping[str, Sequence[float | None] | None] = field(default_factory=dict)
+
+    @property
+    def per_layer(self) -> Mapping[str, Sequence[float | None] | None]:
+        """Every per-layer field of the record by name (``spec.PER_LAYER_FIELDS``), those
+        with an attribute of their own included (None: not in the record)."""
+        named = {name: getattr(self, attribute) for name, attribute in _NAMED_LAYERS}
+        return {**named, **self.more_layers}
 
     @property
     def first(self) -> int:
@@ -160,37 +176,7 @@ class StepView:
 
     @classmethod
     def from_record(cls, record: Record) -> StepView:
-        scalars = {str(k): as_number(v) for k, v in (record.get("scalars") or {}).items()}
-        loss = scalars.get("loss", next(iter(scalars.values()), None))
-        span = record.get("span")
-        step = int(record.get("step", 0))
-        first = int(span[0]) if span else None
-        return cls(
-            step=int(span[1]) if span else step,
-            loss=loss,
-            scalars=scalars,
-            grad_norm_total=_opt_num(record.get("grad_norm_total")),
-            grad_norms=_floats(record.get("grad_norms") or ()),
-            param_norms=_opt_list(record.get("param_norms")),
-            update_ratios=_opt_list(record.get("update_ratios")),
-            activations=_opt_list(record.get("activations")),
-            none_grad_params=[int(i) for i in record.get("none_grad_params") or ()],
-            grads_not_cleared=bool(record.get("grads_not_cleared")),
-            optimizer_stepped=record.get("optimizer_step", True) is not False,
-            first_step=first,
-            grad_norms_max=_opt_list(record.get("grad_norms_max")),
-            grad_norm_total_max=_opt_num(record.get("grad_norm_total_max")),
-            scalars_max=_opt_dict(record.get("scalars_max")),
-            scalars_min=_opt_dict(record.get("scalars_min")),
-            first_non_finite_step=_opt_int(record.get("first_non_finite_step")),
-            duration=_opt_num(record.get("duration")),
-            probe_time=_opt_num(record.get("probe_time")),
-            not_stepped=[int(i) for i in record.get("not_stepped") or ()],
-            lrs=[as_number(x) for x in record.get("lr") or ()],
-            time=as_number(record.get("time", 0.0)),
-            dropped=int(record.get("dropped", 0) or 0),
-            none_grads=int(record.get("none_grads", 0) or 0),
-        )
+        return _read_step(cls, record)
 
 
 @dataclass(frozen=True)
@@ -206,16 +192,7 @@ class EvalView:
 
     @classmethod
     def from_record(cls, record: Record) -> EvalView:
-        scalars = {str(k): as_number(v) for k, v in (record.get("scalars") or {}).items()}
-        loss = validation_loss(scalars)
-        return cls(
-            step=int(record.get("step", 0)),
-            loss=loss,
-            scalars=scalars,
-            forwards=int(record.get("forwards", 0) or 0),
-            train_mode_forwards=int(record.get("train_mode_forwards", 0) or 0),
-            grad_forwards=int(record.get("grad_forwards", 0) or 0),
-        )
+        return _read_eval(cls, record)
 
 
 def as_number(value: Any) -> float:
@@ -256,7 +233,88 @@ def _floats(values: Any) -> list[float | None]:
     return [v if type(v) is float else _opt_num(v) for v in values]
 
 
+def _opt_counts(values: Any) -> list[int | None] | None:
+    return None if values is None else [None if v is None else int(v) for v in values]
+
+
 def _opt_dict(values: Any) -> dict[str, float] | None:
     if not isinstance(values, Mapping):
         return None
     return {str(k): as_number(v) for k, v in values.items()}
+
+
+def _expression(spec_field: Field) -> str:
+    """How a field of the spec is read, as a Python expression over ``get`` (the
+    record's ``get``): its type's parser; a required list or mapping read as empty when
+    absent, an optional one as None."""
+    kind, name, default = spec_field.type, repr(spec_field.name), spec_field.default
+    value = f"get({name})" if default is None else f"get({name}, {default!r})"
+    optional = not spec_field.required
+    if kind is Type.INT:
+        return f"_opt_int({value})" if default is None else f"int({value} or 0)"
+    if kind is Type.NUMBER:
+        return f"_opt_num({value})" if default is None else f"as_number({value})"
+    if kind is Type.FLAG:
+        return f"{value} is not False" if default is True else f"bool({value})"
+    if kind is Type.NUMBERS:
+        return f"[as_number(x) for x in {value} or ()]"
+    if kind is Type.NULLABLE_NUMBERS:
+        return f"_opt_list({value})" if optional else f"_floats({value} or ())"
+    if kind is Type.COUNTS:
+        return f"_opt_counts({value})"
+    if kind is Type.INDICES:
+        return f"[int(i) for i in {value} or ()]"
+    if kind is Type.SCALARS:
+        if optional:
+            return f"_opt_dict({value})"
+        return f"{{str(k): as_number(v) for k, v in ({value} or {{}}).items()}}"
+    raise TypeError(f"a view does not read {spec_field.name} ({kind.name})")
+
+
+def _reader(spec: FrameSpec, view: type, derived: str) -> Callable[[type, Record], Any]:
+    """The parser of one kind of record into ``view``, made from the spec: one function
+    whose body reads each field the view has an attribute for (and, into
+    ``more_layers``, each other per-layer field), as a hand-written one would. (Generated, as
+    ``dataclasses`` makes ``__init__``: a loop over the fields costs the monitor a
+    third more per record.) ``derived``: the view's own lines, run last, that set the
+    attributes not read from one field (each attribute is a local of its name)."""
+    own = [f.name for f in fields(view)]
+    lines = ["def read(cls, record):", "    get = record.get"]
+    more = []
+    for spec_field in spec:
+        attribute = spec_field.attribute
+        if attribute in own:
+            lines.append(f"    {attribute} = {_expression(spec_field)}")
+        elif spec_field.shape is Shape.PER_LAYER and "more_layers" in own:
+            more.append(f"{spec_field.name!r}: {_expression(spec_field)}")
+    if "more_layers" in own:
+        lines.append(f"    more_layers = {{{', '.join(more)}}}" if more else "    more_layers = NO")
+    lines += [f"    {line}" for line in derived.strip().splitlines()]
+    lines.append(f"    return cls({', '.join(f'{name}={name}' for name in own)})")
+    namespace: dict[str, Any] = {
+        "as_number": as_number,
+        "validation_loss": validation_loss,
+        "NO": NO_LAYERS,
+        **{name: globals()[name] for name in _PARSERS},
+    }
+    exec("\n".join(lines), namespace)  # the spec's own names and this module's parsers
+    return namespace["read"]
+
+
+_PARSERS = ("_opt_int", "_opt_num", "_opt_list", "_opt_counts", "_opt_dict", "_floats")
+
+#: The attributes of a ``StepView`` not read from one field of the spec.
+STEP_DERIVED = """
+span = get("span")
+step = int(span[1]) if span else int(get("step", 0))
+first_step = int(span[0]) if span else None
+loss = scalars.get("loss", next(iter(scalars.values()), None))
+"""
+_read_step = _reader(STEP, StepView, STEP_DERIVED)
+#: (name, attribute) of each per-layer field with an attribute of its own.
+_NAMED_LAYERS = tuple(
+    (f.name, f.attribute)
+    for f in STEP
+    if f.shape is Shape.PER_LAYER and f.attribute in {a.name for a in fields(StepView)}
+)
+_read_eval = _reader(EVAL, EvalView, "loss = validation_loss(scalars)")
