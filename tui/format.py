@@ -6,6 +6,7 @@ import math
 import time
 from collections.abc import Sequence
 
+from probes.kernel.diagnosis import Severity, worst_severity
 from tui.run import RunState
 from tui.state import MonitorState
 
@@ -75,11 +76,30 @@ def connection_label(run: RunState, now: float | None = None) -> str:
     return f"disconnected ({run.disconnect_reason})" if run.disconnect_reason else "disconnected"
 
 
+class StatusField(str):
+    """One field of the status line: its text, and the style it is shown in (chosen
+    from the state it tells of, never read back from the text)."""
+
+    style: str
+
+    def __new__(cls, text: str, style: str = "") -> StatusField:
+        field = super().__new__(cls, text)
+        field.style = style
+        return field
+
+
+PROBE_COST_WARN = 0.05  # the probe's share of a step shown as a warning above this
+CONNECTED_STYLE = "green"
+GONE_STYLE = Severity.ERROR.style  # disconnected, the probe off, frames rejected
+CONTROL_STYLE = "bold yellow"  # paused, or an anomaly step armed
+
+
 def status_fields(
     run: RunState | None, monitor: MonitorState, listening: str, *, short: bool = False
 ) -> list[str]:
     """The status line's fields, most important first; ``short`` abbreviates them for
-    a narrow terminal (``75.7/s``, ``alerts 2/3``, ``drop 0``), every one still there."""
+    a narrow terminal (``75.7/s``, ``alerts 2/3``, ``drop 0``), every one still there.
+    Each is a ``StatusField``: its ``style`` says how to show it."""
     if run is None:
         return ["traintop", f"{'waiting' if short else 'waiting for a run'}: {listening}"]
     rate = run.steps_per_s
@@ -89,28 +109,56 @@ def status_fields(
         speed = f"{rate:,.0f}/s" if rate >= 100 else f"{rate:.1f}/s"
     else:
         speed = f"{rate:,.1f} steps/s"
-    fields = [run.name, f"step {run.last_step:,}", speed, f"loss {number(run.loss)}"]
+    fields: list[str] = [run.name, f"step {run.last_step:,}", speed, f"loss {number(run.loss)}"]
+    control = StatusField(control_label(run), _control_style(run))
     if short and run.connected and not run.probe_error:
         quiet = connection_label(run)
-        fields.append(
-            control_label(run) if quiet == "connected" else quiet.replace("connected, ", "")
-        )
+        fields.append(control if quiet == "connected" else quiet.replace("connected, ", ""))
     elif short and not run.connected and not run.ended and not run.probe_error:
-        fields.append("disconnected")
+        fields.append(StatusField("disconnected", GONE_STYLE))
     else:
-        fields += [connection_label(run), *([control_label(run)] if run.connected else [])]
+        connection = connection_label(run)
+        fields += [
+            StatusField(connection, _connection_style(run, connection)),
+            *([control] if run.connected else []),
+        ]
+    dropped = f"drop {run.dropped:,}" if short else f"dropped {run.dropped:,}"
     fields += [
-        alerts_label(run, short=short),
-        f"drop {run.dropped:,}" if short else f"dropped {run.dropped:,}",
+        StatusField(alerts_label(run, short=short), _alerts_style(run)),
+        StatusField(dropped, Severity.WARNING.style if run.dropped else ""),
     ]
     share = run.probe_share
     if share is not None:
-        fields.append(f"probe {100 * share:.1f}%")
+        style = Severity.WARNING.style if share > PROBE_COST_WARN else ""
+        fields.append(StatusField(f"probe {100 * share:.1f}%", style))
     if monitor.rejected_frames:
-        fields.append(f"{'rej' if short else 'rejected'} {monitor.rejected_frames:,}")
+        rejected = f"{'rej' if short else 'rejected'} {monitor.rejected_frames:,}"
+        fields.append(StatusField(rejected, GONE_STYLE))
     if len(monitor.runs) > 1:
         fields.append(f"{len(monitor.runs)} runs")
     return fields
+
+
+def _connection_style(run: RunState, label: str) -> str:
+    """Green while connected and heard from; the error's style once gone (a clean end,
+    ``finished``, is plain); plain while quiet."""
+    if run.probe_error or (not run.connected and not run.ended):
+        return GONE_STYLE
+    return CONNECTED_STYLE if label == "connected" else ""
+
+
+def _control_style(run: RunState) -> str:
+    control = run.control
+    return CONTROL_STYLE if control.get("paused") or control.get("anomaly_armed") else ""
+
+
+def _alerts_style(run: RunState) -> str:
+    """The worst active alert's: an error's style, else a warning's (an info alert
+    still asks for a look)."""
+    worst = worst_severity(run.active_alerts)
+    if worst is None:
+        return ""
+    return worst.style if worst is Severity.ERROR else Severity.WARNING.style
 
 
 STATUS_SEPARATORS = (" │ ", "│")

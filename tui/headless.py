@@ -16,8 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from probes.kernel.diagnosis import RUNGS, at_least
-from probes.kernel.diagnosis.catalog import ENDED_BY_FIRST_STEP
+from probes.kernel.diagnosis.book import trips_fail_on
 from probes.kernel.wire import Frame
 from tui.dispatch import dispatch
 from tui.events import (
@@ -126,11 +125,11 @@ class HeadlessMonitor:
             self._line(summary_line(run))
 
     def handle_run_connected(self, event: RunConnected) -> None:
-        meta = event.run.meta
+        info = event.run.info
         self._line(
             f"connected run={event.run.name}{job_words(event.run)} "
-            f"host={meta.get('host')} id={event.run.run_id} "
-            f"pid={meta.get('pid')} layers={len(event.run.layers)}"
+            f"host={info.host} id={event.run.run_id} "
+            f"pid={info.pid} layers={len(event.run.layers)}"
         )
         if event.run.control.get("paused"):  # paused before we came: take the wheel
             self._line(
@@ -139,9 +138,9 @@ class HeadlessMonitor:
             self.send_command(event.run.run_id, "resume")
 
     def handle_run_disconnected(self, event: RunDisconnected) -> None:
-        for entry in event.run.raised_alerts:  # the run ended with nothing ever measured
-            if entry.active and entry.alert.kind in ENDED_BY_FIRST_STEP:
-                self._check_fail_on(AlertRaised(event.run, entry.alert))
+        for alert in event.run.book.unmeasured():  # the run ended with nothing measured
+            if trips_fail_on(alert, self.fail_on, run_ended=True):
+                self._fail(AlertRaised(event.run, alert))
         if any(not entry.withdrawn for entry in event.run.raised_alerts):
             self._line(causes_line(event.run))
         self._line(summary_line(event.run))
@@ -154,8 +153,8 @@ class HeadlessMonitor:
 
     def handle_alert_raised(self, event: AlertRaised) -> None:
         self._line(f"{event.alert.line()} run={event.run.name}")
-        if event.alert.kind not in ENDED_BY_FIRST_STEP:  # (judged when the run ends)
-            self._check_fail_on(event)
+        if trips_fail_on(event.alert, self.fail_on):
+            self._fail(event)
 
     def handle_run_paused(self, event: RunPaused) -> None:
         """A headless monitor takes no keys: say why the run paused, and resume it."""
@@ -192,8 +191,9 @@ class HeadlessMonitor:
     def _history_mark(self) -> str:
         return "(history) " if self._replaying else ""
 
-    def _check_fail_on(self, event: AlertRaised) -> None:
-        if self.fail_on and self.failed_by is None and at_least(event.alert.severity, self.fail_on):
+    def _fail(self, event: AlertRaised) -> None:
+        """``--fail-on`` tripped (the first alert that does stops the monitor)."""
+        if self.failed_by is None:
             self.failed_by = event
             self._line(
                 f"failing: {event.alert.severity} alert {event.alert.kind} "
@@ -246,16 +246,13 @@ def causes_line(run: RunState) -> str:
     alerts, one per root cause, in the order of the lesson's checklist, each with how
     many more layers it concerns and what was folded under it."""
     parts = []
-    for entry in sorted(run.raised_alerts, key=lambda e: (e.alert.rung, e.alert.step)):
-        if entry.withdrawn:
-            continue
+    for entry in run.book.causes():
         alert = entry.alert
         others = len(alert.layers) - 1 if alert.subject in alert.layers else 0
         where = (alert.subject or "run") + (f" +{others}" if others > 0 else "")
         folded = f" folded={','.join(alert.folded)}" if alert.folded else ""
         parts.append(
-            f"{RUNGS.get(alert.rung, '?').split(',')[0].replace(' ', '_')}/"
-            f"{alert.kind}@{alert.step}({where.replace(' ', '')}){folded}"
+            f"{alert.rung.tag}/{alert.kind}@{alert.step}({where.replace(' ', '')}){folded}"
         )
     return f"causes run={run.name} in checklist order: " + " ".join(parts)
 

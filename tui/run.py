@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probes.kernel.diagnosis import Alert, AlertChange, Diagnoser, RunInfo
-from probes.kernel.diagnosis.catalog import ENDED_BY_FIRST_STEP
+from probes.kernel.diagnosis.book import MAX_ALERTS, AlertBook, AlertEntry
+from probes.kernel.diagnosis.vocabulary import AlertKind
 from probes.kernel.schema import EvalView, StepView, validation_loss_name
 from probes.kernel.wire import Frame
 from tui.heatmap import GradHeatmap
@@ -20,29 +21,27 @@ from tui.series import BucketedSeries
 
 SPARK_HISTORY = 48  # grad-norm values kept per layer for the sparkline
 RATE_WINDOW = 32  # step records used to estimate steps per second
-MAX_ALERTS = 1000  # alert entries kept per run (raised ones; each is rare)
 PROBE_COST_WINDOW = 64  # step records over which the probe's share of a step is taken
 
 
-@dataclass
-class AlertEntry:
-    """An alert as the monitor shows it: raised at a step, maybe cleared since."""
+__all__ = ["MAX_ALERTS", "AlertEntry", "RunState"]
 
-    alert: Alert
-    active: bool = True
-    cleared_at: int | None = None
-    from_probe: bool = False  # raised in the training process (a data check, the guard)
-    folded_under: str = ""  # a job incident (across ranks) it is a consequence of
-    withdrawn: bool = False  # its condition proved passing (no step yet): not a cause
+# The layer table's condition of each layer an active alert of these kinds concerns.
+LAYER_CONDITIONS: dict[str, str] = {
+    AlertKind.VANISHING_GRADIENT: "vanishing",
+    AlertKind.EXPLODING_GRADIENT: "exploding",
+    AlertKind.DEAD_ACTIVATIONS: "dead",
+    AlertKind.SATURATED_ACTIVATIONS: "dead",
+}
 
 
 @dataclass
 class RunState:
-    """Everything the monitor knows about one run."""
+    """Everything the monitor knows about one run; its alerts are its ``book``'s."""
 
     run_id: str
     name: str = "?"
-    meta: dict[str, Any] = field(default_factory=dict)
+    info: RunInfo = field(default_factory=RunInfo)  # what its hello said
     layers: list[str] = field(default_factory=list)
     param_counts: list[int] = field(default_factory=list)
     connected: bool = False
@@ -67,18 +66,14 @@ class RunState:
     learning_rates: list[float] = field(default_factory=list)
     none_grads: int = 0
     events: deque[Frame] = field(default_factory=lambda: deque(maxlen=500))
-    alerts: list[AlertEntry] = field(default_factory=list)
+    book: AlertBook = field(default_factory=AlertBook)
     control: dict[str, Any] = field(default_factory=dict)  # paused, anomaly_armed, guard
     anomaly_reports: list[Frame] = field(default_factory=list)
     check_reports: list[Frame] = field(default_factory=list)
     probe_error: str = ""  # set when the probe switched itself off
-    awaiting_a_step: bool = False  # a probe alert says no step has begun (yet)
-    diagnoser: Diagnoser = field(default_factory=Diagnoser)
     last_seq: dict[str, int] = field(default_factory=dict)
-    _synced: int = 0  # the diagnoser's revision the alert entries reflect
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     heatmap: GradHeatmap = field(default_factory=lambda: GradHeatmap(0))
-    _identity: tuple[str | None, int, int] = (None, 0, 1)  # job, rank, world size (hello)
     # (probe_time, duration) of recent step records that carry the probe's own time
     _probe_cost: deque[tuple[float, float]] = field(
         default_factory=lambda: deque(maxlen=PROBE_COST_WINDOW)
@@ -95,15 +90,25 @@ class RunState:
     @property
     def job(self) -> str | None:
         """The job its ranks share (None: a run on its own, or a job of one rank)."""
-        return self._identity[0]
+        return self.info.job
 
     @property
     def rank(self) -> int:
-        return self._identity[1]
+        return self.info.rank
 
     @property
     def world_size(self) -> int:
-        return self._identity[2]
+        return self.info.world_size
+
+    @property
+    def alerts(self) -> list[AlertEntry]:
+        """Every alert entry of the run, oldest first (its book's)."""
+        return self.book.entries
+
+    @property
+    def diagnoser(self) -> Diagnoser:
+        """The run's diagnosis (its book's)."""
+        return self.book.diagnoser
 
     @property
     def steps_per_s(self) -> float | None:
@@ -140,13 +145,13 @@ class RunState:
     @property
     def active_alerts(self) -> list[Alert]:
         """The alerts raised and holding (not those folded under a job's incident)."""
-        return [entry.alert for entry in self.alerts if entry.active and not entry.folded_under]
+        return self.book.active
 
     @property
     def raised_alerts(self) -> list[AlertEntry]:
         """Every alert raised for the run, one per root cause (a rank's alert folded under
         its job's incident is shown there, not here)."""
-        return [entry for entry in self.alerts if not entry.folded_under]
+        return self.book.raised
 
     def why_gone(self, connection_reason: str) -> str:
         """Why the run is gone: "finished" after a clean bye, else what the bye said (an
@@ -166,18 +171,15 @@ class RunState:
             elif grad is not None and not math.isfinite(grad):
                 status[name] = "non_finite"
         feeding = {
-            str(a[0]): self.layers[int(a[2])]
-            for a in self.meta.get("activations", [])
-            if len(a) > 2 and a[2] is not None and 0 <= int(a[2]) < len(self.layers)
+            name: self.layers[index]
+            for (name, _), index in zip(
+                self.info.activations, self.info.activation_layers, strict=True
+            )
+            if index is not None and 0 <= index < len(self.layers)
         }
         rank = {"dead": 0, "none_grad": 1, "vanishing": 2, "exploding": 3, "non_finite": 4}
         for alert in self.active_alerts:
-            kind = {
-                "vanishing_gradient": "vanishing",
-                "exploding_gradient": "exploding",
-                "dead_activations": "dead",
-                "saturated_activations": "dead",
-            }.get(alert.kind)
+            kind = LAYER_CONDITIONS.get(alert.kind)
             if not kind:
                 continue
             # an incident names every layer it concerns (a dead ReLU: the layer feeding it)
@@ -189,17 +191,12 @@ class RunState:
                     status[layer] = kind
         return status
 
-    def apply_hello(self, frame: Frame) -> None:
-        self.meta = {k: v for k, v in frame.items() if k not in ("v", "kind", "token")}
-        world = max(_int(frame.get("world_size"), 1), 1)
-        job = frame.get("job")
-        self._identity = (
-            str(job) if job and world > 1 else None,
-            _int(frame.get("rank"), 0),
-            world,
-        )
-        self.name = str(frame.get("name", self.run_id))
-        layers = [str(name) for name in frame.get("layers", [])]
+    def apply_hello(self, info: RunInfo) -> None:
+        """The run said hello (again, on a reconnect): what it is, its layers, its
+        control state now."""
+        self.info = info
+        self.name = self.run_id if info.name is None else info.name
+        layers = list(info.layers)
         if layers != self.layers:
             self.layers = layers
             self.grad_norms = [None] * len(layers)
@@ -207,10 +204,10 @@ class RunState:
             self.update_ratios = [None] * len(layers)
             self.grad_records.clear()
             self.heatmap = GradHeatmap(len(layers))
-        self.param_counts = [int(c) for c in frame.get("param_counts", [])]
-        self.control.update(frame.get("state") or {})  # paused now, or not
+        self.param_counts = list(info.param_counts)
+        self.control.update(info.control)  # paused now, or not
         if not self.step_records:  # a new run (not a reconnect): diagnose from its start
-            self.diagnoser = Diagnoser(RunInfo.from_hello(frame), self.diagnoser.thresholds)
+            self.book.start(info)
         self.connected = True
         self.ended = False
         self.end_reason = ""
@@ -258,72 +255,14 @@ class RunState:
             self.update_ratios = list(view.update_ratios)
 
     def diagnose(self, view: StepView | EvalView) -> list[AlertChange]:
-        """Run the diagnosis rules on a step or eval record; keep what they raise."""
-        changes = (
-            self.diagnoser.observe_step(view)
-            if isinstance(view, StepView)
-            else self.diagnoser.observe_eval(view)
-        )
-        return self._keep(changes, view.step)
+        """Run the diagnosis rules on a step or eval record; its book keeps what they
+        raise and clear."""
+        return self.book.observe(view)
 
     def finish_diagnosis(self) -> list[AlertChange]:
         """The run ended: what the diagnoser still held back (a consequence that waited
         for a cause that never came)."""
-        return self._keep(self.diagnoser.finish(), self.last_step)
-
-    def _keep(self, changes: list[AlertChange], step: int) -> list[AlertChange]:
-        for change in changes:
-            if change.raised:
-                self.add_alert(change.alert)
-            else:
-                self._clear(change.alert, step)
-        self._sync_incidents()
-        return changes
-
-    def _sync_incidents(self) -> None:
-        """Alerts gain consequences (and layers) after they are raised: the latest entry
-        of each key shows the diagnoser's latest version."""
-        if self.diagnoser.revision == self._synced:
-            return
-        self._synced = self.diagnoser.revision
-        seen: set[tuple[str, bool]] = set()
-        for entry in reversed(self.alerts):
-            key = (entry.alert.key, entry.from_probe)
-            if key in seen:
-                continue
-            seen.add(key)
-            source = self.diagnoser.probe_alerts if entry.from_probe else (self.diagnoser.incidents)
-            latest = source.get(entry.alert.key)
-            if latest is not None and latest.step == entry.alert.step:
-                entry.alert = latest
-
-    def add_alert(self, alert: Alert, *, from_probe: bool = False) -> None:
-        self.alerts.append(AlertEntry(alert, from_probe=from_probe))
-        if from_probe and alert.kind in ENDED_BY_FIRST_STEP:
-            self.awaiting_a_step = True
-        if len(self.alerts) > MAX_ALERTS:
-            del self.alerts[0]
-
-    def end_alerts_of_no_step(self, step: int) -> list[Alert]:
-        """A measured step arrived: the probe's alerts saying none had begun
-        (``steps_not_measured``) are over, cleared at ``step``; the alerts cleared."""
-        self.awaiting_a_step = False
-        ended = []
-        for entry in self.alerts:
-            if entry.active and entry.from_probe and entry.alert.kind in ENDED_BY_FIRST_STEP:
-                entry.active = False
-                entry.cleared_at = step
-                entry.withdrawn = True
-                self.diagnoser.withdraw_probe_alert(entry.alert)
-                ended.append(entry.alert)
-        return ended
-
-    def _clear(self, alert: Alert, step: int) -> None:
-        for entry in reversed(self.alerts):
-            if entry.active and entry.alert.key == alert.key and not entry.from_probe:
-                entry.active = False
-                entry.cleared_at = step
-                return
+        return self.book.finish(self.last_step)
 
     @staticmethod
     def _series(table: dict[str, BucketedSeries], name: str) -> BucketedSeries:
@@ -331,7 +270,3 @@ class RunState:
         if series is None:
             series = table[name] = BucketedSeries()
         return series
-
-
-def _int(value: Any, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from probes.kernel.diagnosis import Alert, AlertChange, Diagnoser, Thresholds
-from probes.kernel.diagnosis.catalog import ENDED_BY_FIRST_STEP
-from probes.kernel.schema import EvalView, StepView
+from probes.kernel.diagnosis import Alert, AlertChange, Thresholds
+from probes.kernel.diagnosis.book import AlertBook
+from probes.kernel.schema import EvalView, RunInfo, StepView
 from probes.kernel.wire import Frame
 from tui.events import (
     AckReceived,
@@ -27,7 +27,7 @@ from tui.events import (
     RunDisconnected,
     RunPaused,
 )
-from tui.jobs import JOB_CONSEQUENCES, JobState
+from tui.jobs import JobState
 from tui.run import MAX_ALERTS, AlertEntry, RunState
 
 MAX_ENDED_RUNS = 50  # runs that have gone, kept for viewing (about 1 MB each)
@@ -72,7 +72,7 @@ class MonitorState:
                     )
                 ]
             changes = run.diagnose(view)
-            if run.awaiting_a_step:
+            if run.book.awaiting_a_step:
                 changes += self._ended_by_a_step(run, view.first)
             return self._job_incidents(run) + self._alert_events(run, changes)
         if kind == "eval":
@@ -134,13 +134,8 @@ class MonitorState:
 
     def _release(self, job: JobState, *, force: bool = False) -> list[MonitorEvent]:
         raised, folded = job.release(self.runs, time.monotonic(), force=force)
-        for rank, alert in folded:  # shown under the job's incident, not on their own
-            run = self.runs.get(job.ranks.get(rank, ""))
-            for entry in run.alerts if run is not None else ():
-                if entry.alert.key == alert.key and entry.alert.step == alert.step:
-                    entry.folded_under = next(
-                        (i.kind for i in job.incidents if alert.kind in _folds(i)), "job"
-                    )
+        for run, alert, incident_kind in folded:  # shown under the job's incident
+            run.book.fold_under(alert, incident_kind)
         return [AlertRaised(run, alert) for run, alert in raised]
 
     def _job_incidents(self, run: RunState) -> list[MonitorEvent]:
@@ -156,13 +151,13 @@ class MonitorState:
     def _share_incident(self, job: JobState, named: RunState, alert: Alert) -> MonitorEvent:
         entry = job.entries[-1]  # the incident just found
         for member in job.rank_runs(self.runs):
-            member.alerts.append(entry)
+            member.book.share(entry)
         return AlertRaised(named, alert)
 
     def _ended_by_a_step(self, run: RunState, step: int) -> list[AlertChange]:
         """The probe said no step had begun; one has: those alerts clear."""
+        ended = run.book.first_measured_step(step)
         job = self.jobs.get(run.job) if run.job else None
-        ended = run.end_alerts_of_no_step(step)
         if job is not None:
             for alert in ended:
                 job.withdraw(run.rank, alert.key)  # (not raised yet: never raise it)
@@ -173,10 +168,8 @@ class MonitorState:
             alert = Alert.from_dict(frame.get("alert") or {})
         except (KeyError, TypeError, ValueError) as exc:
             return [self.reject(run.name, f"an alert frame without a valid alert: {exc}")]
-        if alert.kind in ENDED_BY_FIRST_STEP and run.last_step >= 0:
+        if not run.book.probe_alert(alert, steps_seen=run.last_step >= 0):
             return []  # steps are measured already (a history replayed out of order)
-        run.add_alert(alert, from_probe=True)
-        run.diagnoser.note_probe_alert(alert)  # a cause its consequences fold under
         job = self.jobs.get(run.job) if run.job else None
         if job is None:
             return [AlertRaised(run, alert)]
@@ -254,12 +247,10 @@ class MonitorState:
     def _hello(self, conn_id: int, frame: Frame) -> list[MonitorEvent]:
         run_id = str(frame.get("run") or f"conn-{conn_id}")
         seen_before = run_id in self.runs
-        run = self.runs.get(run_id) or RunState(
-            run_id, diagnoser=Diagnoser(thresholds=self.thresholds)
-        )
+        run = self.runs.get(run_id) or RunState(run_id, book=AlertBook(self.thresholds))
         self.runs[run_id] = run
         self._conn_runs[conn_id] = run_id
-        run.apply_hello(frame)
+        run.apply_hello(RunInfo.from_hello(frame))
         run.last_frame_at = time.monotonic()
         if run.job is not None:
             job = self.jobs.get(run.job)
@@ -281,7 +272,3 @@ class MonitorState:
             return False
         run.last_seq[kind] = seq
         return True
-
-
-def _folds(incident: Alert) -> frozenset[str]:
-    return JOB_CONSEQUENCES.get(incident.kind, frozenset())

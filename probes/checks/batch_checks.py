@@ -17,6 +17,7 @@ from torch import nn
 
 from probes.checks.loss_contract import LossFn, loss_contract
 from probes.checks.reports import CheckReport, Finding
+from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 
 if TYPE_CHECKING:
     from probes.runtime.probe import Probe
@@ -102,8 +103,8 @@ def check_batch(
         if not isinstance(outputs, torch.Tensor):
             add(
                 Finding(
-                    "output_not_tensor",
-                    "info",
+                    AlertKind.OUTPUT_NOT_TENSOR,
+                    Severity.INFO,
                     "outputs",
                     f"the model returned {type(outputs).__name__}; only a tensor output is checked",
                     "Pass the tensor the loss receives as the output.",
@@ -150,7 +151,7 @@ def _check_tensors(label: str, value: Any, *, finite: bool) -> list[Finding]:
             findings.append(
                 Finding(
                     f"non_finite_{label}",
-                    "error",
+                    Severity.ERROR,
                     label,
                     f"{bad} of {tensor.numel()} values of the {label} are NaN or Inf",
                     "Find where they come from (missing values, a division, a log) and clean "
@@ -172,8 +173,8 @@ def _run_loss(
         if not report.findings:
             report.findings.append(
                 Finding(
-                    "loss_error",
-                    "error",
+                    AlertKind.LOSS_ERROR,
+                    Severity.ERROR,
                     "loss",
                     f"the loss raised {type(exc).__name__}: {str(exc).splitlines()[0]}",
                     "Fix the shapes and dtypes the message names.",
@@ -183,8 +184,8 @@ def _run_loss(
     if loss.numel() == 1 and not bool(torch.isfinite(loss)):
         report.findings.append(
             Finding(
-                "non_finite_loss",
-                "error",
+                AlertKind.NON_FINITE_LOSS,
+                Severity.ERROR,
                 "loss",
                 f"the loss of this batch is {float(loss)}",
                 "Check the outputs and targets above; run one step under anomaly detection.",
@@ -198,8 +199,8 @@ def _reduction(loss_fn: LossFn, loss: torch.Tensor) -> list[Finding]:
     if loss.numel() != 1:
         findings.append(
             Finding(
-                "loss_not_scalar",
-                "error",
+                AlertKind.LOSS_NOT_SCALAR,
+                Severity.ERROR,
                 "loss",
                 f"the loss has shape {tuple(loss.shape)} (reduction='none'?): backward needs "
                 "one number, and .mean() vs .sum() changes the effective learning rate",
@@ -209,8 +210,8 @@ def _reduction(loss_fn: LossFn, loss: torch.Tensor) -> list[Finding]:
     elif getattr(loss_fn, "reduction", "mean") == "sum":
         findings.append(
             Finding(
-                "sum_reduction",
-                "info",
+                AlertKind.SUM_REDUCTION,
+                Severity.INFO,
                 "loss",
                 "reduction='sum': the loss and its gradients grow with the batch size, so a "
                 "different batch size changes the effective learning rate",

@@ -22,6 +22,7 @@ import torch
 
 from probes.checks.reports import CheckReport, Finding
 from probes.checks.split_rows import Selector, from_numpy, is_numpy, iter_chunks, read_chunk
+from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 
 if TYPE_CHECKING:
     from probes.runtime.probe import Probe
@@ -164,8 +165,8 @@ def _duplicates_within(scan: SplitScan) -> list[Finding]:
         return []
     return [
         Finding(
-            "duplicate_rows",
-            "warning",
+            AlertKind.DUPLICATE_ROWS,
+            Severity.WARNING,
             scan.name,
             f"{scan.duplicate_count} of {scan.rows} rows of {scan.name} repeat an earlier row",
             "Drop exact duplicates (or weight them on purpose); they inflate what the model "
@@ -185,8 +186,8 @@ def _duplicates_across(earlier: SplitScan, later: SplitScan) -> list[Finding]:
     shared.sort(key=lambda pair: pair[1])
     return [
         Finding(
-            "duplicates_across_splits",
-            "error",
+            AlertKind.DUPLICATES_ACROSS_SPLITS,
+            Severity.ERROR,
             f"{earlier.name}/{later.name}",
             f"{len(shared)} rows of {later.name} also appear in {earlier.name}: evaluation on "
             "them measures memory, not generalisation",
@@ -203,8 +204,8 @@ def _entity_overlap(earlier: SplitScan, later: SplitScan) -> list[Finding]:
         return []
     return [
         Finding(
-            "entity_overlap",
-            "error",
+            AlertKind.ENTITY_OVERLAP,
+            Severity.ERROR,
             f"{earlier.name}/{later.name}",
             f"{len(shared)} entities have rows in both {earlier.name} and {later.name}",
             "Split by entity (group split), so that each entity is in one split only.",
@@ -224,8 +225,8 @@ def _time_leaks(scans: list[SplitScan]) -> list[Finding]:
         if early:
             findings.append(
                 Finding(
-                    "time_leak",
-                    "error",
+                    AlertKind.TIME_LEAK,
+                    Severity.ERROR,
                     scan.name,
                     f"{len(early)} rows of {scan.name} are earlier than the end of training "
                     f"({train.time_max}): the model is evaluated on the past it trained after",
@@ -248,8 +249,8 @@ def _missing_values(scan: SplitScan) -> list[Finding]:
     total = sum(scan.nan_by_column.values())
     return [
         Finding(
-            "missing_values",
-            "warning",
+            AlertKind.MISSING_VALUES,
+            Severity.WARNING,
             scan.name,
             f"{total} NaN values in {len(columns)} column(s) of {scan.name}",
             "Impute with statistics fitted on train only (or drop the rows), and add a "
@@ -282,8 +283,8 @@ def _prevalence_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Find
             worst = max(classes, key=lambda c: abs(prevalence[scan.name][str(c)] - train[str(c)]))
             findings.append(
                 Finding(
-                    "target_shift",
-                    "warning",
+                    AlertKind.TARGET_SHIFT,
+                    Severity.WARNING,
                     scan.name,
                     f"class {worst} is {prevalence[scan.name][str(worst)]:.1%} of {scan.name} "
                     f"but {train[str(worst)]:.1%} of train",
@@ -316,8 +317,8 @@ def _mean_shift(scans: list[SplitScan]) -> tuple[dict[str, Any], list[Finding]]:
         if shift > MEAN_SHIFT_STDS:
             findings.append(
                 Finding(
-                    "target_shift",
-                    "warning",
+                    AlertKind.TARGET_SHIFT,
+                    Severity.WARNING,
                     scan.name,
                     f"the target's mean is {mean:.4g} in {scan.name} but {train_mean:.4g} in "
                     f"train ({shift:.2f} training stds apart)",
@@ -412,8 +413,8 @@ def _statistic_finding(
         evidence["all_rows"] = _short(on_all)
     if on_all is not None and every is not None and _matches(name, used, every, rtol):
         return Finding(
-            "leakage",
-            "error",
+            AlertKind.LEAKAGE,
+            Severity.ERROR,
             name,
             f"{name} {_short(used)} matches all rows ({_short(on_all)}), not train "
             f"({_short(on_train)}): the preprocessing was fitted on the evaluation rows too",
@@ -422,8 +423,8 @@ def _statistic_finding(
             evidence,
         )
     return Finding(
-        "preprocessing_mismatch",
-        "warning",
+        AlertKind.PREPROCESSING_MISMATCH,
+        Severity.WARNING,
         name,
         f"{name} {_short(used)} is not the training split's ({_short(on_train)})",
         f"Recompute the {name} on the training split and check where the used value came from.",

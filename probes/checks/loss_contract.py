@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from probes.checks.reports import Finding
+from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 CLASSIFICATION_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
@@ -27,8 +28,8 @@ def loss_contract(loss_fn: LossFn, outputs: torch.Tensor, targets: Any) -> list[
     if outputs.device != targets.device:
         findings.append(
             Finding(
-                "device_mismatch",
-                "error",
+                AlertKind.DEVICE_MISMATCH,
+                Severity.ERROR,
                 "targets",
                 f"outputs are on {outputs.device} but targets on {targets.device}",
                 "Move the targets to the model's device with the inputs.",
@@ -69,8 +70,8 @@ def _classification_contract(
     if isinstance(loss_fn, nn.CrossEntropyLoss) and _looks_like_probabilities(outputs):
         findings.append(
             Finding(
-                "probabilities_into_logit_loss",
-                "error",
+                AlertKind.PROBABILITIES_INTO_LOGIT_LOSS,
+                Severity.ERROR,
                 "outputs",
                 "the outputs are probabilities (in [0, 1], summing to 1), but CrossEntropyLoss "
                 "applies log-softmax itself: softmax is applied twice and gradients shrink",
@@ -82,8 +83,8 @@ def _classification_contract(
         kind = "probabilities" if _looks_like_probabilities(outputs) else "raw logits"
         findings.append(
             Finding(
-                "logits_into_nll_loss",
-                "error",
+                AlertKind.LOGITS_INTO_NLL_LOSS,
+                Severity.ERROR,
                 "outputs",
                 f"NLLLoss expects log-probabilities, but the outputs look like {kind}",
                 "End the model with log_softmax, or use CrossEntropyLoss on the logits.",
@@ -93,8 +94,8 @@ def _classification_contract(
     if targets.is_floating_point() and not soft_targets:
         findings.append(
             Finding(
-                "float_targets_for_classification",
-                "error",
+                AlertKind.FLOAT_TARGETS_FOR_CLASSIFICATION,
+                Severity.ERROR,
                 "targets",
                 f"{name} takes class indices (int64) of shape {tuple(outputs.shape[:1])}, but "
                 f"the targets are {str(targets.dtype).replace('torch.', '')} of shape "
@@ -110,8 +111,8 @@ def _classification_contract(
         if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= classes):
             findings.append(
                 Finding(
-                    "target_out_of_range",
-                    "error",
+                    AlertKind.TARGET_OUT_OF_RANGE,
+                    Severity.ERROR,
                     "targets",
                     f"class indices must lie in [0, {classes - 1}] but range over "
                     f"[{int(valid.min())}, {int(valid.max())}]",
@@ -131,8 +132,8 @@ def _binary_contract(
     if isinstance(loss_fn, nn.BCELoss) and not in_unit:
         findings.append(
             Finding(
-                "bce_given_logits",
-                "error",
+                AlertKind.BCE_GIVEN_LOGITS,
+                Severity.ERROR,
                 "outputs",
                 f"BCELoss needs probabilities in [0, 1], but the outputs range over "
                 f"[{float(detached.min()):.3g}, {float(detached.max()):.3g}]: they are logits",
@@ -148,8 +149,8 @@ def _binary_contract(
     ):
         findings.append(
             Finding(
-                "bce_with_logits_given_probabilities",
-                "warning",
+                AlertKind.BCE_WITH_LOGITS_GIVEN_PROBABILITIES,
+                Severity.WARNING,
                 "outputs",
                 "BCEWithLogitsLoss applies a sigmoid itself, but the outputs all lie in [0, 1] "
                 "as if a sigmoid were applied already",
@@ -174,8 +175,8 @@ def _shape_finding(outputs: torch.Tensor, targets: torch.Tensor, loss_name: str)
         broadcast = None
     if broadcast is not None and broadcast != tuple(outputs.shape):
         return Finding(
-            "broadcast_in_loss",
-            "error",
+            AlertKind.BROADCAST_IN_LOSS,
+            Severity.ERROR,
             "targets",
             f"outputs {tuple(outputs.shape)} and targets {tuple(targets.shape)} broadcast "
             f"to {broadcast} in {loss_name}: every output is compared with every target",
@@ -187,8 +188,8 @@ def _shape_finding(outputs: torch.Tensor, targets: torch.Tensor, loss_name: str)
             },
         )
     return Finding(
-        "shape_mismatch",
-        "error",
+        AlertKind.SHAPE_MISMATCH,
+        Severity.ERROR,
         "targets",
         f"outputs {tuple(outputs.shape)} and targets {tuple(targets.shape)} differ",
         "Make the targets the outputs' shape (or fix the model's last layer).",

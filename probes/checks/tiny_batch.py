@@ -19,6 +19,7 @@ from torch import nn
 
 from probes.checks.batch_checks import LossFn, forward, split_batch
 from probes.checks.reports import CheckReport, Finding
+from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 
 if TYPE_CHECKING:
     from probes.runtime.probe import Probe
@@ -103,8 +104,8 @@ def _overfit_report(
     if not math.isfinite(last):
         report.findings.append(
             Finding(
-                "non_finite_loss",
-                "error",
+                AlertKind.NON_FINITE_LOSS,
+                Severity.ERROR,
                 "loss",
                 f"the loss became non-finite after {len(curve)} steps on a tiny batch",
                 "Lower the learning rate alone; if it persists, run one step under anomaly "
@@ -115,8 +116,8 @@ def _overfit_report(
     elif last > goal:
         report.findings.append(
             Finding(
-                "cannot_overfit",
-                "error",
+                AlertKind.CANNOT_OVERFIT,
+                Severity.ERROR,
                 "loss",
                 f"after {steps} steps on a tiny batch the loss went from {first:.4g} to "
                 f"{last:.4g}, not down to {goal:.4g}",

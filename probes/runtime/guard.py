@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from probes.kernel.diagnosis import Alert
+from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 from probes.runtime.layers import LayerMap
 from probes.runtime.stats import Measurement, compose_order
 
@@ -66,8 +67,8 @@ def guard_alert(trip: GuardTrip) -> Alert:
     """The alert the guard raises when it skips an update."""
     layers = ", ".join(trip.layers[:6])
     return Alert(
-        "guard_skipped_update",
-        "error",
+        AlertKind.GUARD_SKIPPED_UPDATE,
+        Severity.ERROR,
         trip.step,
         trip.layers[0] if trip.layers else "",
         {

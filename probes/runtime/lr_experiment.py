@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 
 from probes.kernel.diagnosis import Alert
+from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ class LrExperiment:
 
     def alert(self, step: int, now: list[float]) -> Alert:
         return Alert(
-            "lr_experiment_undone",
-            "info",
+            AlertKind.LR_EXPERIMENT_UNDONE,
+            Severity.INFO,
             step,
             "",
             {

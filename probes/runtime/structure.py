@@ -29,6 +29,7 @@ from torch import nn
 
 from probes.kernel.diagnosis import Alert, Severity
 from probes.kernel.diagnosis.catalog import entry
+from probes.kernel.diagnosis.vocabulary import AlertKind
 from probes.runtime.layers import LayerMap
 
 MOSTLY_FROZEN = 0.9  # this fraction of the parameter elements frozen: mostly frozen
@@ -84,8 +85,8 @@ def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: Layer
     ):
         return [
             _alert(
-                "optimizer_not_for_model",
-                "error",
+                AlertKind.OPTIMIZER_NOT_FOR_MODEL,
+                Severity.ERROR,
                 "",
                 {
                     "foreign_params": len(foreign),
@@ -105,7 +106,13 @@ def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: Layer
             layers_affected=len(missing_layers), range=f"{missing_layers[0]}..{missing_layers[-1]}"
         )
     return [
-        _alert("params_not_in_optimizer", "warning", missing_layers[0], evidence, missing_layers)
+        _alert(
+            AlertKind.PARAMS_NOT_IN_OPTIMIZER,
+            Severity.WARNING,
+            missing_layers[0],
+            evidence,
+            missing_layers,
+        )
     ]
 
 
@@ -129,8 +136,8 @@ def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
     )
     return [
         _alert(
-            "mostly_frozen",
-            "warning" if only_norms else "info",
+            AlertKind.MOSTLY_FROZEN,
+            Severity.WARNING if only_norms else Severity.INFO,
             "",
             {
                 "frozen_fraction": frozen / total,

@@ -11,6 +11,7 @@ alert when the first measured step arrives.
 from __future__ import annotations
 
 from probes.kernel.diagnosis import Alert
+from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 
 # A few updates before saying so: one warm-up step before the loop is not a mistake.
 UNBRACKETED_UPDATES = 3
@@ -19,8 +20,8 @@ UNBRACKETED_UPDATES = 3
 def unbracketed_alert(updates: int) -> Alert:
     """The alert for ``updates`` optimizer steps seen before any probe step."""
     return Alert(
-        "steps_not_measured",
-        "warning",
+        AlertKind.STEPS_NOT_MEASURED,
+        Severity.WARNING,
         0,
         "",
         {"optimizer_steps": updates, "probe_steps": 0},

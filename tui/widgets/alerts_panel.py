@@ -5,11 +5,12 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from probes.kernel.diagnosis import SEVERITY_ORDER
+from probes.kernel.diagnosis import Severity
+from probes.kernel.diagnosis.book import checklist_order
 from tui.run import AlertEntry, RunState
 
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
+SEVERITY_STYLE = {severity: severity.style for severity in Severity}
+SEVERITY_MARK = {severity: severity.mark for severity in Severity}
 
 
 class AlertsPanel(DataTable[Text | str]):
@@ -72,18 +73,9 @@ class AlertsPanel(DataTable[Text | str]):
 
 def sorted_alerts(entries: list[AlertEntry]) -> list[AlertEntry]:
     """Active before cleared; then along the checklist (its rung); within a rung errors
-    before warnings before infos; then by step (then in the order raised)."""
-    shown = [e for e in entries if not e.folded_under]  # (listed under the job's incident)
-    # (RunState.raised_alerts says the same for a run's entries)
-    return sorted(
-        shown,
-        key=lambda e: (
-            not e.active,
-            e.alert.rung,
-            -SEVERITY_ORDER.get(e.alert.severity, 0),
-            e.alert.step,
-        ),
-    )
+    before warnings before infos; then by step (the run's book says the order; entries
+    folded under a job's incident are listed under it)."""
+    return checklist_order(entries)
 
 
 def _state(entry: AlertEntry) -> str:

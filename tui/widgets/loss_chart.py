@@ -7,6 +7,7 @@ import math
 from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
+from probes.kernel.diagnosis import Severity
 from tui.format import axis_ticks, downsample, number, wants_log_scale
 from tui.run import RunState
 from tui.series import BucketedSeries
@@ -123,7 +124,7 @@ def _log_points(xs: list[float], ys: list[float]) -> tuple[list[float], list[flo
     return [k[0] for k in kept], [k[1] for k in kept]
 
 
-ALERT_COLORS = {"error": "red", "warning": "yellow", "info": "blue"}
+ALERT_COLORS = {severity: severity.colour for severity in Severity}
 MAX_MARKERS = 24
 
 

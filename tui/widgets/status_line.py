@@ -9,8 +9,6 @@ from tui.format import fit_status
 from tui.run import RunState
 from tui.state import MonitorState
 
-PROBE_COST_WARN = 0.05  # the probe's share of a step shown in yellow above this
-
 
 class StatusLine(Static):
     """Shows the selected run's vital signs on one line, abbreviated when narrow."""
@@ -34,26 +32,6 @@ class StatusLine(Static):
         text = Text(fields[0], style="bold")
         for field in fields[1:]:
             text.append(separator, style="dim")
-            text.append(field, style=_style(field, run))
+            text.append(field, style=getattr(field, "style", ""))  # a StatusField's
         self.text = text.plain
         self.update(text)
-
-
-def _style(field: str, run: RunState | None) -> str:
-    if field.startswith("alerts"):
-        active = run.active_alerts if run is not None else []
-        if any(alert.severity == "error" for alert in active):
-            return "bold red"
-        return "yellow" if active else ""
-    if field.startswith("probe "):
-        share = run.probe_share if run is not None else None
-        return "yellow" if share is not None and share > PROBE_COST_WARN else ""
-    if field.startswith(("disconnected", "rejected", "rej ", "probe off")) or "error" in field:
-        return "bold red"
-    if field.startswith(("dropped", "drop ")) and field not in ("dropped 0", "drop 0"):
-        return "yellow"
-    if field == "connected":
-        return "green"
-    if field.startswith("paused") or "anomaly" in field:
-        return "bold yellow"
-    return ""

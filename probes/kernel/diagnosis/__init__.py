@@ -11,11 +11,14 @@ and the next controlled experiments, each changing one thing (``catalog``).
 Time is counted in steps, never in records: a fast run's thinned record stands for
 several steps and carries their peaks (``views``).
 
-The package follows the checklist: ``thresholds``, ``views`` (the records as the rules
-see them), one module of rules per rung (``values``, ``tiny_batch``, ``gradient_path``,
-``update``, ``evaluation``; the data rung's checks run in the training process), the
-probe's own cost (``overhead``), ``incidents`` (what folds under what), ``diagnoser``
-and ``catalog``. Both the monitor (live and on replay) and headless mode run it; the
+The package follows the checklist: ``vocabulary`` (alert kinds, severities, rungs, each
+with how it is shown), ``thresholds``, ``views`` (the records as the rules see them), one
+module of rules per rung (``values``, ``tiny_batch``, ``gradient_path``, ``update``,
+``evaluation``; the data rung's checks run in the training process), the probe's own
+cost (``overhead``), ``incidents`` (what folds under what), ``diagnoser`` and
+``catalog``; ``book`` (one run's alert entries, from raised to cleared) and, across a
+job's ranks, ``ranks`` (the checks) and ``job`` (their incidents and what they do to the
+ranks' alerts). Both the monitor (live and on replay) and headless mode run it; the
 training side builds its alerts with it. It imports no torch and no textual.
 """
 
@@ -23,15 +26,17 @@ from probes.kernel.diagnosis.alert import (
     SEVERITY_ORDER,
     Alert,
     AlertChange,
-    Severity,
     at_least,
     worst_severity,
 )
+from probes.kernel.diagnosis.book import AlertBook, AlertEntry, checklist_order, trips_fail_on
 from probes.kernel.diagnosis.catalog import CATALOG, RUNGS, rung_of
 from probes.kernel.diagnosis.diagnoser import RULES, Diagnoser
+from probes.kernel.diagnosis.job import JobDiagnoser
 from probes.kernel.diagnosis.rule import Findings, Rule
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import EvalView, RecentPast, RunInfo, StepView, as_number, mean
+from probes.kernel.diagnosis.vocabulary import AlertKind, Rung, Severity
 
 __all__ = [
     "CATALOG",
@@ -39,19 +44,26 @@ __all__ = [
     "RUNGS",
     "SEVERITY_ORDER",
     "Alert",
+    "AlertBook",
     "AlertChange",
+    "AlertEntry",
+    "AlertKind",
     "Diagnoser",
     "EvalView",
     "Findings",
+    "JobDiagnoser",
     "RecentPast",
     "Rule",
     "RunInfo",
+    "Rung",
     "Severity",
     "StepView",
     "Thresholds",
     "as_number",
     "at_least",
+    "checklist_order",
     "mean",
     "rung_of",
+    "trips_fail_on",
     "worst_severity",
 ]

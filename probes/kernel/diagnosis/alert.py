@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 from probes.kernel.diagnosis.catalog import rung_of
+from probes.kernel.diagnosis.vocabulary import AlertKind, Rung, Severity
 
-Severity = Literal["info", "warning", "error"]
-SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
+SEVERITY_ORDER: dict[str, int] = {severity.value: severity.order for severity in Severity}
+_KINDS: dict[str, AlertKind] = {kind.value: kind for kind in AlertKind}
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class Alert:
     every model layer it concerns, the first failing one first; ``folded`` names the
     consequences seen since and folded under it (``kind@step``), which are not raised as
     alerts of their own.
+
+    ``kind`` is an ``AlertKind`` (a kind no member names, from a newer probe, stays the
+    string it came as) and ``severity`` a ``Severity``, whatever they were given as.
     """
 
     kind: str
@@ -36,13 +40,19 @@ class Alert:
     ranks: tuple[int, ...] = ()  # in a multi-rank job: the ranks that raised it
     world_size: int = 0  # ... and how many ranks the job has (0: not a job's)
 
+    def __post_init__(self) -> None:
+        if type(self.severity) is not Severity:
+            object.__setattr__(self, "severity", Severity.of(self.severity))
+        if type(self.kind) is not AlertKind:
+            object.__setattr__(self, "kind", _KINDS.get(self.kind, self.kind))
+
     @property
     def key(self) -> str:
         """Identity for hysteresis: one alert per kind, or per kind and subject."""
         return f"{self.kind}:{self.subject}" if self.per_subject else self.kind
 
     @property
-    def rung(self) -> int:
+    def rung(self) -> Rung:
         """Its rung on the lesson's checklist (1 data ... 6 evaluation; 7 the probe)."""
         return rung_of(self.kind)
 
@@ -95,10 +105,9 @@ class Alert:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Alert:
-        severity = str(data.get("severity", "warning"))
         return cls(
             kind=str(data["kind"]),
-            severity=severity if severity in SEVERITY_ORDER else "warning",  # type: ignore[arg-type]
+            severity=Severity.of(str(data.get("severity", "warning"))),
             step=int(data.get("step", 0)),
             subject=str(data.get("subject", "")),
             evidence=dict(data.get("evidence") or {}),
@@ -133,9 +142,9 @@ def worst_severity(alerts: Sequence[Alert]) -> Severity | None:
     """The most severe of ``alerts`` (None for none)."""
     if not alerts:
         return None
-    return max((a.severity for a in alerts), key=SEVERITY_ORDER.__getitem__)
+    return max((a.severity for a in alerts), key=lambda severity: severity.order)
 
 
 def at_least(severity: str, threshold: str) -> bool:
     """True if ``severity`` is ``threshold`` or worse."""
-    return SEVERITY_ORDER[severity] >= SEVERITY_ORDER[threshold]
+    return Severity(severity).at_least(threshold)

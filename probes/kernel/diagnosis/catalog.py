@@ -14,22 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RUNGS: dict[int, str] = {
-    1: "data and split",
-    2: "shapes, values and the loss contract",
-    3: "tiny-batch test",
-    4: "gradient path",
-    5: "update",
-    6: "evaluation",
-    7: "the probe and the job's ranks",
-}
+from probes.kernel.diagnosis.vocabulary import AlertKind, Rung
+
+#: Each rung's name on the checklist, by number (``Rung`` carries it).
+RUNGS: dict[int, str] = {rung.value: rung.label for rung in Rung}
 
 
 @dataclass(frozen=True)
 class Entry:
     """One kind of alert, as the catalog describes it."""
 
-    rung: int
+    rung: Rung
     signal: str = ""
     experiments: tuple[str, ...] = ()
 
@@ -40,10 +35,10 @@ _DEAD = (
     "Re-initialise this layer (Kaiming) or add normalisation before it, one at a time.",
 )
 
-CATALOG: dict[str, Entry] = {
+CATALOG: dict[AlertKind, Entry] = {
     # --- 2. shapes, values and the loss contract ---------------------------------------
-    "non_finite": Entry(
-        2,
+    AlertKind.NON_FINITE: Entry(
+        Rung.VALUES,
         (
             "A NaN or Inf reached the run's numbers: from here on updates are garbage. It says "
             "where it was first seen, not which operation produced it."
@@ -55,8 +50,8 @@ CATALOG: dict[str, Entry] = {
         ),
     ),
     # --- 3. the tiny-batch test ----------------------------------------------------------
-    "flat_loss": Entry(
-        3,
+    AlertKind.FLAT_LOSS: Entry(
+        Rung.TINY_BATCH,
         (
             "The training loss has not come down from where it started: the model is not "
             "learning. It does not say whether the wiring, the optimisation or the data is "
@@ -70,8 +65,8 @@ CATALOG: dict[str, Entry] = {
         ),
     ),
     # --- 4. the gradient path -------------------------------------------------------------
-    "exploding_gradient": Entry(
-        4,
+    AlertKind.EXPLODING_GRADIENT: Entry(
+        Rung.GRADIENT_PATH,
         (
             "Gradient norms are blowing up: the update path is unstable. It does not say why: "
             "learning rate, initialisation, data scale or architecture."
@@ -83,8 +78,8 @@ CATALOG: dict[str, Entry] = {
             "Check the scale of inputs and targets of the batches where it began.",
         ),
     ),
-    "vanishing_gradient": Entry(
-        4,
+    AlertKind.VANISHING_GRADIENT: Entry(
+        Rung.GRADIENT_PATH,
         (
             "These layers barely receive gradient, so they barely learn (typical of the early "
             "layers of a deep sigmoid or tanh stack). It does not prove they are useless or "
@@ -96,8 +91,8 @@ CATALOG: dict[str, Entry] = {
             "Re-initialise with a variance-preserving scheme (Xavier for tanh, Kaiming for ReLU).",
         ),
     ),
-    "none_gradients": Entry(
-        4,
+    AlertKind.NONE_GRADIENTS: Entry(
+        Rung.GRADIENT_PATH,
         (
             "These trainable parameters get no gradient: an unused module, a detached branch, "
             "or gradients cleared between backward() and step(). It does not prove a bug if "
@@ -111,8 +106,8 @@ CATALOG: dict[str, Entry] = {
             "Check that the module is called in forward (a branch behind a condition?).",
         ),
     ),
-    "dead_activations": Entry(
-        4,
+    AlertKind.DEAD_ACTIVATIONS: Entry(
+        Rung.GRADIENT_PATH,
         (
             "Most outputs of this ReLU (or most inputs of this layer) are exactly zero: those "
             "units pass no gradient and no longer learn. It does not prove the layer is "
@@ -120,8 +115,8 @@ CATALOG: dict[str, Entry] = {
         ),
         _DEAD,
     ),
-    "saturated_activations": Entry(
-        4,
+    AlertKind.SATURATED_ACTIVATIONS: Entry(
+        Rung.GRADIENT_PATH,
         (
             "Most outputs of this activation sit at its flat ends, where the gradient is near "
             "zero. It does not prove the layer cannot learn, only that it learns slowly now."
@@ -132,10 +127,10 @@ CATALOG: dict[str, Entry] = {
             "Re-initialise with smaller weights (Xavier) and compare the fraction.",
         ),
     ),
-    "guard_skipped_update": Entry(4),
+    AlertKind.GUARD_SKIPPED_UPDATE: Entry(Rung.GRADIENT_PATH),
     # --- 5. the update ----------------------------------------------------------------------
-    "params_not_in_optimizer": Entry(
-        5,
+    AlertKind.PARAMS_NOT_IN_OPTIMIZER: Entry(
+        Rung.UPDATE,
         (
             "These trainable parameters are in no param group of the optimizer: backward gives "
             "them gradients but optimizer.step() never changes them. It does not prove a bug "
@@ -148,8 +143,8 @@ CATALOG: dict[str, Entry] = {
             "If they are meant to stay fixed, freeze them (requires_grad=False).",
         ),
     ),
-    "optimizer_not_for_model": Entry(
-        5,
+    AlertKind.OPTIMIZER_NOT_FOR_MODEL: Entry(
+        Rung.UPDATE,
         (
             "The optimizer holds parameters that are not this model's (a copy made after the "
             "optimizer was built, or another model's): optimizer.step() updates them, and this "
@@ -161,8 +156,8 @@ CATALOG: dict[str, Entry] = {
             "Compare a weight before and after one optimizer.step().",
         ),
     ),
-    "mostly_frozen": Entry(
-        5,
+    AlertKind.MOSTLY_FROZEN: Entry(
+        Rung.UPDATE,
         (
             "Most of the model is frozen (requires_grad=False): only the listed layers can "
             "learn. Intended for linear probing or fine-tuning a head; a bug when only "
@@ -175,8 +170,8 @@ CATALOG: dict[str, Entry] = {
             "Print the parameters with requires_grad True before building the optimizer.",
         ),
     ),
-    "updates_not_applied": Entry(
-        5,
+    AlertKind.UPDATES_NOT_APPLIED: Entry(
+        Rung.UPDATE,
         (
             "These layers' gradients are non-zero, yet optimizer.step() leaves their weights "
             "unchanged (a learning rate of 0, a scheduler stuck at its first value, or "
@@ -189,8 +184,8 @@ CATALOG: dict[str, Entry] = {
             "Compare a weight before and after one optimizer.step().",
         ),
     ),
-    "grad_not_cleared": Entry(
-        5,
+    AlertKind.GRAD_NOT_CLEARED: Entry(
+        Rung.UPDATE,
         (
             "Gradients from earlier steps are still there when the next backward adds to them: "
             "every update uses a growing sum. Intended only with declared gradient "
@@ -203,8 +198,8 @@ CATALOG: dict[str, Entry] = {
             "should match, not double.",
         ),
     ),
-    "update_ratio": Entry(
-        5,
+    AlertKind.UPDATE_RATIO: Entry(
+        Rung.UPDATE,
         (
             "Updates are far out of proportion to the weights: too large suggests the learning "
             "rate is too high, too small that it is too low or that the layer is frozen. A rule "
@@ -216,8 +211,8 @@ CATALOG: dict[str, Entry] = {
             "Compare with a per-layer learning rate for this layer only.",
         ),
     ),
-    "skipped_updates": Entry(
-        5,
+    AlertKind.SKIPPED_UPDATES: Entry(
+        Rung.UPDATE,
         (
             "The optimizer has not stepped for a while because every gradient is non-finite: a "
             "GradScaler skipping each update while its loss scale keeps falling. A few skips "
@@ -230,8 +225,8 @@ CATALOG: dict[str, Entry] = {
             "Check the inputs and targets of these batches for NaN/Inf or extreme values.",
         ),
     ),
-    "no_updates": Entry(
-        5,
+    AlertKind.NO_UPDATES: Entry(
+        Rung.UPDATE,
         (
             "optimizer.step() has not run for many steps while the gradients are finite: the "
             "weights are not changing, whatever the loss does. It does not say whether the "
@@ -244,8 +239,8 @@ CATALOG: dict[str, Entry] = {
             "Check that the optimizer holds this model's parameters (not a copy's).",
         ),
     ),
-    "loss_spike": Entry(
-        5,
+    AlertKind.LOSS_SPIKE: Entry(
+        Rung.UPDATE,
         (
             "The loss jumped far above its recent level (and by a visible part of where it "
             "started): a bad batch, an outlier or the start of instability. One spike is not "
@@ -257,10 +252,10 @@ CATALOG: dict[str, Entry] = {
             "Rerun with a different data order (seed) alone: does the spike follow the batch?",
         ),
     ),
-    "lr_experiment_undone": Entry(5),
+    AlertKind.LR_EXPERIMENT_UNDONE: Entry(Rung.UPDATE),
     # --- 6. evaluation ------------------------------------------------------------------------
-    "eval_in_train_mode": Entry(
-        6,
+    AlertKind.EVAL_IN_TRAIN_MODE: Entry(
+        Rung.EVALUATION,
         (
             "Validation ran with model.training True: dropout and batch norm behave as in "
             "training, so the validation numbers are not the model's. It does not say the "
@@ -272,8 +267,8 @@ CATALOG: dict[str, Entry] = {
             "Check every forward in the eval loop, helpers included, for mode.",
         ),
     ),
-    "eval_with_grad": Entry(
-        6,
+    AlertKind.EVAL_WITH_GRAD: Entry(
+        Rung.EVALUATION,
         (
             "Validation recorded gradients (no torch.inference_mode / no_grad): it costs memory "
             "and time and can leak graph references. It does not change the numbers; eval mode "
@@ -285,8 +280,8 @@ CATALOG: dict[str, Entry] = {
             "Check that no validation tensor is kept across steps (a growing graph).",
         ),
     ),
-    "overfitting_signal": Entry(
-        6,
+    AlertKind.OVERFITTING_SIGNAL: Entry(
+        Rung.EVALUATION,
         (
             "Training loss falls while validation loss rises: a signal of overfitting, not "
             "proof of its cause (leakage, a shifted validation set or a changed learning rate "
@@ -299,8 +294,8 @@ CATALOG: dict[str, Entry] = {
         ),
     ),
     # --- across the ranks of a job (cross-rank checks in the monitor) ---------------------
-    "rank_outlier": Entry(
-        1,
+    AlertKind.RANK_OUTLIER: Entry(
+        Rung.DATA,
         (
             "One rank's numbers (its loss, or a non-finite value) stand far from every other "
             "rank's at the same step, while the others are fine: that rank's data shard or its "
@@ -312,8 +307,8 @@ CATALOG: dict[str, Entry] = {
             "Check that host's hardware and drivers (memory errors, a different library).",
         ),
     ),
-    "grads_not_synced": Entry(
-        4,
+    AlertKind.GRADS_NOT_SYNCED: Entry(
+        Rung.GRADIENT_PATH,
         (
             "Under DistributedDataParallel every rank must hold the same gradient after the "
             "all-reduce; here the ranks disagree at the same step, so some backward skipped "
@@ -327,8 +322,8 @@ CATALOG: dict[str, Entry] = {
             "Compare the ranks' gradient norms at one step with find_unused_parameters on.",
         ),
     ),
-    "replicas_diverged": Entry(
-        5,
+    AlertKind.REPLICAS_DIVERGED: Entry(
+        Rung.UPDATE,
         (
             "The ranks' copies of the model no longer agree at the same step: they trained "
             "apart (unsynchronised gradients, different learning rates, a rank that skipped "
@@ -342,8 +337,8 @@ CATALOG: dict[str, Entry] = {
             "Broadcast rank 0's weights (or restart from a checkpoint) and watch them stay equal.",
         ),
     ),
-    "rank_stalled": Entry(
-        7,
+    AlertKind.RANK_STALLED: Entry(
+        Rung.PROBE,
         (
             "One rank stopped sending (it died, or hangs) while the others went on or now "
             "wait for it in a collective. It says which rank went quiet first, not why."
@@ -355,8 +350,8 @@ CATALOG: dict[str, Entry] = {
         ),
     ),
     # --- 7. the probe ---------------------------------------------------------------------------
-    "probe_overhead": Entry(
-        7,
+    AlertKind.PROBE_OVERHEAD: Entry(
+        Rung.PROBE,
         (
             "The probe's own work takes a visible share of each step's time. It does not "
             "change the numbers it reports, only how fast the run goes."
@@ -369,60 +364,60 @@ CATALOG: dict[str, Entry] = {
     ),
 }
 
-# Kinds the training side's checks raise (their alerts carry their own message and fix).
 # Probe alerts whose condition ends with the run's first measured step: the monitor
 # clears them when a step record arrives (an LR range test or warm-up updates before
 # the bracketed loop raise one, then the loop is measured after all).
-ENDED_BY_FIRST_STEP: frozenset[str] = frozenset({"steps_not_measured"})
+ENDED_BY_FIRST_STEP: frozenset[str] = frozenset({AlertKind.STEPS_NOT_MEASURED})
 
-CHECK_RUNGS: dict[str, int] = {
+# Kinds the training side's checks raise (their alerts carry their own message and fix).
+CHECK_RUNGS: dict[AlertKind, Rung] = {
     **dict.fromkeys(
         (
-            "duplicate_rows",
-            "duplicates_across_splits",
-            "entity_overlap",
-            "time_leak",
-            "missing_values",
-            "target_shift",
-            "leakage",
-            "preprocessing_mismatch",
+            AlertKind.DUPLICATE_ROWS,
+            AlertKind.DUPLICATES_ACROSS_SPLITS,
+            AlertKind.ENTITY_OVERLAP,
+            AlertKind.TIME_LEAK,
+            AlertKind.MISSING_VALUES,
+            AlertKind.TARGET_SHIFT,
+            AlertKind.LEAKAGE,
+            AlertKind.PREPROCESSING_MISMATCH,
         ),
-        1,
+        Rung.DATA,
     ),
     **dict.fromkeys(
         (
-            "output_not_tensor",
-            "device_mismatch",
-            "probabilities_into_logit_loss",
-            "logits_into_nll_loss",
-            "float_targets_for_classification",
-            "target_out_of_range",
-            "bce_given_logits",
-            "bce_with_logits_given_probabilities",
-            "broadcast_in_loss",
-            "shape_mismatch",
-            "loss_error",
-            "non_finite_loss",
-            "loss_not_scalar",
-            "sum_reduction",
+            AlertKind.OUTPUT_NOT_TENSOR,
+            AlertKind.DEVICE_MISMATCH,
+            AlertKind.PROBABILITIES_INTO_LOGIT_LOSS,
+            AlertKind.LOGITS_INTO_NLL_LOSS,
+            AlertKind.FLOAT_TARGETS_FOR_CLASSIFICATION,
+            AlertKind.TARGET_OUT_OF_RANGE,
+            AlertKind.BCE_GIVEN_LOGITS,
+            AlertKind.BCE_WITH_LOGITS_GIVEN_PROBABILITIES,
+            AlertKind.BROADCAST_IN_LOSS,
+            AlertKind.SHAPE_MISMATCH,
+            AlertKind.LOSS_ERROR,
+            AlertKind.NON_FINITE_LOSS,
+            AlertKind.LOSS_NOT_SCALAR,
+            AlertKind.SUM_REDUCTION,
         ),
-        2,
+        Rung.VALUES,
     ),
-    "cannot_overfit": 3,
-    "steps_not_measured": 7,
+    AlertKind.CANNOT_OVERFIT: Rung.TINY_BATCH,
+    AlertKind.STEPS_NOT_MEASURED: Rung.PROBE,
 }
 
-UNKNOWN_RUNG = 5  # a kind from a newer probe: among the update checks
+UNKNOWN_RUNG = Rung.UPDATE  # a kind from a newer probe: among the update checks
 
 
-def rung_of(kind: str) -> int:
+def rung_of(kind: str) -> Rung:
     """The checklist rung of an alert kind."""
-    entry = CATALOG.get(kind)
+    entry = CATALOG.get(kind)  # type: ignore[call-overload]
     if entry is not None:
         return entry.rung
-    return CHECK_RUNGS.get(kind, UNKNOWN_RUNG)
+    return CHECK_RUNGS.get(kind, UNKNOWN_RUNG)  # type: ignore[call-overload]
 
 
 def entry(kind: str) -> Entry:
     """The catalog's entry for a kind (KeyError for a kind it does not describe)."""
-    return CATALOG[kind]
+    return CATALOG[kind]  # type: ignore[index]

@@ -49,6 +49,9 @@ LAYER_RULES: frozenset[type[Rule]] = frozenset(
     }
 )
 
+#: What the per-layer rules raise: under DDP, rank 0's finding holds for every rank.
+LAYER_KINDS: frozenset[str] = frozenset(kind for rule in LAYER_RULES for kind in rule.raises())
+
 RULES: tuple[type[Rule], ...] = (
     NonFinite,
     FlatLoss,

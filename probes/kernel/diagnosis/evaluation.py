@@ -8,13 +8,15 @@ import math
 from probes.kernel.diagnosis.rule import Findings, Rule
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import EvalView, RecentPast
+from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 
 
 class EvalMode(Rule):
     """Validation run in training mode, or with gradient recording on: two alerts,
     because ``model.eval()`` and ``torch.inference_mode()`` are orthogonal controls."""
 
-    kind = "eval_in_train_mode"
+    kind: str = AlertKind.EVAL_IN_TRAIN_MODE
+    kinds = (AlertKind.EVAL_IN_TRAIN_MODE, AlertKind.EVAL_WITH_GRAD)
 
     def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
         findings = []
@@ -29,7 +31,7 @@ class EvalMode(Rule):
                         "forwards": view.forwards,
                         "dropout_or_batchnorm_modules": sensitive,
                     },
-                    severity="error" if sensitive else "warning",
+                    severity=Severity.ERROR if sensitive else Severity.WARNING,
                 )
             )
         if view.grad_forwards:
@@ -38,7 +40,7 @@ class EvalMode(Rule):
                     view.step,
                     "",
                     {"forwards_with_grad": view.grad_forwards, "forwards": view.forwards},
-                    kind="eval_with_grad",
+                    kind=AlertKind.EVAL_WITH_GRAD,
                 )
             )
         return findings
@@ -47,7 +49,7 @@ class EvalMode(Rule):
 class OverfittingSignal(Rule):
     """Training loss falling while validation loss rises, over smoothed windows."""
 
-    kind = "overfitting_signal"
+    kind: str = AlertKind.OVERFITTING_SIGNAL
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)

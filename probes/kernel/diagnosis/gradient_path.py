@@ -20,6 +20,7 @@ from probes.kernel.diagnosis.rule import (
 )
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import RecentPast, RunInfo, StepView
+from probes.kernel.diagnosis.vocabulary import AlertKind
 from probes.kernel.schema import INPUT_SUFFIX
 
 
@@ -28,8 +29,8 @@ class ExplodingGradient(Rule):
     the last few steps; names the layer that crossed first (the peak of a record that
     stands for several steps counts)."""
 
-    kind = "exploding_gradient"
-    severity: Severity = "error"
+    kind: str = AlertKind.EXPLODING_GRADIENT
+    severity: Severity = Severity.ERROR
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -131,7 +132,7 @@ class VanishingGradient(Rule):
     """Layers whose gradients stay tiny next to the largest layer's or to their own
     weights, for many steps in a row (the largest value of a record's span counts)."""
 
-    kind = "vanishing_gradient"
+    kind: str = AlertKind.VANISHING_GRADIENT
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -199,7 +200,7 @@ class VanishingGradient(Rule):
 class NoneGradients(Rule):
     """Trainable parameters whose ``.grad`` stays None after backward."""
 
-    kind = "none_gradients"
+    kind: str = AlertKind.NONE_GRADIENTS
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -245,7 +246,8 @@ class Activations(Rule):
     ReLU was written) or saturated tanh/sigmoid, on sampled steps in a row. One alert per
     kind, naming the first module."""
 
-    kind = "dead_activations"
+    kind: str = AlertKind.DEAD_ACTIVATIONS
+    kinds = (AlertKind.DEAD_ACTIVATIONS, AlertKind.SATURATED_ACTIVATIONS)
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -256,7 +258,10 @@ class Activations(Rule):
         if view.activations is None:
             return None
         info = history.info
-        hits: dict[str, dict[int, float]] = {"dead_activations": {}, "saturated_activations": {}}
+        hits: dict[str, dict[int, float]] = {
+            AlertKind.DEAD_ACTIVATIONS: {},
+            AlertKind.SATURATED_ACTIVATIONS: {},
+        }
         for i, fraction in enumerate(view.activations):
             if fraction is None or i >= len(info.activations):
                 continue
@@ -273,7 +278,8 @@ class Activations(Rule):
                 self._samples[i] >= self.t.activation_samples
                 and view.step - since >= self.t.activation_steps
             ):
-                hits["dead_activations" if dead else "saturated_activations"][i] = fraction
+                which = AlertKind.DEAD_ACTIVATIONS if dead else AlertKind.SATURATED_ACTIVATIONS
+                hits[which][i] = fraction
         findings = []
         for kind, found in hits.items():
             if not found:

@@ -1,4 +1,5 @@
-"""One incident per root cause: which alerts are consequences of which causes.
+"""One incident per root cause: which alerts are consequences of which causes (within a
+run, and under a job's incidents across its ranks).
 
 A consequence found while its cause holds (or at any time after a cause that leaves the
 run damaged: an explosion, a non-finite value, uncleared gradients, a structural fault
@@ -16,6 +17,7 @@ from functools import cache
 
 from probes.kernel.diagnosis.alert import Alert
 from probes.kernel.diagnosis.catalog import CHECK_RUNGS
+from probes.kernel.diagnosis.vocabulary import AlertKind as K
 
 
 @dataclass(frozen=True)
@@ -34,93 +36,117 @@ class Fold:
 # the run, even once the cause itself has cleared.
 STICKY = frozenset(
     {
-        "exploding_gradient",
-        "non_finite",
-        "grad_not_cleared",
-        "params_not_in_optimizer",
-        "optimizer_not_for_model",
-        "mostly_frozen",
-        "guard_skipped_update",
+        K.EXPLODING_GRADIENT,
+        K.NON_FINITE,
+        K.GRAD_NOT_CLEARED,
+        K.PARAMS_NOT_IN_OPTIMIZER,
+        K.OPTIMIZER_NOT_FOR_MODEL,
+        K.MOSTLY_FROZEN,
+        K.GUARD_SKIPPED_UPDATE,
         *CHECK_RUNGS,
     }
 )
 
-_DAMAGE = ("exploding_gradient", "non_finite", "grad_not_cleared")
+_DAMAGE = (K.EXPLODING_GRADIENT, K.NON_FINITE, K.GRAD_NOT_CLEARED)
 _CONTRACT = (
-    "probabilities_into_logit_loss",
-    "logits_into_nll_loss",
-    "broadcast_in_loss",
-    "shape_mismatch",
-    "float_targets_for_classification",
-    "bce_given_logits",
-    "cannot_overfit",
+    K.PROBABILITIES_INTO_LOGIT_LOSS,
+    K.LOGITS_INTO_NLL_LOSS,
+    K.BROADCAST_IN_LOSS,
+    K.SHAPE_MISMATCH,
+    K.FLOAT_TARGETS_FOR_CLASSIFICATION,
+    K.BCE_GIVEN_LOGITS,
+    K.CANNOT_OVERFIT,
 )
 _FROZEN = (
-    "mostly_frozen",
-    "params_not_in_optimizer",
-    "optimizer_not_for_model",
-    "updates_not_applied",
-    "no_updates",
-    "skipped_updates",
+    K.MOSTLY_FROZEN,
+    K.PARAMS_NOT_IN_OPTIMIZER,
+    K.OPTIMIZER_NOT_FOR_MODEL,
+    K.UPDATES_NOT_APPLIED,
+    K.NO_UPDATES,
+    K.SKIPPED_UPDATES,
 )
 
 CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
     # optimizer.zero_grad() clears only the optimizer's own parameters
-    "grad_not_cleared": (
-        Fold("optimizer_not_for_model"),
-        Fold("params_not_in_optimizer", overlap=True),
+    K.GRAD_NOT_CLEARED: (
+        Fold(K.OPTIMIZER_NOT_FOR_MODEL),
+        Fold(K.PARAMS_NOT_IN_OPTIMIZER, overlap=True),
     ),
-    "exploding_gradient": (Fold("grad_not_cleared"),),
-    "non_finite": (Fold("grad_not_cleared"),),
-    "vanishing_gradient": (
-        Fold("dead_activations", overlap=True),
-        Fold("saturated_activations"),
-        Fold("exploding_gradient"),
-        Fold("non_finite"),
+    K.EXPLODING_GRADIENT: (Fold(K.GRAD_NOT_CLEARED),),
+    K.NON_FINITE: (Fold(K.GRAD_NOT_CLEARED),),
+    K.VANISHING_GRADIENT: (
+        Fold(K.DEAD_ACTIVATIONS, overlap=True),
+        Fold(K.SATURATED_ACTIVATIONS),
+        Fold(K.EXPLODING_GRADIENT),
+        Fold(K.NON_FINITE),
     ),
-    "dead_activations": (Fold("exploding_gradient"), Fold("non_finite")),
-    "saturated_activations": (Fold("exploding_gradient"), Fold("non_finite")),
+    K.DEAD_ACTIVATIONS: (Fold(K.EXPLODING_GRADIENT), Fold(K.NON_FINITE)),
+    K.SATURATED_ACTIVATIONS: (Fold(K.EXPLODING_GRADIENT), Fold(K.NON_FINITE)),
     # float32 weights do not move by 1e-12: vanishing gradients leave them unchanged
-    "updates_not_applied": (
-        Fold("params_not_in_optimizer", overlap=True),
-        Fold("optimizer_not_for_model"),
-        Fold("vanishing_gradient", overlap=True),
+    K.UPDATES_NOT_APPLIED: (
+        Fold(K.PARAMS_NOT_IN_OPTIMIZER, overlap=True),
+        Fold(K.OPTIMIZER_NOT_FOR_MODEL),
+        Fold(K.VANISHING_GRADIENT, overlap=True),
     ),
-    "update_ratio": (
+    K.UPDATE_RATIO: (
         *(Fold(kind) for kind in _DAMAGE),
-        Fold("vanishing_gradient", within=True, side="low"),
-        Fold("dead_activations", side="low"),
-        Fold("saturated_activations", side="low"),
-        Fold("none_gradients", overlap=True, side="low"),
-        Fold("params_not_in_optimizer", overlap=True, side="low"),
-        Fold("updates_not_applied", overlap=True, side="low"),
-        Fold("optimizer_not_for_model"),
-        Fold("mostly_frozen", side="low"),
-        Fold("no_updates"),
+        Fold(K.VANISHING_GRADIENT, within=True, side="low"),
+        Fold(K.DEAD_ACTIVATIONS, side="low"),
+        Fold(K.SATURATED_ACTIVATIONS, side="low"),
+        Fold(K.NONE_GRADIENTS, overlap=True, side="low"),
+        Fold(K.PARAMS_NOT_IN_OPTIMIZER, overlap=True, side="low"),
+        Fold(K.UPDATES_NOT_APPLIED, overlap=True, side="low"),
+        Fold(K.OPTIMIZER_NOT_FOR_MODEL),
+        Fold(K.MOSTLY_FROZEN, side="low"),
+        Fold(K.NO_UPDATES),
     ),
-    "loss_spike": (*(Fold(kind) for kind in _DAMAGE), Fold("skipped_updates")),
-    "overfitting_signal": (*(Fold(kind) for kind in _DAMAGE), Fold("eval_in_train_mode")),
-    "flat_loss": (
+    K.LOSS_SPIKE: (*(Fold(kind) for kind in _DAMAGE), Fold(K.SKIPPED_UPDATES)),
+    K.OVERFITTING_SIGNAL: (*(Fold(kind) for kind in _DAMAGE), Fold(K.EVAL_IN_TRAIN_MODE)),
+    K.FLAT_LOSS: (
         *(Fold(kind) for kind in (*_DAMAGE, *_CONTRACT, *_FROZEN)),
-        Fold("vanishing_gradient"),
-        Fold("dead_activations"),
-        Fold("saturated_activations"),
-        Fold("none_gradients"),
-        Fold("update_ratio", side="low"),
+        Fold(K.VANISHING_GRADIENT),
+        Fold(K.DEAD_ACTIVATIONS),
+        Fold(K.SATURATED_ACTIVATIONS),
+        Fold(K.NONE_GRADIENTS),
+        Fold(K.UPDATE_RATIO, side="low"),
     ),
 }
 
 # Consequences that may be found a few steps before their cause: they wait for it.
 WAIT_FOR_CAUSE = frozenset(
     {
-        "loss_spike",
-        "overfitting_signal",
-        "flat_loss",
-        "update_ratio",
-        "vanishing_gradient",
-        "updates_not_applied",
+        K.LOSS_SPIKE,
+        K.OVERFITTING_SIGNAL,
+        K.FLAT_LOSS,
+        K.UPDATE_RATIO,
+        K.VANISHING_GRADIENT,
+        K.UPDATES_NOT_APPLIED,
     }
 )
+
+# What an incident across a job's ranks (``job``) explains when it comes first: a bad
+# shard's loss makes the (all-reduced) gradients explode and the loss spike everywhere;
+# drifting replicas make the ranks' losses and gradients differ. A rank's alert of one of
+# these kinds folds under the job's incident instead of being raised.
+JOB_CONSEQUENCES: dict[str, frozenset[str]] = {
+    K.RANK_OUTLIER: frozenset(
+        {
+            K.EXPLODING_GRADIENT,
+            K.NON_FINITE,
+            K.LOSS_SPIKE,
+            K.FLAT_LOSS,
+            K.OVERFITTING_SIGNAL,
+            K.UPDATE_RATIO,
+            K.GUARD_SKIPPED_UPDATE,
+            K.SKIPPED_UPDATES,
+            K.VANISHING_GRADIENT,
+            K.DEAD_ACTIVATIONS,
+            K.SATURATED_ACTIVATIONS,
+        }
+    ),
+    K.GRADS_NOT_SYNCED: frozenset({K.REPLICAS_DIVERGED, K.LOSS_SPIKE}),
+    K.REPLICAS_DIVERGED: frozenset({K.LOSS_SPIKE}),
+}
 
 
 @cache

@@ -14,6 +14,7 @@ from probes.kernel.diagnosis.alert import Severity
 from probes.kernel.diagnosis.rule import Findings, Rule
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import RecentPast, StepView
+from probes.kernel.diagnosis.vocabulary import AlertKind
 
 WARM_UP_STEPS = 10  # the first steps pay one-time costs (imports, allocation): not counted
 
@@ -29,8 +30,8 @@ class ProbeOverhead(Rule):
     stretches every step), amortised over ``sample_every``, not on the mean: a small
     model's probe on a crowded machine is not the probe's cost."""
 
-    kind = "probe_overhead"
-    severity: Severity = "info"
+    kind: str = AlertKind.PROBE_OVERHEAD
+    severity: Severity = Severity.INFO
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)

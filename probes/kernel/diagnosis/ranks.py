@@ -34,6 +34,7 @@ from probes.kernel.diagnosis.alert import Alert, Severity
 from probes.kernel.diagnosis.catalog import entry
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import StepView
+from probes.kernel.diagnosis.vocabulary import AlertKind
 
 # Shown steps remembered per job for comparison: the ranks' records of one step arrive
 # within a flush or two of each other (64 steps at rank 0's 60 records a second is a
@@ -129,7 +130,7 @@ class JobChecks:
     def _outlier(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
         """The rank with the highest loss (or a non-finite one) far above the median of
         the others, by a jump that is a visible part of the job's starting loss."""
-        if "rank_outlier" in self.found:
+        if AlertKind.RANK_OUTLIER in self.found:
             return None
         suspect = next((p for p in peers.values() if p.non_finite_loss), None)
         if suspect is None:
@@ -157,11 +158,11 @@ class JobChecks:
                 return None
             evidence["times"] = loss / median
         evidence.update(other_ranks=len(others), others="fine")
-        return self._raise("rank_outlier", step, "loss", evidence)
+        return self._raise(AlertKind.RANK_OUTLIER, step, "loss", evidence)
 
     def _grads(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
         """Under DDP, each layer's gradient norm agrees across ranks at a step."""
-        if self.sync != "ddp" or "grads_not_synced" in self.found or shown is reference:
+        if self.sync != "ddp" or AlertKind.GRADS_NOT_SYNCED in self.found or shown is reference:
             return None
         if not (reference.stepped and shown.stepped and reference.grads and shown.grads):
             return None
@@ -171,7 +172,7 @@ class JobChecks:
             return None
         layer, low, high = found
         return self._raise(
-            "grads_not_synced",
+            AlertKind.GRADS_NOT_SYNCED,
             step,
             self._layer(layer),
             {
@@ -185,7 +186,7 @@ class JobChecks:
 
     def _params(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
         """Under DDP, each layer's parameter norm agrees across ranks at a sampled step."""
-        if self.sync != "ddp" or "replicas_diverged" in self.found or shown is reference:
+        if self.sync != "ddp" or AlertKind.REPLICAS_DIVERGED in self.found or shown is reference:
             return None
         if reference.params is None or shown.params is None:
             return None
@@ -195,7 +196,7 @@ class JobChecks:
             return None
         layer, low, high = found
         return self._raise(
-            "replicas_diverged",
+            AlertKind.REPLICAS_DIVERGED,
             step,
             self._layer(layer),
             {
@@ -212,10 +213,10 @@ class JobChecks:
     ) -> Alert | None:
         """Rank ``rank`` stopped (``reason``) at ``last_step`` while ``others`` (rank ->
         last step) are still there; the incident, once per job."""
-        if "rank_stalled" in self.found or not others:
+        if AlertKind.RANK_STALLED in self.found or not others:
             return None
         return self._raise(
-            "rank_stalled",
+            AlertKind.RANK_STALLED,
             last_step,
             f"rank {rank}",
             {
@@ -224,7 +225,7 @@ class JobChecks:
                 "reason": reason,
                 "other_ranks_at": max(others.values()),
             },
-            severity="error",
+            severity=Severity.ERROR,
         )
 
     # --- helpers -------------------------------------------------------------------------
@@ -274,13 +275,16 @@ class JobChecks:
 
 # Unsynchronised gradients and diverged replicas are one root cause seen two ways:
 # whichever is found first is the incident, the other folds under it.
-_ONE_CAUSE = {"grads_not_synced": "replicas_diverged", "replicas_diverged": "grads_not_synced"}
+_ONE_CAUSE: dict[str, str] = {
+    AlertKind.GRADS_NOT_SYNCED: AlertKind.REPLICAS_DIVERGED,
+    AlertKind.REPLICAS_DIVERGED: AlertKind.GRADS_NOT_SYNCED,
+}
 
 _SEVERITY: dict[str, Severity] = {
-    "rank_outlier": "error",
-    "grads_not_synced": "error",
-    "replicas_diverged": "error",
-    "rank_stalled": "error",
+    AlertKind.RANK_OUTLIER: Severity.ERROR,
+    AlertKind.GRADS_NOT_SYNCED: Severity.ERROR,
+    AlertKind.REPLICAS_DIVERGED: Severity.ERROR,
+    AlertKind.RANK_STALLED: Severity.ERROR,
 }
 
 

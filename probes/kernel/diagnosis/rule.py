@@ -18,8 +18,14 @@ class Rule:
     """A check over a run's history; ``on_step``/``on_eval`` return the findings that
     hold now (at most one alert per kind: several layers make one incident)."""
 
-    kind = "rule"
-    severity: Severity = "warning"
+    kind: str = "rule"
+    kinds: tuple[str, ...] = ()  # every kind it raises, when more than ``kind``
+    severity: Severity = Severity.WARNING
+
+    @classmethod
+    def raises(cls) -> tuple[str, ...]:
+        """The kinds of alert this rule raises."""
+        return cls.kinds or (cls.kind,)
 
     def __init__(self, thresholds: Thresholds) -> None:
         self.t = thresholds

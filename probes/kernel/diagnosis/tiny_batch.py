@@ -10,12 +10,13 @@ from __future__ import annotations
 from probes.kernel.diagnosis.rule import Findings, Rule
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import RecentPast, StepView, weighted_mean
+from probes.kernel.diagnosis.vocabulary import AlertKind
 
 
 class FlatLoss(Rule):
     """Training loss not decreasing: after a while, still where it started."""
 
-    kind = "flat_loss"
+    kind: str = AlertKind.FLAT_LOSS
     START_STEPS = 10  # the loss "where it started": the records of the first steps
 
     def __init__(self, thresholds: Thresholds) -> None:

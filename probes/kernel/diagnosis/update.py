@@ -23,14 +23,15 @@ from probes.kernel.diagnosis.rule import (
 )
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import RecentPast, StepView
+from probes.kernel.diagnosis.vocabulary import AlertKind
 
 
 class GradNotCleared(Rule):
     """Gradients accumulate across steps because zero_grad was not called: the probe
     finds the gradient of the last update still held, one backward larger."""
 
-    kind = "grad_not_cleared"
-    severity: Severity = "error"
+    kind: str = AlertKind.GRAD_NOT_CLEARED
+    severity: Severity = Severity.ERROR
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -73,7 +74,7 @@ class UpdateRatio(Rule):
     LayerNorm's gains at a fine-tuning rate), and a layer the optimizer leaves alone is
     ``updates_not_applied``'s business."""
 
-    kind = "update_ratio"
+    kind: str = AlertKind.UPDATE_RATIO
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -147,7 +148,7 @@ class UpdatesNotApplied(Rule):
     optimizer.step(): the probe's version check (the optimizer never touched the
     tensor), an update ratio of exactly 0 on a sampled step, or a learning rate of 0."""
 
-    kind = "updates_not_applied"
+    kind: str = AlertKind.UPDATES_NOT_APPLIED
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -276,7 +277,7 @@ class _UpdateStreak(Rule):
 class SkippedUpdates(_UpdateStreak):
     """optimizer.step() skipped, step after step, because the gradients are non-finite."""
 
-    kind = "skipped_updates"
+    kind: str = AlertKind.SKIPPED_UPDATES
     non_finite = True
     evidence_name = "skipped_steps"
 
@@ -287,7 +288,7 @@ class SkippedUpdates(_UpdateStreak):
 class NoUpdates(_UpdateStreak):
     """The optimizer never steps though the gradients are fine: the weights stand still."""
 
-    kind = "no_updates"
+    kind: str = AlertKind.NO_UPDATES
     non_finite = False
     evidence_name = "steps_without_update"
 
@@ -299,7 +300,7 @@ class LossSpike(Rule):
     """The loss jumps far above its rolling baseline (the largest loss of a record's
     span counts; the baseline is the median over the last ``spike_window`` steps)."""
 
-    kind = "loss_spike"
+    kind: str = AlertKind.LOSS_SPIKE
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)

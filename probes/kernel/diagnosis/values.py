@@ -12,13 +12,14 @@ from probes.kernel.diagnosis.alert import Alert, Severity
 from probes.kernel.diagnosis.rule import Findings, Rule
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import EvalView, RecentPast, RunInfo, StepView
+from probes.kernel.diagnosis.vocabulary import AlertKind
 
 
 class NonFinite(Rule):
     """Any numeric field of a record is NaN or Inf: the seed's finite check, every field."""
 
-    kind = "non_finite"
-    severity: Severity = "error"
+    kind: str = AlertKind.NON_FINITE
+    severity: Severity = Severity.ERROR
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)

@@ -28,7 +28,9 @@ Record = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class RunInfo:
-    """What the hello says about the run (layer names, activations, ...)."""
+    """What the hello says about the run: who it is (name, host, process, its job and
+    rank), its layers and activations, and what its probe measures. The one reader of a
+    hello: the monitor's state, its diagnosis and headless mode read this."""
 
     layers: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
@@ -43,11 +45,23 @@ class RunInfo:
     # (all-reduced; the cross-rank checks say when not), so the per-layer rules run on
     # rank 0 alone; the loss rules run on every rank.
     layer_rules: bool = True
+    name: str | None = None  # the run's name (None: the hello names none)
+    host: str | None = None
+    pid: int | None = None
+    job: str | None = None  # the job its ranks share (None: alone, or a job of one rank)
+    rank: int = 0
+    world_size: int = 1
+    sync: str = "unknown"  # how a job's ranks share gradients: ddp, fsdp, unknown
+    param_counts: tuple[int, ...] = ()  # per layer
+    control: Mapping[str, Any] = field(default_factory=dict)  # paused, guard, ... now
 
     @classmethod
     def from_hello(cls, hello: Record) -> RunInfo:
         raw = [a for a in hello.get("activations") or () if len(a) >= 2]
         config = hello.get("config") or {}
+        world = max(_int(hello.get("world_size"), 1), 1)
+        job = hello.get("job")
+        host = hello.get("host")
         return cls(
             layers=tuple(str(n) for n in hello.get("layers") or ()),
             params=tuple(str(n) for n in hello.get("params") or ()),
@@ -59,6 +73,15 @@ class RunInfo:
             sample_every=max(1, int(config.get("sample_every", 20) or 20)),
             update_check=bool(config.get("update_check")),
             layer_rules=not (hello.get("sync") == "ddp" and hello.get("rank", 0) != 0),
+            name=str(hello["name"]) if "name" in hello else None,
+            host=None if host is None else str(host),
+            pid=_opt_int(hello.get("pid")),
+            job=str(job) if job and world > 1 else None,
+            rank=_int(hello.get("rank"), 0),
+            world_size=world,
+            sync=str(hello.get("sync") or "unknown"),
+            param_counts=tuple(int(c) for c in hello.get("param_counts", [])),
+            control=dict(hello.get("state") or {}),
         )
 
     def layer(self, index: int) -> str:
@@ -208,6 +231,11 @@ def as_number(value: Any) -> float:
 
 def _opt_num(value: Any) -> float | None:
     return None if value is None else as_number(value)
+
+
+def _int(value: Any, default: int) -> int:
+    """``value`` if it is an integer (not a bool), else ``default``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _opt_int(value: Any) -> int | None:

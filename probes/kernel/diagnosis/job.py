@@ -1,0 +1,214 @@
+"""The job-level diagnoser: the cross-rank rules of one job and what its incidents do to
+the alerts of its ranks (pure Python, no I/O; the monitor feeds it, keyed by rank).
+
+Each rank has its own diagnosis (``Diagnoser``, in its ``AlertBook``). ``JobDiagnoser``
+sees them together:
+
+- the cross-rank checks (``ranks.JobChecks``) over every rank's step records, and the
+  stalls (a rank gone without a clean end, or quiet while another went on);
+- one alert per root cause across ranks: a rank's alert is held until every connected
+  rank has reported its step, then the ranks raising the same alert (an explosion in
+  all-reduced gradients shows on all) become one alert naming them all, and an alert
+  that is a consequence of a job incident (``incidents.JOB_CONSEQUENCES``: the explosion
+  after one rank's bad shard) folds under it instead of being raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from probes.kernel.diagnosis.alert import Alert
+from probes.kernel.diagnosis.book import AlertEntry
+from probes.kernel.diagnosis.diagnoser import LAYER_KINDS
+from probes.kernel.diagnosis.incidents import JOB_CONSEQUENCES, folded_name
+from probes.kernel.diagnosis.ranks import JobChecks
+from probes.kernel.diagnosis.thresholds import Thresholds
+from probes.kernel.diagnosis.views import StepView
+
+JOIN_STEPS = 5  # the same alert on two ranks this close is one alert
+HOLD_S = 2.0  # a rank's alert waits at most this long for the others to report its step
+
+
+class RankProgress(NamedTuple):
+    """How far a connected rank has come, and when it was last heard from."""
+
+    rank: int
+    last_step: int
+    last_frame_at: float  # time.monotonic()
+
+
+class Released(NamedTuple):
+    """The held alerts let go: those to raise (rank, alert naming the ranks that raised
+    it), and those folded under a job incident (rank, alert, the incident's kind)."""
+
+    raised: list[tuple[int, Alert]]
+    folded: list[tuple[int, Alert, str]]
+
+
+@dataclass
+class JobDiagnoser:
+    """The cross-rank diagnosis of one job of ``world_size`` ranks.
+
+    Args:
+        world_size: how many ranks the job has (alerts name theirs among them).
+        thresholds: the ``rank_*`` thresholds and the spike rule's minimal jump.
+    """
+
+    world_size: int
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    checks: JobChecks | None = None  # from the first rank's hello (``start``)
+    incidents: list[Alert] = field(default_factory=list)  # raised across ranks
+    # Each incident's entry, shared by every rank's book (a fold updates it for all).
+    entries: list[AlertEntry] = field(default_factory=list)
+    _surfaced: list[tuple[Alert, int]] = field(default_factory=list)  # (alert, rank)
+    _held: list[tuple[int, Alert, float]] = field(default_factory=list)  # (rank, alert, t)
+
+    def start(self, layers: tuple[str, ...], sync: str) -> None:
+        """The first rank said hello: the layers and how gradients are shared."""
+        if self.checks is None:
+            self.checks = JobChecks(layers, sync, self.thresholds)
+
+    # --- the cross-rank rules ------------------------------------------------------------
+
+    def observe_step(self, rank: int, view: StepView) -> list[Alert]:
+        """Rank ``rank``'s step record (as its diagnosis read it): the job incidents it
+        newly shows."""
+        if self.checks is None:
+            return []
+        return [self._incident(found) for found in self.checks.observe(rank, view)]
+
+    def rank_gone(
+        self, rank: int, *, last_step: int, clean: bool, reason: str, others: Mapping[int, int]
+    ) -> Alert | None:
+        """Rank ``rank``'s connection ended (``reason``): without a clean end while
+        ``others`` (rank -> last step) are still there, it stalled the job (once)."""
+        if clean or self.checks is None:
+            return None
+        found = self.checks.stalled(rank, last_step=last_step, reason=reason, others=others)
+        return None if found is None else self._incident(found)
+
+    def quiet_ranks(self, live: list[RankProgress], now: float) -> tuple[int, Alert] | None:
+        """A connected rank quiet for ``rank_stall_s`` while another went on past it has
+        stalled: that rank and the incident."""
+        if self.checks is None or len(live) < 2:
+            return None
+        for rank in live:
+            quiet = now - rank.last_frame_at
+            ahead = {
+                other.rank: other.last_step
+                for other in live
+                if other.rank != rank.rank
+                and other.last_step > rank.last_step
+                and now - other.last_frame_at < quiet
+            }
+            if quiet > self.thresholds.rank_stall_s and ahead:
+                found = self.checks.stalled(
+                    rank.rank,
+                    last_step=rank.last_step,
+                    reason=f"quiet for {quiet:.0f} s",
+                    others=ahead,
+                )
+                if found is not None:
+                    return rank.rank, self._incident(found)
+        return None
+
+    # --- the ranks' own alerts -----------------------------------------------------------
+
+    def hold(self, rank: int, alerts: list[Alert], now: float) -> None:
+        """A rank's own alerts wait until every connected rank has reported their step."""
+        self._held += [(rank, alert, now) for alert in alerts]
+
+    @property
+    def holding(self) -> bool:
+        """True while some rank's alert waits (nearly every record: none does)."""
+        return bool(self._held)
+
+    def withdraw(self, rank: int, key: str) -> None:
+        """A rank's held alert is over before it was released: it is not raised."""
+        self._held = [h for h in self._held if not (h[0] == rank and h[1].key == key)]
+
+    def release(
+        self, complete: int | None, now: float, ranks: Collection[int], *, force: bool = False
+    ) -> Released:
+        """The held alerts whose step every connected rank has reported (``complete``:
+        the least of their steps; None: no rank is connected), that waited ``HOLD_S``,
+        or all with ``force``. An alert another rank raised already is joined to it,
+        neither raised nor folded. ``ranks``: every rank of the job."""
+        ready = [
+            h
+            for h in self._held
+            if force or complete is None or h[1].step <= complete or now - h[2] > HOLD_S
+        ]
+        released = Released([], [])
+        if not ready:
+            return released
+        self._held = [h for h in self._held if h not in ready]
+        for rank, alert, _ in ready:
+            if self._fold(alert):
+                released.folded.append((rank, alert, self._folded_under(alert)))
+                continue
+            if self._join(alert, rank):
+                continue
+            same = {
+                r
+                for r, a, _ in ready
+                if a.key == alert.key and abs(a.step - alert.step) <= JOIN_STEPS
+            }
+            if self._shared(alert):  # rank 0 speaks for the all-reduced gradients
+                same = set(ranks)
+            labelled = replace(
+                alert, ranks=tuple(sorted(same | {rank})), world_size=self.world_size
+            )
+            self._surfaced.append((labelled, rank))
+            released.raised.append((rank, labelled))
+        return released
+
+    def raised_by(self, rank: int, key: str) -> bool:
+        """True if ``rank``'s alert of ``key`` was raised for the job (so its clearing
+        is news, where a joined or folded one's is not)."""
+        return any(a.key == key and r == rank for a, r in self._surfaced)
+
+    # --- consequences --------------------------------------------------------------------
+
+    def _fold(self, alert: Alert) -> bool:
+        """Fold ``alert`` under the job incident it is a consequence of, if any."""
+        for index, incident in enumerate(self.incidents):
+            if alert.kind in JOB_CONSEQUENCES.get(incident.kind, ()) and (
+                alert.step >= incident.step - JOIN_STEPS
+            ):
+                name = folded_name(alert)
+                if name not in incident.folded:
+                    self.incidents[index] = self.entries[index].alert = incident.with_folded(name)
+                return True
+        return False
+
+    def _folded_under(self, alert: Alert) -> str:
+        """The kind of the job incident a folded alert is shown under."""
+        return next(
+            (i.kind for i in self.incidents if alert.kind in JOB_CONSEQUENCES.get(i.kind, ())),
+            "job",
+        )
+
+    def _join(self, alert: Alert, rank: int) -> bool:
+        """True if another rank already raised this alert (close in steps): the raised
+        one now names this rank too."""
+        for index, (surfaced, first_rank) in enumerate(self._surfaced):
+            if surfaced.key == alert.key and abs(surfaced.step - alert.step) <= JOIN_STEPS:
+                if rank not in surfaced.ranks:
+                    ranks = tuple(sorted({*surfaced.ranks, rank}))
+                    self._surfaced[index] = (replace(surfaced, ranks=ranks), first_rank)
+                return first_rank != rank or surfaced.step != alert.step
+        return False
+
+    def _shared(self, alert: Alert) -> bool:
+        """Under DDP the per-layer rules run on rank 0 alone (every rank holds the same
+        gradients and weights): what they find holds for all ranks."""
+        return self.checks is not None and self.checks.sync == "ddp" and alert.kind in LAYER_KINDS
+
+    def _incident(self, alert: Alert) -> Alert:
+        labelled = replace(alert, world_size=self.world_size)
+        self.incidents.append(labelled)
+        self.entries.append(AlertEntry(labelled))
+        return labelled
