@@ -6,8 +6,10 @@ import math
 import time
 from collections.abc import Sequence
 
+from probes.kernel.endings import RunEnd
 from tui.run import RunState
 from tui.state import MonitorState
+from tui.text import cut, plain_line, plain_name
 
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 
@@ -60,9 +62,20 @@ def _scale(value: float, log: bool) -> float:
 QUIET_AFTER_S = 10.0  # a connected run silent this long may be hung (or in a long eval)
 
 
+def run_ending(run: RunState) -> RunEnd | None:
+    """How the run ended (None while it is connected)."""
+    if run.connected:
+        return None
+    if run.ending is not None:
+        return run.ending
+    return RunEnd.of(run.end_reason if run.ended else None, run.disconnect_reason)
+
+
 def connection_label(run: RunState, now: float | None = None) -> str:
     """``connected`` (``connected, quiet 42s`` when no frame came for a while and the
-    run is not paused), ``finished``, ``disconnected (why)`` or ``probe off``."""
+    run is not paused), ``probe off``, or how the run ended: ``finished``,
+    ``interrupted``, ``error: TYPE: message``, ``exit status N``, ``killed`` (no bye),
+    ``connection lost: why``, ``disconnected (why)`` (``probes.kernel.endings``)."""
     if run.probe_error:
         return "probe off"
     if run.connected:
@@ -70,9 +83,8 @@ def connection_label(run: RunState, now: float | None = None) -> str:
         if quiet >= QUIET_AFTER_S and not run.control.get("paused") and run.last_frame_at:
             return f"connected, quiet {quiet:.0f}s"
         return "connected"
-    if run.ended:
-        return "finished"
-    return f"disconnected ({run.disconnect_reason})" if run.disconnect_reason else "disconnected"
+    ending = run_ending(run)
+    return plain_line(ending.label) if ending is not None else "disconnected"
 
 
 def status_fields(
@@ -89,14 +101,16 @@ def status_fields(
         speed = f"{rate:,.0f}/s" if rate >= 100 else f"{rate:.1f}/s"
     else:
         speed = f"{rate:,.1f} steps/s"
-    fields = [run.name, f"step {run.last_step:,}", speed, f"loss {number(run.loss)}"]
+    fields = [plain_name(run.name), f"step {run.last_step:,}", speed, f"loss {number(run.loss)}"]
     if short and run.connected and not run.probe_error:
         quiet = connection_label(run)
         fields.append(
             control_label(run) if quiet == "connected" else quiet.replace("connected, ", "")
         )
-    elif short and not run.connected and not run.ended and not run.probe_error:
-        fields.append("disconnected")
+    elif short and not run.connected and not run.probe_error:
+        ending = run_ending(run)  # (not None: the run is not connected)
+        said = ending is not None and ending.ending.said_bye  # the monitor's: one word
+        fields.append(cut(connection_label(run), ENDING_SHORT) if said else _word(ending))
     else:
         fields += [connection_label(run), *([control_label(run)] if run.connected else [])]
     fields += [
@@ -131,8 +145,11 @@ def fit_status(
         fields = status_fields(run, monitor, listening, short=short)
         if width <= 0 or len(separator.join(fields)) <= width:
             return fields, separator
-    # Last, the run's name gives way (the run list shows it whole), to NAME_MIN.
-    over = len(separator.join(fields)) - width
+    # Then how the run ended gives way, to its first ENDING_MIN characters (its kind
+    # and the error's type); last, the run's name (the run list shows it), to NAME_MIN.
+    over = _shorten_ending(fields, run, len(separator.join(fields)) - width)
+    if over <= 0:
+        return fields, separator
     name = fields[0]
     if len(name) > NAME_MIN:
         keep = max(len(name) - over - 1, NAME_MIN)
@@ -140,7 +157,27 @@ def fit_status(
     return fields, separator
 
 
+def _word(ending: RunEnd | None) -> str:
+    return ending.ending.label if ending is not None else "disconnected"
+
+
+def _shorten_ending(fields: list[str], run: RunState | None, over: int) -> int:
+    """Cut the field of how the run ended (in place) by up to ``over`` characters, to
+    ``ENDING_MIN`` at least; return how many characters the line is still over."""
+    ending = run_ending(run) if run is not None and not run.probe_error else None
+    if ending is None:
+        return over
+    for index, field in enumerate(fields[1:], start=1):
+        if field.startswith(ending.ending.label):
+            shown = max(len(field) - over, min(len(field), ENDING_MIN))
+            fields[index] = cut(field, shown)
+            return over - (len(field) - shown)
+    return over
+
+
 NAME_MIN = 8  # characters of a run's name the status line keeps at least
+ENDING_SHORT = 60  # characters of how a run ended, abbreviated (an error's message)
+ENDING_MIN = 24  # ... at least, when even that does not fit (its kind, the error's type)
 
 
 def control_label(run: RunState) -> str:
@@ -182,12 +219,15 @@ def downsample(xs: list[float], ys: list[float], limit: int) -> tuple[list[float
     return [xs[i] for i in idx], [ys[i] for i in idx]
 
 
-def run_label(run: RunState) -> str:
-    """One line for the run list."""
+def run_label(run: RunState, *, ending: bool = True) -> str:
+    """One line for a list of runs: connected or not, the name, the step, and (with
+    ``ending``) how the run ended, in a word: ``finished``, ``error``, ``killed``, ..."""
     mark = "●" if run.connected else "○"
+    ended = run_ending(run) if ending else None
+    end = f"  {ended.ending.label}" if ended is not None else ""
     if run.job is not None:  # under its job's name: the rank says which
-        return f"{mark} r{run.rank}  {run.last_step:,}"
-    return f"{mark} {run.name}  {run.last_step:,}"
+        return f"{mark} r{run.rank}  {run.last_step:,}{end}"
+    return f"{mark} {plain_name(run.name)}  {run.last_step:,}{end}"
 
 
 def axis_ticks(low: float, high: float, count: int = 5) -> list[float]:

@@ -7,6 +7,7 @@ from textual.widgets import DataTable
 
 from probes.kernel.diagnosis import SEVERITY_ORDER
 from tui.run import AlertEntry, RunState
+from tui.text import plain_line, plain_name
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
@@ -56,9 +57,9 @@ class AlertsPanel(DataTable[Text | str]):
             self.add_row(
                 Text(SEVERITY_MARK.get(alert.severity, "?"), style=style),
                 f"{alert.step:,}",
-                Text(alert.kind, style=style),
-                (alert.subject or "run") + (f" +{others}" if others > 0 else ""),
-                _state(entry),
+                Text(plain_name(alert.kind), style=style),
+                Text(plain_name(alert.subject or "run") + (f" +{others}" if others > 0 else "")),
+                Text(plain_line(_state(entry))),
             )
         if entries:
             self.move_cursor(row=min(cursor, len(entries) - 1))

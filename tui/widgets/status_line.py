@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.format import fit_status
+from tui.format import fit_status, run_ending
 from tui.run import RunState
 from tui.state import MonitorState
 
@@ -40,6 +40,9 @@ class StatusLine(Static):
 
 
 def _style(field: str, run: RunState | None) -> str:
+    ending = run_ending(run) if run is not None and not run.probe_error else None
+    if ending is not None and field.startswith(ending.ending.label):
+        return ending.style  # how the run ended says how it is shown
     if field.startswith("alerts"):
         active = run.active_alerts if run is not None else []
         if any(alert.severity == "error" for alert in active):
