@@ -145,8 +145,8 @@ def fit_status(
         fields = status_fields(run, monitor, listening, short=short)
         if width <= 0 or len(separator.join(fields)) <= width:
             return fields, separator
-    # Then how the run ended gives way, to its first ENDING_MIN characters (its kind
-    # and the error's type); last, the run's name (the run list shows it), to NAME_MIN.
+    # Then how the run ended gives way (an error keeps its type); last, the run's name
+    # (the run list shows it), to NAME_MIN.
     over = _shorten_ending(fields, run, len(separator.join(fields)) - width)
     if over <= 0:
         return fields, separator
@@ -163,13 +163,16 @@ def _word(ending: RunEnd | None) -> str:
 
 def _shorten_ending(fields: list[str], run: RunState | None, over: int) -> int:
     """Cut the field of how the run ended (in place) by up to ``over`` characters, to
-    ``ENDING_MIN`` at least; return how many characters the line is still over."""
+    ``error: TYPE: …`` (else ``ENDING_MIN``) at least; return how many characters the
+    line is still over."""
     ending = run_ending(run) if run is not None and not run.probe_error else None
     if ending is None:
         return over
     for index, field in enumerate(fields[1:], start=1):
         if field.startswith(ending.ending.label):
-            shown = max(len(field) - over, min(len(field), ENDING_MIN))
+            parts = field.split(": ", 2)  # "error", its type, its message: the type stays
+            least = len(parts[0]) + len(parts[1]) + 5 if len(parts) == 3 else ENDING_MIN
+            shown = max(len(field) - over, min(len(field), least))
             fields[index] = cut(field, shown)
             return over - (len(field) - shown)
     return over
@@ -177,7 +180,7 @@ def _shorten_ending(fields: list[str], run: RunState | None, over: int) -> int:
 
 NAME_MIN = 8  # characters of a run's name the status line keeps at least
 ENDING_SHORT = 60  # characters of how a run ended, abbreviated (an error's message)
-ENDING_MIN = 24  # ... at least, when even that does not fit (its kind, the error's type)
+ENDING_MIN = 24  # ... at least, when even that does not fit (an error keeps its type)
 
 
 def control_label(run: RunState) -> str:
