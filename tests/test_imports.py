@@ -49,7 +49,13 @@ def test_monitor_loads_no_torch(statement: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["probes.kernel.wire", "probes.kernel.diagnosis", "probes.runtime.control"]
+    "module",
+    [
+        "probes.kernel.wire",
+        "probes.kernel.diagnosis",
+        "probes.kernel.endings",
+        "probes.runtime.control",
+    ],
 )
 def test_pure_modules_are_stdlib_only(module: str) -> None:
     loaded = loaded_after(f"import {module}")
@@ -85,6 +91,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         "probes.kernel.fold",
         "probes.kernel.schema",
         "probes.kernel.diagnosis",
+        "probes.kernel.endings",
     }
 
 
@@ -100,6 +107,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         "probes.kernel.replay",
         "probes.kernel.diagnosis",
         "probes.kernel.diagnosis.ranks",
+        "probes.kernel.endings",
     ],
 )
 def test_the_probes_stdlib_parts_never_load_torch(module: str) -> None:
@@ -119,6 +127,8 @@ def test_the_probes_stdlib_parts_never_load_torch(module: str) -> None:
         "tui.jobs",
         "tui.events",
         "tui.sources",
+        "tui.text",
+        "tui.toasts",
     ],
 )
 def test_the_monitors_non_screen_modules_never_load_textual(module: str) -> None:

@@ -329,7 +329,7 @@ async def test_the_app_shows_the_job_its_ranks_and_k_picks_one() -> None:
         assert "spread 0.1" in str(panel.border_title)
         cells = [panel.get_row_at(i) for i in range(2)]
         assert [str(row[0]).strip() for row in cells] == ["▶r0", "r1"]
-        assert [row[1] for row in cells] == ["node0", "node1"]
+        assert [str(row[1]) for row in cells] == ["node0", "node1"]  # (plain text cells)
         items = list_items(app.state)
         assert [(item_id, header) for item_id, _, header in items] == [
             ("job:job-7", True),

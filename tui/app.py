@@ -7,7 +7,6 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
 
 from textual import events, on, work
 from textual.app import App, ComposeResult
@@ -17,6 +16,7 @@ from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, OptionList
 
+from tui import toasts
 from tui.dispatch import dispatch
 from tui.events import (
     AckReceived,
@@ -39,6 +39,7 @@ from tui.screens.confirm import Confirm
 from tui.screens.help import HelpScreen
 from tui.sources import FrameSource
 from tui.state import MonitorState
+from tui.text import plain_name
 from tui.widgets import (
     AlertsPanel,
     GradHeatmapView,
@@ -51,7 +52,7 @@ from tui.widgets import (
 from tui.widgets.alerts_panel import sorted_alerts
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
-TOAST_GAP_S = 2.0  # at most one toast per topic (alerts, rejected frames) this often
+REPLAY_NOT_LIVE = "replay: the run is not live"  # what a command key says in a replay
 # Signals that end the monitor the way q does, so the terminal is given back as it was
 # (no alternate screen, no mouse tracking) and a demo's trainer and folder are cleaned.
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -74,6 +75,12 @@ class TraintopApp(App[int]):
     TITLE = "traintop"
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        # Ctrl-C quits as q does, as in most terminal monitors (Textual's own binding
+        # only says "press ctrl+q"); a priority binding: no widget takes it for a copy.
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+        # Enter opens an alert whatever has the focus (the layer table, the run list):
+        # on the main screen only (check_action), where the views take no Enter.
+        Binding("enter", "open_alert", "Alert", show=False, priority=True),
         Binding("p", "pause_resume", "Pause/resume"),
         Binding("n", "single_step", "Step"),
         Binding("a", "anomaly_step", "Anomaly step"),
@@ -115,7 +122,7 @@ class TraintopApp(App[int]):
         self.monitor = Monitor(state, record_path=record_path, on_events=self._on_monitor_events)
         self._drawn_version = -1
         self._status_drawn_at = 0.0
-        self._toasted: dict[str, tuple[float, int]] = {}  # topic -> (last toast, held back)
+        self._gate = toasts.ToastGate()  # alerts' and rejected frames' toasts, few
 
     @property
     def state(self) -> MonitorState:
@@ -249,25 +256,17 @@ class TraintopApp(App[int]):
     def handle_run_connected(self, event: RunConnected) -> None:
         if self.selected_run is None or self._rank0_of_shown_job(event.run):
             self.selected_run = event.run.run_id
-        self.notify(f"{event.run.name} connected", timeout=3)
+        self._show(toasts.run_connected(event))
 
     def handle_run_disconnected(self, event: RunDisconnected) -> None:
-        self.notify(f"{event.run.name}: {event.reason}", timeout=4)
+        self._show(toasts.run_disconnected(event))
 
     def handle_frame_rejected(self, event: FrameRejected) -> None:
-        self._toast(
-            "rejected", event.message, title="frame rejected", severity="warning", timeout=5
-        )
+        self._show(toasts.frame_rejected(event), topic="rejected")
 
     def handle_ack_received(self, event: AckReceived) -> None:
         if event.run.run_id == self.selected_run:  # (a job's ranks all ack: one toast)
-            ack = event.ack
-            self.notify(
-                str(ack.get("result", "")),
-                title=f"{ack.get('command')}",
-                severity="information" if ack.get("ok") else "warning",
-                timeout=4,
-            )
+            self._show(toasts.ack_received(event))
 
     def handle_anomaly_reported(self, event: AnomalyReported) -> None:
         live = not event.report.get("replayed")  # not an old one, sent on connect
@@ -279,24 +278,11 @@ class TraintopApp(App[int]):
             self.push_screen(AnomalyReportScreen(event.report))
 
     def handle_probe_switched_off(self, event: ProbeSwitchedOff) -> None:
-        self.notify(
-            f"{event.run.name}: the probe switched itself off: {event.message}",
-            severity="error",
-            timeout=10,
-        )
+        self._show(toasts.probe_switched_off(event))
 
     def handle_alert_raised(self, event: AlertRaised) -> None:
-        if not self._shown_or_its_job(event.run):
-            return
-        alert = event.alert
-        self._toast(
-            "alert",
-            f"{alert.kind} at step {alert.step:,}"
-            + (f" on {alert.subject}" if alert.subject else ""),
-            title=alert.severity,
-            severity="error" if alert.severity == "error" else "warning",
-            timeout=6,
-        )
+        if self._shown_or_its_job(event.run):
+            self._show(toasts.alert_raised(event), topic="alert")
 
     def _shown_or_its_job(self, run: RunState) -> bool:
         """The run the views show, or another rank of its job."""
@@ -305,23 +291,40 @@ class TraintopApp(App[int]):
             shown.run_id == run.run_id or (run.job is not None and shown.job == run.job)
         )
 
-    def _toast(self, topic: str, message: str, **options: Any) -> None:
-        """A toast, at most one per topic every ``TOAST_GAP_S``: a run raising alerts
-        by the hundred (or a stream of bad frames) must not bury the screen. The next
-        toast of the topic counts the ones held back; the panels list them all."""
-        now = time.monotonic()
-        last, held = self._toasted.get(topic, (-TOAST_GAP_S, 0))
-        if now - last < TOAST_GAP_S:
-            self._toasted[topic] = (last, held + 1)
-            return
-        self._toasted[topic] = (now, 0)
-        self.notify(message + (f" (and {held} more)" if held else ""), **options)
+    def _show(self, toast: toasts.Toast, *, topic: str | None = None) -> None:
+        """A toast as plain text (it holds a run's own words), never markup; one of a
+        ``topic`` at most every ``toasts.TOAST_GAP_S`` (``toasts.ToastGate``)."""
+        message = toast.message
+        if topic is not None:
+            held = self._gate.admit(topic, time.monotonic())
+            if held is None:
+                return
+            message += f" (and {held} more)" if held else ""
+        self.notify(
+            message,
+            title=toast.title,
+            severity=toast.severity,
+            timeout=toast.timeout,
+            markup=False,
+        )
 
-    @on(DataTable.RowSelected, "#alerts")
-    def _open_alert(self) -> None:
-        entry = self.query_one(AlertsPanel).selected()
-        if entry is not None:
-            self.push_screen(AlertDetail(entry))
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "open_alert":  # Enter is a modal screen's own (a picker, a question)
+            return self.screen is self.screen_stack[0]
+        return True
+
+    @on(DataTable.RowSelected, "#alerts")  # (a click on an alert)
+    def _alert_clicked(self) -> None:
+        self.action_open_alert()
+
+    def action_open_alert(self) -> None:
+        """Open the alert under the alerts panel's cursor (the first, if none is)."""
+        panel = self.query_one(AlertsPanel)
+        entry = panel.selected() or (panel.entries[0] if panel.entries else None)
+        if entry is None:
+            self.notify("no alert to open", timeout=2)
+            return
+        self.push_screen(AlertDetail(entry))
 
     def watch_selected_run(self) -> None:
         self.redraw(force=True)
@@ -343,7 +346,17 @@ class TraintopApp(App[int]):
             self.count_prefix = min(self.count_prefix * 10 + int(event.character), 999)
             event.stop()
 
+    def _live(self) -> bool:
+        """True if commands can reach a run; in a replay, says why not (the footer
+        offers the keys all the same)."""
+        if self.mode == "replay":
+            self.notify(REPLAY_NOT_LIVE, severity="warning", timeout=3)
+            return False
+        return True
+
     def _command(self, command: str, **args: object) -> None:
+        if not self._live():
+            return
         run = self.current_run
         if run is None:
             self.notify("no run selected", severity="warning")
@@ -370,7 +383,7 @@ class TraintopApp(App[int]):
 
     def action_scale_lr(self, factor: float) -> None:
         run = self.current_run
-        if run is None:
+        if run is None or not self._live():
             return
 
         def answered(yes: bool | None) -> None:
@@ -380,7 +393,7 @@ class TraintopApp(App[int]):
         lrs = ", ".join(f"{x:.3g}" for x in run.learning_rates) or "?"
         self.push_screen(
             Confirm(
-                f"Scale the learning rate of {run.name} by {factor:g}?\n"
+                f"Scale the learning rate of {plain_name(run.name)} by {factor:g}?\n"
                 f"Now: {lrs}. The change is marked on the loss chart; a "
                 "scheduler in the loop may set it again."
             ),

@@ -7,8 +7,10 @@ import time
 from collections.abc import Sequence
 
 from probes.kernel.diagnosis import Severity, worst_severity
+from probes.kernel.endings import RunEnd
 from tui.run import RunState
 from tui.state import MonitorState
+from tui.text import cut, plain_line, plain_name
 
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 
@@ -61,9 +63,20 @@ def _scale(value: float, log: bool) -> float:
 QUIET_AFTER_S = 10.0  # a connected run silent this long may be hung (or in a long eval)
 
 
+def run_ending(run: RunState) -> RunEnd | None:
+    """How the run ended (None while it is connected)."""
+    if run.connected:
+        return None
+    if run.ending is not None:
+        return run.ending
+    return RunEnd.of(run.end_reason if run.ended else None, run.disconnect_reason)
+
+
 def connection_label(run: RunState, now: float | None = None) -> str:
     """``connected`` (``connected, quiet 42s`` when no frame came for a while and the
-    run is not paused), ``finished``, ``disconnected (why)`` or ``probe off``."""
+    run is not paused), ``probe off``, or how the run ended: ``finished``,
+    ``interrupted``, ``error: TYPE: message``, ``exit status N``, ``killed`` (no bye),
+    ``connection lost: why``, ``disconnected (why)`` (``probes.kernel.endings``)."""
     if run.probe_error:
         return "probe off"
     if run.connected:
@@ -71,9 +84,8 @@ def connection_label(run: RunState, now: float | None = None) -> str:
         if quiet >= QUIET_AFTER_S and not run.control.get("paused") and run.last_frame_at:
             return f"connected, quiet {quiet:.0f}s"
         return "connected"
-    if run.ended:
-        return "finished"
-    return f"disconnected ({run.disconnect_reason})" if run.disconnect_reason else "disconnected"
+    ending = run_ending(run)
+    return plain_line(ending.label) if ending is not None else "disconnected"
 
 
 class StatusField(str):
@@ -109,13 +121,21 @@ def status_fields(
         speed = f"{rate:,.0f}/s" if rate >= 100 else f"{rate:.1f}/s"
     else:
         speed = f"{rate:,.1f} steps/s"
-    fields: list[str] = [run.name, f"step {run.last_step:,}", speed, f"loss {number(run.loss)}"]
+    fields: list[str] = [
+        plain_name(run.name),
+        f"step {run.last_step:,}",
+        speed,
+        f"loss {number(run.loss)}",
+    ]
     control = StatusField(control_label(run), _control_style(run))
     if short and run.connected and not run.probe_error:
         quiet = connection_label(run)
         fields.append(control if quiet == "connected" else quiet.replace("connected, ", ""))
-    elif short and not run.connected and not run.ended and not run.probe_error:
-        fields.append(StatusField("disconnected", GONE_STYLE))
+    elif short and not run.connected and not run.probe_error:
+        ending = run_ending(run)  # (not None: the run is not connected)
+        said = ending is not None and ending.ending.said_bye  # the monitor's: one word
+        text = cut(connection_label(run), ENDING_SHORT) if said else _word(ending)
+        fields.append(StatusField(text, _connection_style(run, text)))
     else:
         connection = connection_label(run)
         fields += [
@@ -140,10 +160,14 @@ def status_fields(
 
 
 def _connection_style(run: RunState, label: str) -> str:
-    """Green while connected and heard from; the error's style once gone (a clean end,
-    ``finished``, is plain); plain while quiet."""
-    if run.probe_error or (not run.connected and not run.ended):
+    """Green while connected and heard from, plain while quiet; the error's style when
+    the probe is off; once gone, the style of how the run ended (``probes.kernel.endings``:
+    a clean end is plain, an error or a lost connection is not)."""
+    if run.probe_error:
         return GONE_STYLE
+    if not run.connected:
+        ending = run_ending(run)
+        return ending.style if ending is not None else GONE_STYLE
     return CONNECTED_STYLE if label == "connected" else ""
 
 
@@ -179,8 +203,11 @@ def fit_status(
         fields = status_fields(run, monitor, listening, short=short)
         if width <= 0 or len(separator.join(fields)) <= width:
             return fields, separator
-    # Last, the run's name gives way (the run list shows it whole), to NAME_MIN.
-    over = len(separator.join(fields)) - width
+    # Then how the run ended gives way (an error keeps its type); last, the run's name
+    # (the run list shows it), to NAME_MIN.
+    over = _shorten_ending(fields, run, len(separator.join(fields)) - width)
+    if over <= 0:
+        return fields, separator
     name = fields[0]
     if len(name) > NAME_MIN:
         keep = max(len(name) - over - 1, NAME_MIN)
@@ -188,7 +215,30 @@ def fit_status(
     return fields, separator
 
 
+def _word(ending: RunEnd | None) -> str:
+    return ending.ending.label if ending is not None else "disconnected"
+
+
+def _shorten_ending(fields: list[str], run: RunState | None, over: int) -> int:
+    """Cut the field of how the run ended (in place) by up to ``over`` characters, to
+    ``error: TYPE: …`` (else ``ENDING_MIN``) at least; return how many characters the
+    line is still over."""
+    ending = run_ending(run) if run is not None and not run.probe_error else None
+    if ending is None:
+        return over
+    for index, field in enumerate(fields[1:], start=1):
+        if field.startswith(ending.ending.label):
+            parts = field.split(": ", 2)  # "error", its type, its message: the type stays
+            least = len(parts[0]) + len(parts[1]) + 5 if len(parts) == 3 else ENDING_MIN
+            shown = max(len(field) - over, min(len(field), least))
+            fields[index] = StatusField(cut(field, shown), getattr(field, "style", ""))
+            return over - (len(field) - shown)
+    return over
+
+
 NAME_MIN = 8  # characters of a run's name the status line keeps at least
+ENDING_SHORT = 60  # characters of how a run ended, abbreviated (an error's message)
+ENDING_MIN = 24  # ... at least, when even that does not fit (an error keeps its type)
 
 
 def control_label(run: RunState) -> str:
@@ -230,12 +280,15 @@ def downsample(xs: list[float], ys: list[float], limit: int) -> tuple[list[float
     return [xs[i] for i in idx], [ys[i] for i in idx]
 
 
-def run_label(run: RunState) -> str:
-    """One line for the run list."""
+def run_label(run: RunState, *, ending: bool = True) -> str:
+    """One line for a list of runs: connected or not, the name, the step, and (with
+    ``ending``) how the run ended, in a word: ``finished``, ``error``, ``killed``, ..."""
     mark = "●" if run.connected else "○"
+    ended = run_ending(run) if ending else None
+    end = f"  {ended.ending.label}" if ended is not None else ""
     if run.job is not None:  # under its job's name: the rank says which
-        return f"{mark} r{run.rank}  {run.last_step:,}"
-    return f"{mark} {run.name}  {run.last_step:,}"
+        return f"{mark} r{run.rank}  {run.last_step:,}{end}"
+    return f"{mark} {plain_name(run.name)}  {run.last_step:,}{end}"
 
 
 def axis_ticks(low: float, high: float, count: int = 5) -> list[float]:

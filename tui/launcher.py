@@ -22,12 +22,14 @@ import subprocess
 import sys
 import tempfile
 
+import demo
 from demo.catalog import SCENARIOS, listing
 from probes.kernel.wire import ADDRESS_ENV, Address
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Start ``python -m demo SCENARIO`` and a monitor connected to it; return a status."""
+    """Start the installed demo's ``SCENARIO`` (``trainer_command``) and a monitor
+    connected to it; return a status."""
     if args.list:
         print(listing())
         return 0
@@ -73,8 +75,26 @@ def run_demo(args: argparse.Namespace) -> int:
     return status
 
 
+# ``python -m demo`` would put the working folder first on the import path, where a
+# ``demo/`` (or ``probes/``) package of the user's would run instead of ours: the
+# trainer runs the demo package this monitor imported, from the folder that holds it.
+# (``python -P`` does this from Python 3.11 on; this project supports 3.10.)
+TRAINER_RUNNER = (
+    "import runpy, sys\n"
+    "if not getattr(sys.flags, 'safe_path', False): del sys.path[0]  # the working folder\n"
+    "sys.path.insert(0, sys.argv.pop(1))\n"
+    "runpy.run_module('demo', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def trainer_command(scenario: str) -> list[str]:
+    """The command that runs the installed demo's ``scenario``, whatever the folder."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(demo.__file__)))
+    return [sys.executable, "-c", TRAINER_RUNNER, root, scenario]
+
+
 def _start_trainer(args: argparse.Namespace, address: Address, log_path: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "demo", args.scenario]
+    command = trainer_command(args.scenario)
     if args.steps is not None:
         command += ["--steps", str(args.steps)]
     if args.delay is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from probes.kernel.diagnosis import Alert, AlertChange, Diagnoser, RunInfo
 from probes.kernel.diagnosis.book import MAX_ALERTS, AlertBook, AlertEntry
 from probes.kernel.diagnosis.vocabulary import AlertKind
+from probes.kernel.endings import RunEnd
 from probes.kernel.schema import EvalView, StepView, validation_loss_name
 from probes.kernel.wire import Frame
 from tui.heatmap import GradHeatmap
@@ -48,7 +49,8 @@ class RunState:
     ended: bool = False  # said bye
     end_reason: str = ""  # what the bye said: "closed", "interrupted", "error: ..."
     last_frame_at: float = 0.0  # time.monotonic() of the run's latest frame, here
-    disconnect_reason: str = ""
+    disconnect_reason: str = ""  # the ending's label (``ending``), once gone
+    ending: RunEnd | None = None  # how the run ended, once gone (None: connected)
     last_step: int = -1
     step_records: int = 0
     dropped: int = 0
@@ -154,11 +156,11 @@ class RunState:
         return self.book.raised
 
     def why_gone(self, connection_reason: str) -> str:
-        """Why the run is gone: "finished" after a clean bye, else what the bye said (an
-        error, an interrupt), else what happened to the connection."""
-        if not self.ended:
-            return connection_reason
-        return "finished" if self.end_reason == "closed" else self.end_reason
+        """Why the run is gone, kept as ``ending``: "finished" after a clean bye, else what
+        the bye said (an error, an interrupt), else what happened to the connection
+        ("killed": closed with no bye); returns the ending's label."""
+        self.ending = RunEnd.of(self.end_reason if self.ended else None, connection_reason)
+        return self.ending.label
 
     def layer_status(self) -> dict[str, str]:
         """Layer name -> its worst current condition, for colouring the layer table:
@@ -212,6 +214,7 @@ class RunState:
         self.ended = False
         self.end_reason = ""
         self.disconnect_reason = ""
+        self.ending = None
 
     def apply_step(self, view: StepView) -> bool:
         """Take a step record (parsed: ``probes.kernel.schema``); False if it was already seen

@@ -13,6 +13,8 @@ import sys
 import weakref
 from typing import Any, Protocol
 
+from probes.kernel.endings import bye_reason
+
 
 class OpenProbe(Protocol):
     """What the registry and the clip (``probes.runtime.clip``) ask of an open probe."""
@@ -46,13 +48,7 @@ def probes_watching(param: Any) -> list[OpenProbe]:
 
 def end_reason(error: BaseException | None) -> str:
     """What the bye says of how the run ended: "closed", "interrupted" or the error."""
-    if error is None:
-        return "closed"
-    if isinstance(error, KeyboardInterrupt):
-        return "interrupted"
-    if isinstance(error, SystemExit):  # sys.exit(): clean unless it carries a failure
-        return "closed" if error.code in (None, 0) else f"exit status {error.code}"
-    return f"error: {type(error).__name__}: {error}"[:300]
+    return bye_reason(error)  # the vocabulary both sides share (probes.kernel.endings)
 
 
 @atexit.register

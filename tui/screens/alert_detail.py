@@ -1,4 +1,8 @@
-"""An alert in full: its evidence, what it signals and does not prove, what to try next."""
+"""An alert in full: its evidence, what it signals and does not prove, what to try next.
+
+An alert raised in the training process carries the probe's own words (its kind,
+subject, evidence, signal, experiments): every one is shown as plain text.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from probes.kernel.diagnosis import Alert
 from tui.format import number
 from tui.run import AlertEntry
 from tui.screens.panel import PanelScreen
+from tui.text import plain_block, plain_line, plain_name
 from tui.widgets.alerts_panel import SEVERITY_STYLE
 
 
@@ -30,7 +35,9 @@ class AlertDetail(PanelScreen):
         with VerticalScroll():
             yield Static(self._title(), id="title")
             yield Static(evidence_table(alert), id="evidence")
-            yield Static(Text.assemble(("What it signals. ", "bold"), alert.signal), id="signal")
+            yield Static(
+                Text.assemble(("What it signals. ", "bold"), plain_block(alert.signal)), id="signal"
+            )
             if len(alert.layers) > 1 or alert.folded:
                 yield Static(incident_text(alert), id="incident")
             yield Static(experiments_text(alert), id="experiments")
@@ -38,10 +45,10 @@ class AlertDetail(PanelScreen):
 
     def _title(self) -> Text:
         alert = self.entry.alert
-        text = Text(alert.kind, style=f"bold {SEVERITY_STYLE.get(alert.severity, '')}")
-        text.append(f"  {alert.severity}  step {alert.step:,}")
+        text = Text(plain_name(alert.kind), style=f"bold {SEVERITY_STYLE.get(alert.severity, '')}")
+        text.append(f"  {plain_name(alert.severity)}  step {alert.step:,}")
         if alert.subject:
-            text.append(f"  on {alert.subject}")
+            text.append(f"  on {plain_name(alert.subject)}")
         if self.entry.from_probe:
             text.append("  (raised in the training process)", style="dim")
         if not self.entry.active:
@@ -50,15 +57,15 @@ class AlertDetail(PanelScreen):
 
 
 def evidence_table(alert: Alert) -> Table:
-    """The numbers that triggered the alert."""
+    """The numbers that triggered the alert (its cells plain text, not markup)."""
     table = Table(
         title="Evidence", title_justify="left", show_header=False, box=None, padding=(0, 2, 0, 0)
     )
     table.add_column("what", style="bold")
     table.add_column("value")
     for key, value in alert.evidence.items():
-        shown = number(value) if isinstance(value, float) else str(value)
-        table.add_row(key.replace("_", " "), shown)
+        shown = number(value) if isinstance(value, float) else plain_line(value)
+        table.add_row(Text(plain_name(key).replace("_", " ")), Text(shown))
     return table
 
 
@@ -70,7 +77,7 @@ def incident_text(alert: Alert) -> Text:
         text.append("Layers ", style="bold")
         text.append(
             f"({len(alert.layers)}, the first failing first): "
-            + ", ".join(alert.layers[:12])
+            + ", ".join(plain_name(layer) for layer in alert.layers[:12])
             + (" ..." if len(alert.layers) > 12 else "")
             + "\n"
         )
@@ -78,7 +85,7 @@ def incident_text(alert: Alert) -> Text:
         text.append("Folded under it ", style="bold")
         text.append(
             "(consequences, not raised on their own): "
-            + ", ".join(f.replace("@", " at step ") for f in alert.folded)
+            + ", ".join(plain_name(f).replace("@", " at step ") for f in alert.folded)
             + "\n"
         )
     return text
@@ -88,5 +95,5 @@ def experiments_text(alert: Alert) -> Text:
     """The next controlled experiments, numbered."""
     text = Text("Next experiments (one change each)\n", style="bold")
     for i, experiment in enumerate(alert.experiments, start=1):
-        text.append(f"  {i}. {experiment}\n", style="")
+        text.append(f"  {i}. {plain_block(experiment, 1000, 12)}\n", style="")
     return text

@@ -1,4 +1,8 @@
-"""An anomaly step's report: the backward op, the first non-finite module, the trace."""
+"""An anomaly step's report: the backward op, the first non-finite module, the trace.
+
+The report is the training process's own text (module names, file names, source lines):
+every part of it is shown as plain text.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ from textual.widgets import Static
 from probes.kernel.wire import Frame
 from tui.format import number
 from tui.screens.panel import PanelScreen
+from tui.text import plain_line, plain_name
 
+TRACE_FRAMES = 40  # frames of a forward traceback shown (the innermost last)
 OUTCOME_TEXT = {
     "clean": ("clean: no non-finite value in the forward or the backward", "green"),
     "non_finite_backward": ("a backward op produced a NaN: the update was skipped", "bold red"),
@@ -53,11 +59,11 @@ class AnomalyReportScreen(PanelScreen):
     def _headline(self) -> Text:
         report = self.report
         outcome, style = OUTCOME_TEXT.get(str(report.get("outcome")), ("?", ""))
-        text = Text(f"Anomaly step {report.get('step')}", style="bold")
+        text = Text(f"Anomaly step {plain_name(report.get('step'))}", style="bold")
         text.append(f"  ({number(report.get('duration'), 3)} s)\n", style="dim")
         text.append(outcome, style=style)
         if report.get("batch") is not None:
-            text.append(f"\nbatch {report['batch']}")
+            text.append(f"\nbatch {plain_line(report['batch'])}")
         if report.get("update_skipped"):
             text.append("\nweights untouched: optimizer.step() did not run", style="yellow")
         if report.get("paused"):
@@ -70,30 +76,38 @@ class AnomalyReportScreen(PanelScreen):
         op = report.get("backward_op")
         if op:
             text.append("backward op  ", style="bold")
-            text.append(f"{op}\n", style="bold red")
+            text.append(f"{plain_name(op)}\n", style="bold red")
             module = report.get("module_of_backward_op")
             text.append("in module    ", style="bold")
-            text.append(f"{module or '(not found in the model)'}\n")
+            text.append(f"{plain_name(module) if module else '(not found in the model)'}\n")
         first = report.get("first_non_finite")
         if first:
             text.append("first non-finite forward output  ", style="bold")
-            text.append(f"{first['name']} ({first['type']})", style="bold red")
+            text.append(
+                f"{plain_name(first['name'])} ({plain_name(first.get('type'))})", style="bold red"
+            )
         elif op:
             text.append("forward outputs all finite: the NaN was born in the backward", style="dim")
         return text
 
 
 def module_table(first: dict[str, Any]) -> Table:
-    """Input and output statistics of the first module with a non-finite output."""
-    table = Table(title=f"{first['name']}: inputs finite, output not", title_justify="left")
+    """Input and output statistics of the first module with a non-finite output (its
+    cells plain text, not markup)."""
+    title = Text(f"{plain_name(first['name'])}: inputs finite, output not", "table.title")
+    table = Table(title=title, title_justify="left")
     keys = ["shape", "min", "max", "mean", "abs_max", "nan", "inf", "zeros"]
     table.add_column("tensor")
     for key in keys:
         table.add_column(key, justify="right")
-    rows = [(f"input {i}", stats) for i, stats in enumerate(first.get("inputs") or [])]
+    inputs = first.get("inputs")
+    rows = [
+        (f"input {i}", stats) for i, stats in enumerate(inputs if isinstance(inputs, list) else [])
+    ]
     rows.append(("output", first.get("output") or {}))
     for label, stats in rows:
-        table.add_row(label, *(_cell(stats.get(key)) for key in keys))
+        got = stats if isinstance(stats, dict) else {}
+        table.add_row(label, *(Text(_cell(got.get(key))) for key in keys))
     return table
 
 
@@ -101,8 +115,8 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return number(value, 3)
     if isinstance(value, list):
-        return "x".join(str(v) for v in value)
-    return "-" if value is None else str(value)
+        return plain_name("x".join(str(v) for v in value[:16]))
+    return "-" if value is None else plain_name(value)
 
 
 def traceback_text(frames: list[dict[str, Any]]) -> Text:
@@ -110,9 +124,12 @@ def traceback_text(frames: list[dict[str, Any]]) -> Text:
     text = Text("Forward traceback (your code)\n", style="bold")
     if not frames:
         text.append("  none recorded", style="dim")
-    for frame in frames:
+    for frame in frames[-TRACE_FRAMES:] if isinstance(frames, list) else []:
+        where = frame if isinstance(frame, dict) else {}
         text.append(
-            f"  {frame.get('file')}:{frame.get('line')} in {frame.get('function')}\n", style="cyan"
+            f"  {plain_line(where.get('file'))}:{plain_name(where.get('line'))}"
+            f" in {plain_name(where.get('function'))}\n",
+            style="cyan",
         )
-        text.append(f"      {frame.get('code', '')}\n")
+        text.append(f"      {plain_line(where.get('code', ''))}\n")
     return text

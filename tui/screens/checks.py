@@ -11,6 +11,7 @@ from textual.widgets import Static
 
 from probes.kernel.wire import Frame
 from tui.screens.panel import PanelScreen
+from tui.text import plain_block, plain_name
 
 
 class ChecksScreen(PanelScreen):
@@ -43,9 +44,8 @@ class ChecksScreen(PanelScreen):
                 )
             for index, report in enumerate(self.reports):
                 style = "green" if report.get("ok") else "bold red"
-                title = Text(f"{report.get('check')}  ", style="bold")
+                title = Text(f"{plain_name(report.get('check'))}  ", style="bold")
                 title.append("ok" if report.get("ok") else "findings", style=style)
-                title.append(f"  (step {report.get('step')})", style="dim")
-                yield Static(
-                    Text.assemble(title, "\n", str(report.get("text", ""))), id=f"check-{index}"
-                )
+                title.append(f"  (step {plain_name(report.get('step'))})", style="dim")
+                body = plain_block(report.get("text", ""))  # the training process's words
+                yield Static(Text.assemble(title, "\n", body), id=f"check-{index}")

@@ -16,6 +16,7 @@ from tui.compare import LayerRatio, layer_ratios
 from tui.format import alerts_label, number, run_label, validation_label
 from tui.run import RunState
 from tui.state import MonitorState
+from tui.text import plain_name
 from tui.widgets.layer_table import short_name
 from tui.widgets.loss_overlay import LossOverlay, run_color
 
@@ -67,7 +68,7 @@ class ComparePicker(ModalScreen[list[str] | None]):
             )
             yield SelectionList[str](
                 *(
-                    Selection(run_label(run), run.run_id, every or run.run_id == self.current)
+                    Selection(Text(run_label(run)), run.run_id, every or run.run_id == self.current)
                     for run in runs
                 ),
                 id="picked",
@@ -167,13 +168,14 @@ class CompareScreen(Screen[None]):
         text = Text()
         if len(runs) < 2:
             text.append("waiting for two runs to compare", style="dim")
-        width = max((len(run.name) for run in runs), default=0)
+        names = [plain_name(run.name) for run in runs]
+        width = max((len(name) for name in names), default=0)
         for index, run in enumerate(runs):
             if index:
                 text.append("\n")
             text.append("ref " if index == 0 else "    ", style="bold")
             text.append("● ", style=run_color(index))
-            text.append(run.name.ljust(width), style="bold")
+            text.append(names[index].ljust(width), style="bold")
             val = validation_label(run)
             text.append(
                 f"  step {run.last_step:,}  loss {number(run.loss)}"
@@ -201,9 +203,9 @@ class CompareScreen(Screen[None]):
             self._table_key = key
             table.clear(columns=True)
             table.add_column("layer")
-            table.add_column(Text(short_name(reference.name, 20), style=run_color(0)))
+            table.add_column(Text(short_name(plain_name(reference.name), 20), style=run_color(0)))
             for index, run in enumerate(others, start=1):
-                table.add_column(Text(short_name(run.name, 20), style=run_color(index)))
+                table.add_column(Text(short_name(plain_name(run.name), 20), style=run_color(index)))
                 table.add_column(Text("x ref", style=run_color(index)))
                 table.add_column(Text("peak x ref", style=run_color(index)))
             for row in rows:
@@ -226,7 +228,7 @@ class CompareScreen(Screen[None]):
 
 
 def _cells(row: LayerRatio) -> list[Text | str]:
-    cells: list[Text | str] = [short_name(row.layer, 24), number(row.reference)]
+    cells: list[Text | str] = [Text(short_name(plain_name(row.layer), 24)), number(row.reference)]
     for latest, now, peak, bad in zip(
         row.latest, row.ratios, row.peak_ratios, row.went_non_finite, strict=True
     ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -27,13 +28,13 @@ class Confirm(ModalScreen[bool]):
     }
     """
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str) -> None:  # plain text: it may name a run
         super().__init__()
         self.question = question
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question, id="question")
+            yield Static(Text(self.question), id="question")
             yield Static("[b]y[/b] yes    [b]n[/b] no")
 
     def action_answer(self, yes: bool) -> None:

@@ -8,6 +8,7 @@ from textual.widgets import DataTable
 from probes.kernel.diagnosis import Severity
 from probes.kernel.diagnosis.book import checklist_order
 from tui.run import AlertEntry, RunState
+from tui.text import plain_line, plain_name
 
 SEVERITY_STYLE = {severity: severity.style for severity in Severity}
 SEVERITY_MARK = {severity: severity.mark for severity in Severity}
@@ -57,9 +58,9 @@ class AlertsPanel(DataTable[Text | str]):
             self.add_row(
                 Text(SEVERITY_MARK.get(alert.severity, "?"), style=style),
                 f"{alert.step:,}",
-                Text(alert.kind, style=style),
-                (alert.subject or "run") + (f" +{others}" if others > 0 else ""),
-                _state(entry),
+                Text(plain_name(alert.kind), style=style),
+                Text(plain_name(alert.subject or "run") + (f" +{others}" if others > 0 else "")),
+                Text(plain_line(_state(entry))),
             )
         if entries:
             self.move_cursor(row=min(cursor, len(entries) - 1))

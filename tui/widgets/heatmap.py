@@ -21,6 +21,7 @@ from textual.widgets import Static
 from tui.format import number
 from tui.heatmap import MISSING
 from tui.run import RunState
+from tui.text import plain_name
 from tui.widgets.layer_table import short_name
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -82,7 +83,7 @@ class GradHeatmapView(Vertical):
             return
         self._shown, self._drawn_at = shape, now
         width = self.size.width or 80
-        layers = run.layers if run is not None else []
+        layers = [plain_name(name) for name in run.layers] if run is not None else []
         name_width = min(max((len(name) for name in layers), default=5), NAME_WIDTH_MAX)
         cells = max(width - name_width - 3, 4)  # a space after the names; a scroll bar
         heat = run.heatmap if run is not None else None

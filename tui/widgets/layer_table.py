@@ -9,6 +9,7 @@ from textual.widgets import DataTable
 
 from tui.format import number, sparkline
 from tui.run import RunState
+from tui.text import plain_name
 
 SPARK_WIDTH = 20
 #: (key, label, width); None sizes the column to its content.
@@ -62,7 +63,7 @@ class LayerTable(DataTable[Text | str]):
             self._shown.clear()
             self._layers = list(layers)
             for name in layers:
-                self.add_row(Text(short_name(name)), "-", "", "-", "-", "", key=name)
+                self.add_row(Text(short_name(plain_name(name))), "-", "", "-", "-", "", key=name)
         if run is not None:
             self._fill(run)
 
@@ -82,7 +83,7 @@ class LayerTable(DataTable[Text | str]):
             grad = _at(run.grad_norms, i)
             history = run.grad_history(i)
             style = STATUS_STYLE.get(status.get(name, ""), "")
-            self._set(name, "layer", Text(short_name(name), style=style))
+            self._set(name, "layer", Text(short_name(plain_name(name)), style=style))
             self._set(name, "grad", _value_text(grad))
             self._set(name, "history", Text(sparkline(history, SPARK_WIDTH), "cyan"))
             self._set(name, "param", Text(number(_at(run.param_norms, i))))

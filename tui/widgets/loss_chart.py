@@ -11,11 +11,13 @@ from probes.kernel.diagnosis import Severity
 from tui.format import axis_ticks, downsample, number, wants_log_scale
 from tui.run import RunState
 from tui.series import BucketedSeries
+from tui.text import plain_line
 
 TRAIN_COLOR = "cyan"
 VALIDATION_COLOR = "orange"
 NON_FINITE_COLOR = "red"
 SMOOTHING = 0.9
+LEGEND_LIMIT = 40  # characters of a name in the legend
 XLABEL_MIN_HEIGHT = 16  # a shorter chart gives the "step" label's row to the curves
 
 
@@ -78,7 +80,8 @@ class LossChart(PlotextPlot):
         validation = run.validation
         if validation is not None:
             val_name, series = validation
-            out.append((f"validation ({val_name})", VALIDATION_COLOR, *series.points()))
+            label = f"validation ({plain_line(val_name, LEGEND_LIMIT)})"  # (a run's own name)
+            out.append((label, VALIDATION_COLOR, *series.points()))
         return out
 
     def _axes(self, run: RunState | None, ys: list[float], log: bool) -> None:

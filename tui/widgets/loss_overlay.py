@@ -6,7 +6,8 @@ from textual_plotext import PlotextPlot
 
 from tui.format import axis_ticks, downsample, number, wants_log_scale
 from tui.run import RunState
-from tui.widgets.loss_chart import SMOOTHING, _log_points, ema
+from tui.text import plain_line
+from tui.widgets.loss_chart import LEGEND_LIMIT, SMOOTHING, _log_points, ema
 
 # (plotext's name, Rich's name) of one colour: the chart's line and the table's text
 RUN_COLORS = (
@@ -60,7 +61,13 @@ class LossOverlay(PlotextPlot):
                 continue
             xs, ys = series.points()
             lines.append(
-                (run.name, _plot_color(index), xs, ema(ys, SMOOTHING), series.first_non_finite_x())
+                (
+                    plain_line(run.name, LEGEND_LIMIT),  # (the legend: plain and short)
+                    _plot_color(index),
+                    xs,
+                    ema(ys, SMOOTHING),
+                    series.first_non_finite_x(),
+                )
             )
         every_y = [y for line in lines for y in line[3]]
         log = wants_log_scale(every_y)

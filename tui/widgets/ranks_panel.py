@@ -17,6 +17,7 @@ from tui.format import number
 from tui.jobs import JobState, RankSummary
 from tui.run import RunState
 from tui.state import MonitorState
+from tui.text import plain_name
 
 COLUMNS = (  # (label, width): 80 columns hold them all
     ("rank", 4),
@@ -67,7 +68,7 @@ class RanksPanel(DataTable[Text | str]):
         if job is None or run is None:
             return
         summary = job.summary(monitor.runs, time.monotonic())
-        self.border_title = job_title(job, monitor, summary)
+        self.border_title = Text(job_title(job, monitor, summary))  # (plain: a job's id)
         rows = [rank_row(line, selected=line.run_id == run.run_id) for line in summary]
         shown = [
             tuple(cell.plain if isinstance(cell, Text) else cell for cell in row) for row in rows
@@ -89,7 +90,7 @@ def job_of(run: RunState | None, monitor: MonitorState) -> JobState | None:
 
 def job_title(job: JobState, monitor: MonitorState, summary: list[RankSummary]) -> str:
     """``job J: 4 ranks, loss 0.41 ±0.03, slowest r2 (lags 12)``."""
-    parts = [f"job {job.job_id}: {len(summary)} of {job.world_size} ranks"]
+    parts = [f"job {plain_name(job.job_id)}: {len(summary)} of {job.world_size} ranks"]
     spread = job.loss_spread(monitor.runs)
     if spread is not None:
         parts.append(f"loss {number(spread[0])} (spread {number(spread[1])})")
@@ -109,7 +110,7 @@ def rank_row(line: RankSummary, *, selected: bool) -> tuple[Text | str, ...]:
     style = "bold" if selected else ""
     return (
         Text(("▶" if selected else " ") + f"r{line.rank}", style=style),
-        line.host,
+        Text(plain_name(line.host)),
         f"{line.step:,}",
         number(line.loss),
         "-" if line.steps_per_s is None else f"{line.steps_per_s:.1f}",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from tui.format import run_label
+from tui.format import run_ending, run_label
+from tui.run import RunState
 from tui.state import MonitorState
+from tui.text import plain_name
 
 
 class RunList(OptionList):
@@ -27,7 +30,7 @@ class RunList(OptionList):
         """Redraw from the monitor's runs: a job's ranks together under its name."""
         items = list_items(monitor)
         # several entries (runs, or jobs): one job alone has its ranks panel instead
-        entries = sum(1 for _, label, header in items if header or not label.startswith("  "))
+        entries = sum(1 for _, label, header in items if header or not label.plain.startswith("  "))
         self.set_class(entries > 1, "-several")
         ids = [item_id for item_id, _, _ in items]
         if ids != [self.get_option_at_index(i).id for i in range(self.option_count)]:
@@ -43,21 +46,33 @@ class RunList(OptionList):
                 self.highlighted = index
 
 
-def list_items(monitor: MonitorState) -> list[tuple[str, str, bool]]:
+def list_items(monitor: MonitorState) -> list[tuple[str, Text, bool]]:
     """(option id, label, is a job's header) for each line of the list, in the order runs
     arrived; a job's header (its name and world size) comes before its ranks."""
-    items: list[tuple[str, str, bool]] = []
+    items: list[tuple[str, Text, bool]] = []
     listed: set[str] = set()
     for run in monitor.runs.values():
         if run.run_id in listed:
             continue
         job = monitor.jobs.get(run.job) if run.job else None
         if job is None:
-            items.append((run.run_id, run_label(run), False))
+            items.append((run.run_id, run_text(run), False))
             listed.add(run.run_id)
             continue
-        items.append((f"job:{job.job_id}", f"{job.name} [{job.world_size} ranks]", True))
+        header = Text(f"{plain_name(job.name)} [{job.world_size} ranks]")  # (plain text)
+        items.append((f"job:{job.job_id}", header, True))
         for member in job.rank_runs(monitor.runs):
-            items.append((member.run_id, "  " + run_label(member), False))
+            items.append((member.run_id, run_text(member, indent="  "), False))
             listed.add(member.run_id)
     return items
+
+
+def run_text(run: RunState, indent: str = "") -> Text:
+    """A run's entry, as plain text (its name is the run's own); under it, how the run
+    ended, in its ending's colour."""
+    label = Text(indent + run_label(run, ending=False))
+    ending = run_ending(run)
+    if ending is not None:
+        label.append(f"\n{indent}  ")
+        label.append(ending.ending.label, style=ending.style)
+    return label
