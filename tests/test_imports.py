@@ -78,6 +78,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
     assert loaded - packages == {
         "probes",
         "probes.kernel",
+        "probes.kernel.auth",  # the token handshake's proofs (stdlib)
         "probes.kernel.wire",
         "probes.kernel.schema",
         "probes.kernel.diagnosis",
@@ -88,6 +89,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
     "module",
     [
         "probes.kernel.wire",
+        "probes.kernel.auth",
         "probes.kernel.schema",
         "probes.kernel.thinning",
         "probes.kernel.replay",

@@ -266,7 +266,7 @@ def prepare_socket_path(path: str) -> None:
     problem = socket_folder_problem(path)
     if problem:
         raise ServerError(
-            f"cannot listen on unix:{path}: {problem}; create it, or leave out --address "
+            f"cannot listen on unix:{path}: {problem}; create it, or give no address "
             "for the private default socket"
         )
     if not os.path.isdir(folder):
