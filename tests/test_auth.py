@@ -148,7 +148,7 @@ async def test_a_token_monitor_refuses_a_hello_that_skips_the_handshake() -> Non
         writer.write(encode_frame({**hello_frame(), "token": TOKEN}))  # a probe of old
         refusal = await read_frame(reader)
         writer.close()
-        assert refusal["kind"] == "refuse" and "upgrade traintop" in refusal["reason"]
+        assert refusal["kind"] == "refuse" and "set the same token in the run" in refusal["reason"]
         assert monitor.state.runs == {}
     finally:
         await server.close()
@@ -168,6 +168,22 @@ async def test_a_wrong_token_in_the_run_is_one_line_and_the_run_trains(
     assert monitor.state.runs == {}
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "refused: wrong token" in err, err
+
+
+async def test_a_token_in_the_run_only_is_one_line_and_the_monitor_gets_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monitor = Monitor()
+    server = MonitorServer(Address("tcp", host="127.0.0.1", port=0), monitor)  # no token
+    await server.start()
+    monkeypatch.setenv("TRAINTOP_TOKEN", TOKEN)
+    try:
+        _, steps = await asyncio.to_thread(train, server.bound_address, 20)
+    finally:
+        await server.close()
+    assert steps == 20 and monitor.state.runs == {}  # the probe never said hello
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sent no challenge" in err, err
 
 
 async def test_the_real_monitor_and_probe_authenticate_and_commands_work(

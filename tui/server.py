@@ -223,7 +223,8 @@ class MonitorServer:
     ) -> str:
         """Challenge the probe and check its answer before anything else is read; on
         success prove this monitor holds the token too. Returns the problem, or ''."""
-        assert self.token  # token mode off loopback without one never starts listening
+        if not self.token:  # loopback is in token mode only with one; start() saw to the rest
+            return "this monitor has no token to check the answer with"
         challenge = auth.new_nonce()  # fresh per connection: an old answer is worthless
         conn.send(make_frame("challenge", nonce=challenge))
         try:
@@ -238,8 +239,9 @@ class MonitorServer:
             return str(answer)
         if answer.get("kind") != "answer":
             return (
-                f"this monitor needs the token handshake, got {answer.get('kind')!r} first: "
-                "upgrade traintop in the run, and set TRAINTOP_TOKEN there"
+                f"this monitor authenticates with TRAINTOP_TOKEN and the run sent "
+                f"{answer.get('kind')!r}, not an answer to its challenge: set the same token "
+                "in the run (and upgrade traintop there if it is older)"
             )
         nonce = answer.get("nonce")
         if not auth.check_proof(self.token, "probe", challenge, nonce, answer.get("proof")):

@@ -209,6 +209,7 @@ class Sender:
         self._seq = 0
         self._first_step_seen = False
         self._next_attempt = 0.0
+        self._refused_until = 0.0  # until then, a refusal stands (closing does not retry)
         self._backoff = BACKOFF_MIN_S
         self._last_collect = time.monotonic()
         self._warned: set[str] = set()
@@ -310,6 +311,8 @@ class Sender:
         if self.address is None:
             self._next_attempt = math.inf  # unwatched: nothing to connect to, ever
             return
+        if self._stop.is_set() and time.monotonic() < self._refused_until:
+            return  # refused lately: closing need not wait on that monitor again
         sock = None
         try:
             sock, reader = open_connection(self.address, self._token)
@@ -322,7 +325,7 @@ class Sender:
             sock.sendall(b"".join(self._encode(r) for r in first))
         except Refused as exc:  # said once; tried again much later
             self._warn_once(f"refused:{exc}", str(exc))
-            self._next_attempt = time.monotonic() + REFUSED_BACKOFF_S
+            self._next_attempt = self._refused_until = time.monotonic() + REFUSED_BACKOFF_S
             return
         except OSError:
             if sock is not None:
@@ -399,7 +402,7 @@ class Sender:
     def _refused(self, message: str) -> None:
         self._warn_once(f"refused:{message}", message)
         self._disconnect()
-        self._next_attempt = time.monotonic() + REFUSED_BACKOFF_S
+        self._next_attempt = self._refused_until = time.monotonic() + REFUSED_BACKOFF_S
 
     def _say_bye(self) -> None:
         if self._sock is None:
