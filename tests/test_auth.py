@@ -224,6 +224,8 @@ class TokenMonitor:
         self._first_proof: str | None = None
         self._lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.1)  # so that the accepting thread sees close()
+        self._closed = threading.Event()
         self.address = f"tcp://127.0.0.1:{self._server.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -235,17 +237,21 @@ class TokenMonitor:
             return [f for f in self.frames if f["kind"] == kind]
 
     def close(self) -> None:
+        self._closed.set()
         self._server.close()
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.close()
 
     def _accept(self) -> None:
-        while True:
+        while not self._closed.is_set():
             try:
                 conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
+            conn.settimeout(None)
             self.conns.append(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 

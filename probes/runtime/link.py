@@ -100,12 +100,13 @@ def open_connection(address: Address, token: str | None) -> tuple[socket.socket,
             socket (or its default folder) belongs to someone else.
         OSError: no monitor there, or the connection failed.
     """
+    token_mode = auth.uses_token(address, token)
+    if token_mode and not token:
+        raise Refused(missing_token(address))  # before connecting: nothing may be sent
     sock = _open_socket(address)
     reader = FrameReader()
     try:
-        if auth.uses_token(address, token):
-            if not token:
-                raise Refused(missing_token(address))
+        if token_mode and token:
             _handshake(sock, reader, token, address)
         sock.settimeout(SEND_TIMEOUT_S)
     except BaseException:
