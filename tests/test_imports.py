@@ -86,6 +86,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
     assert loaded - packages == {
         "probes",
         "probes.kernel",
+        "probes.kernel.auth",  # the token handshake's proofs (stdlib)
         "probes.kernel.wire",
         "probes.kernel.commands",
         "probes.kernel.fold",
@@ -100,6 +101,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
     [
         "probes.kernel.wire",
         "probes.kernel.commands",
+        "probes.kernel.auth",
         "probes.kernel.schema",
         "probes.kernel.thinning",
         "probes.kernel.merge",

@@ -10,8 +10,10 @@ import stat
 
 import pytest
 
+from probes.kernel import auth
 from probes.kernel.wire import Address, encode_frame, make_frame
 from tests.frames import hello, step
+from tests.handshake import answer_challenge, read_frame
 from tests.waiting import until
 from tui.monitor import Monitor
 from tui.server import MonitorServer, ServerError
@@ -147,20 +149,27 @@ async def test_non_loopback_needs_a_token() -> None:
 
 
 async def test_token_is_checked_before_anything_else() -> None:
-    server, monitor = await started(Address("tcp", host="0.0.0.0", port=0), token="s3cret")
-    target = Address("tcp", host="127.0.0.1", port=server.bound_address.port)
+    # A token puts loopback in token mode too: the test needs no other address.
+    server, monitor = await started(Address("tcp", host="127.0.0.1", port=0), token="s3cret")
+    target = server.bound_address
     try:
-        wrong = await exchange(
-            target,
-            [encode_frame({**hello(), "token": "guess"}), encode_frame(step(0))],
-            until_closed=True,
-        )
+        reader, writer = await asyncio.open_connection(target.host, target.port)
+        await answer_challenge(reader, writer, "guess")
+        writer.write(encode_frame(hello()) + encode_frame(step(0)))
+        wrong = [
+            json.loads(line) for line in (await asyncio.wait_for(reader.read(), 10)).splitlines()
+        ]
+        writer.close()
         assert wrong[0]["kind"] == "refuse" and "token" in wrong[0]["reason"]
         assert monitor.state.runs == {}
-        await exchange(
-            target, [encode_frame({**hello(), "token": "s3cret"}), encode_frame(step(0))]
-        )
+        reader, writer = await asyncio.open_connection(target.host, target.port)
+        _, monitor_nonce, own = await answer_challenge(reader, writer, "s3cret")
+        welcome = await read_frame(reader)
+        assert auth.check_proof("s3cret", "monitor", own, monitor_nonce, welcome["proof"])
+        writer.write(encode_frame(hello()) + encode_frame(step(0)))
+        await writer.drain()
         await until(lambda: "run-a" in monitor.state.runs)
+        writer.close()
     finally:
         await server.close()
 

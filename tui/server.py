@@ -1,22 +1,25 @@
 """The monitor's listening socket (asyncio, no Textual): accept probes, decode frames.
 
-Each connection must open with a ``hello`` frame; on a non-loopback TCP address the
-hello must carry the shared token (``TRAINTOP_TOKEN``), checked before anything else is
-read. A frame of another protocol version gets a ``refuse`` frame and the connection is
-closed; a malformed frame later on is counted and skipped, never a crash.
+Each connection must open with a ``hello`` frame. In token mode (any non-loopback TCP
+address, and loopback when a token is set: ``probes.kernel.auth``) the monitor first
+sends a ``challenge`` and reads nothing but the probe's ``answer`` until it has checked
+it; a wrong or replayed answer gets a ``refuse``, a right one a ``welcome`` proving the
+monitor holds the token too (the sequence: ``probes.kernel.wire``). A frame of another
+protocol version gets a ``refuse`` frame and the connection is closed; a malformed
+frame later on is counted and skipped, never a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import itertools
 import os
 import socket
 import stat
 from typing import Protocol
 
+from probes.kernel import auth
 from probes.kernel.wire import (
     Address,
     Frame,
@@ -26,9 +29,12 @@ from probes.kernel.wire import (
     default_socket_dir,
     encode_frame,
     make_frame,
+    socket_folder_problem,
 )
 
 READ_CHUNK = 256 * 1024
+HANDSHAKE_TIMEOUT_S = 10.0  # a peer that connects and never answers is let go
+WRONG_TOKEN = "wrong token: set the same TRAINTOP_TOKEN for the run and the monitor"
 
 
 class ServerError(RuntimeError):
@@ -76,7 +82,8 @@ class MonitorServer:
     Args:
         address: a Unix socket path or a TCP host and port (port 0 picks a free one).
         sink: receives frames, rejections and disconnections, on the event loop.
-        token: the shared secret required on a non-loopback TCP address.
+        token: the shared secret; required on a non-loopback TCP address, and used on
+            any TCP address it is given for (``probes.kernel.auth.uses_token``).
     """
 
     def __init__(self, address: Address, sink: FrameSink, *, token: str | None = None) -> None:
@@ -87,6 +94,11 @@ class MonitorServer:
         self._server: asyncio.Server | None = None
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def uses_token(self) -> bool:
+        """Whether each probe must pass the challenge-response before anything is read."""
+        return auth.uses_token(self.address, self.token)
 
     @property
     def bound_address(self) -> Address:
@@ -166,6 +178,19 @@ class MonitorServer:
     async def _serve(self, conn: Connection, reader: asyncio.StreamReader) -> tuple[bool, str]:
         frames = FrameReader()
         greeted = False
+        if self.uses_token:
+            try:
+                problem = await asyncio.wait_for(
+                    self._authenticate(conn, reader, frames), HANDSHAKE_TIMEOUT_S
+                )
+            except TimeoutError:
+                problem = f"no answer to the challenge within {HANDSHAKE_TIMEOUT_S:g} s"
+            except (ConnectionError, OSError) as exc:
+                return False, f"connection lost: {exc}"
+            if problem:
+                self.sink.frame_rejected(conn, problem)
+                conn.refuse(problem)
+                return False, f"refused: {problem}"
         while True:
             try:
                 data = await reader.read(READ_CHUNK)
@@ -193,24 +218,59 @@ class MonitorServer:
                     self.connections[conn.id] = conn
                 self.sink.frame_received(conn, item)
 
+    async def _authenticate(
+        self, conn: Connection, reader: asyncio.StreamReader, frames: FrameReader
+    ) -> str:
+        """Challenge the probe and check its answer before anything else is read; on
+        success prove this monitor holds the token too. Returns the problem, or ''."""
+        if not self.token:  # loopback is in token mode only with one; start() saw to the rest
+            return "this monitor has no token to check the answer with"
+        challenge = auth.new_nonce()  # fresh per connection: an old answer is worthless
+        conn.send(make_frame("challenge", nonce=challenge))
+        try:
+            line = await reader.readline()  # an answer is tiny: READ_CHUNK bounds it
+        except ValueError:  # asyncio's line limit
+            return "the answer to the challenge is too long"
+        if not line:
+            raise ConnectionError("closed before answering the challenge")
+        items = frames.feed(line)
+        answer = items[0] if items else FrameError("an empty line instead of an answer")
+        if isinstance(answer, FrameError):
+            return str(answer)
+        if answer.get("kind") != "answer":
+            return (
+                f"this monitor authenticates with TRAINTOP_TOKEN and the run sent "
+                f"{answer.get('kind')!r}, not an answer to its challenge: set the same token "
+                "in the run (and upgrade traintop there if it is older)"
+            )
+        nonce = answer.get("nonce")
+        if not auth.check_proof(self.token, "probe", challenge, nonce, answer.get("proof")):
+            return WRONG_TOKEN
+        mine = auth.proof(self.token, "monitor", str(nonce), challenge)
+        conn.send(make_frame("welcome", proof=mine))
+        return ""
+
     def _check_hello(self, frame: Frame) -> str:
         if frame.get("kind") != "hello":
             return f"the first frame must be a hello, got {frame.get('kind')!r}"
-        if self.token is not None and not self.address.is_loopback:
-            offered = str(frame.get("token", ""))
-            if not hmac.compare_digest(offered.encode(), self.token.encode()):
-                return "missing or wrong token (TRAINTOP_TOKEN)"
         return ""
 
 
 def prepare_socket_path(path: str) -> None:
-    """Make the socket's folder (0700 for the default one) and clear a stale socket.
+    """Make the default socket's folder (0700) and clear a stale socket. Another folder
+    must exist: none is made outside the private default one.
 
     Raises:
-        ServerError: the folder belongs to someone else or is open to others, or a
-            monitor is already listening there, or the path is not a socket.
+        ServerError: the folder is missing, belongs to someone else or is open to
+            others, or a monitor is already listening there, or the path is not a socket.
     """
     folder = os.path.dirname(path) or "."
+    problem = socket_folder_problem(path)
+    if problem:
+        raise ServerError(
+            f"cannot listen on unix:{path}: {problem}; create it, or give no address "
+            "for the private default socket"
+        )
     if not os.path.isdir(folder):
         try:
             os.makedirs(folder, mode=0o700)

@@ -10,20 +10,34 @@ The same frames, one per line in a file, are the run log (``traintop --record``)
 
 Addresses: a per-user Unix socket by default, or ``tcp://HOST:PORT``; the
 ``TRAINTOP_ADDRESS`` environment variable overrides the default in both processes.
+
+The handshake. Without a token (a Unix socket, or loopback with no ``TRAINTOP_TOKEN``)
+the probe's first frame is its ``hello``: no round trip. In token mode
+(``probes.kernel.auth.uses_token``) the monitor speaks first and neither end reads a
+record before the other has proven it holds the token, which never travels:
+
+    monitor -> probe    challenge {nonce: M}
+    probe   -> monitor  answer    {nonce: P, proof: HMAC(token, "probe", M, P)}
+    monitor -> probe    welcome   {proof: HMAC(token, "monitor", P, M)}   (or refuse)
+    probe   -> monitor  hello, history, ...   then signed commands as ever
+
+These three kinds were added to version 1 (no record changed, so run logs stay
+readable): a peer from before them fails closed, with a line that names the fix.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from hashlib import sha256
 from ipaddress import ip_address
 from typing import Any, Literal
+
+# Its home is probes.kernel.auth; importable from here too, where it always was.
+from probes.kernel.auth import command_signature as command_signature
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024
@@ -31,9 +45,11 @@ ADDRESS_ENV = "TRAINTOP_ADDRESS"
 TOKEN_ENV = "TRAINTOP_TOKEN"
 
 #: Frames a probe sends to the monitor.
-PROBE_KINDS = frozenset({"hello", "step", "eval", "event", "anomaly", "alert", "ack", "bye"})
+PROBE_KINDS = frozenset(
+    {"hello", "step", "eval", "event", "anomaly", "alert", "ack", "bye", "answer"}
+)
 #: Frames a monitor sends to a probe.
-MONITOR_KINDS = frozenset({"command", "refuse"})
+MONITOR_KINDS = frozenset({"command", "refuse", "challenge", "welcome"})
 KINDS = PROBE_KINDS | MONITOR_KINDS
 
 Frame = dict[str, Any]
@@ -157,16 +173,6 @@ class FrameReader:
         return FrameError(f"frame exceeds the limit of {self._max} bytes; skipped")
 
 
-def command_signature(
-    token: str, run: str, command_id: int, command: str, args: Mapping[str, Any] | None = None
-) -> str:
-    """HMAC-SHA256 proving a command, its arguments included, comes from a monitor that
-    holds the shared token (required by probes whose address is not loopback)."""
-    canonical = json.dumps(dict(args or {}), sort_keys=True, separators=(",", ":"))
-    message = f"{run}:{command_id}:{command}:{canonical}".encode()
-    return hmac.new(token.encode(), message, sha256).hexdigest()
-
-
 # --- addresses -------------------------------------------------------------------------
 
 
@@ -231,6 +237,17 @@ def parse_address(text: str) -> Address:
     return Address("unix", path=os.path.abspath(os.path.expanduser(text)))
 
 
+def socket_folder_problem(path: str) -> str:
+    """Why no monitor can ever listen at the Unix socket ``path`` ('' if one can): its
+    folder is missing or is not a folder. The private default folder is exempt: the
+    monitor makes it (0700); no other folder is ever made, on either side."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(folder) or os.path.abspath(folder) == os.path.abspath(default_socket_dir()):
+        return ""
+    what = "is not a folder" if os.path.exists(folder) else "does not exist"
+    return f"the socket's folder {folder} {what}"
+
+
 def default_socket_dir() -> str:
     """The per-user folder of the default socket: ``$XDG_RUNTIME_DIR/traintop``,
     else ``<tmp>/traintop-<uid>``."""
@@ -241,10 +258,19 @@ def default_socket_dir() -> str:
 
 
 def resolve_address(explicit: str | Address | None = None) -> Address:
-    """The address to use: the argument, else ``$TRAINTOP_ADDRESS``, else the default."""
+    """The address to use: the argument, else ``$TRAINTOP_ADDRESS``, else the default.
+
+    Raises:
+        ValueError: the address does not parse; the message names where it came from.
+    """
     if isinstance(explicit, Address):
         return explicit
-    text = explicit or os.environ.get(ADDRESS_ENV)
+    if explicit:
+        return parse_address(explicit)
+    text = os.environ.get(ADDRESS_ENV)
     if text:
-        return parse_address(text)
+        try:
+            return parse_address(text)
+        except ValueError as exc:
+            raise ValueError(f"{ADDRESS_ENV}: {exc}") from None
     return Address("unix", path=os.path.join(default_socket_dir(), "monitor.sock"))

@@ -52,7 +52,9 @@ class Control:
         send: queues a record to the monitor (acks and events).
         scale_lr: multiplies every param group's learning rate; returns the new ones.
         grace_s: how long a paused run waits for a monitor that went away.
-        token: when set, commands must carry its signature.
+        token: when set, commands must carry its signature; '' when a signature is
+            needed but no token is held (``probes.runtime.link.command_token``): then
+            every command is refused.
         run_id: this run's id (part of the signed message).
     """
 
@@ -200,8 +202,10 @@ class Control:
             return False, f"refused: bad arguments for {command}: {exc}"
 
     def _authentic(self, frame: Frame, command: Command) -> bool:
+        if self._token is None:
+            return True  # a Unix socket of this user, or loopback with no token set
         if not self._token:
-            return True  # Unix socket (0600 in a 0700 folder) or loopback
+            return False  # token mode without a token: no command can be authentic
         try:
             command_id = int(frame.get("id", 0))
         except (TypeError, ValueError):

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from probes.kernel.schema import HelloRecord
-from probes.kernel.wire import TOKEN_ENV
 from probes.runtime.job import JobIdentity
 from probes.runtime.layers import LayerMap, count_parameters
 from probes.runtime.options import WatchOptions
@@ -60,7 +59,4 @@ def hello_fields(
             "update_check": optimizer is not None,
         },
     }
-    token = os.environ.get(TOKEN_ENV)
-    if token:
-        hello["token"] = token
     return hello

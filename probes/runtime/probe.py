@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from probes.kernel.commands import Command
-from probes.kernel.wire import TOKEN_ENV, resolve_address
+from probes.kernel.wire import TOKEN_ENV
 from probes.runtime import clip, lifecycle, structure
 from probes.runtime.control import Control, ControlState
 from probes.runtime.evaluation import EvalScope
@@ -41,6 +41,7 @@ from probes.runtime.hello import hello_fields
 from probes.runtime.hooks import unwrap, unwrap_optimizer
 from probes.runtime.job import job_identity, sync_of
 from probes.runtime.layers import LayerMap, map_layers
+from probes.runtime.link import command_token, monitor_address
 from probes.runtime.measurer import StepMeasurer
 from probes.runtime.optimizer_hooks import OptimizerHooks
 from probes.runtime.options import WatchOptions
@@ -80,7 +81,7 @@ class Probe:
         self.layers: LayerMap = map_layers(self.module)
         self.run_id = uuid.uuid4().hex[:12]
         self.name = options.run or f"{type(self.module).__name__}-{os.getpid()}"
-        self.address = resolve_address(options.address)
+        self.address = monitor_address(options.address)  # None: unusable, said on stderr
         self.identity = job_identity(options.job)
         self.data_parallel = options.data_parallel or sync_of(model, self.identity)
         self._param_ids = {id(p) for p in self.layers.params}
@@ -136,7 +137,7 @@ class Probe:
             send=self.send,
             scale_lr=self._scale_lr if optimizer is not None else None,
             grace_s=_grace_seconds(options.pause_grace_s),
-            token=os.environ.get(TOKEN_ENV) if not self.address.is_loopback else None,
+            token=command_token(self.address, os.environ.get(TOKEN_ENV)),
             run_id=self.run_id,
             guard=options.guard and optimizer is not None,
         )
@@ -165,6 +166,7 @@ class Probe:
             anchor_every=(
                 options.sample_every * ANCHOR_SAMPLES if self.identity.distributed else 0
             ),
+            token=os.environ.get(TOKEN_ENV),
         )
         return control, sender
 

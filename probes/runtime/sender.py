@@ -13,16 +13,17 @@ callback. Nothing here imports torch.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import socket
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from probes.kernel import auth
 from probes.kernel.merge import Peaks
 from probes.kernel.replay import ReplayHistory
 from probes.kernel.schema.spec import FLOAT32_FIELDS
@@ -32,15 +33,14 @@ from probes.kernel.wire import (
     Frame,
     FrameError,
     FrameReader,
-    default_socket_dir,
     encode_frame,
     make_frame,
 )
+from probes.runtime.link import Refused, missing_token, open_connection, refusal
+from probes.runtime.link import warn as warn  # where every probe module finds it
 
 Record = dict[str, Any]
 
-CONNECT_TIMEOUT_S = 2.0
-SEND_TIMEOUT_S = 5.0
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
 REFUSED_BACKOFF_S = 30.0
@@ -104,16 +104,12 @@ class PendingSteps:
         return shown
 
 
-def warn(message: str) -> None:
-    """One line to stderr, prefixed so it is clear where it comes from."""
-    print(f"traintop: {message}", file=sys.stderr, flush=True)
-
-
 class Sender:
     """Send a run's records to the monitor from a daemon thread; never block training.
 
     Args:
-        address: where the monitor listens.
+        address: where the monitor listens (None: nowhere usable; the sender keeps the
+            run's history and sends nothing).
         hello: the hello frame's fields (run id, name, layers, ...).
         queue_size: entries the training thread may queue before the oldest are dropped.
         flush_interval: seconds between sends.
@@ -126,11 +122,14 @@ class Sender:
             connects to a paused run must know it is paused now, not from history).
         anchor_every: for a rank of a multi-rank job, the period of the sampled steps
             always sent on their own (every rank sends the same ones); 0 for none.
+        token: the shared token (``TRAINTOP_TOKEN``); in token mode
+            (``probes.kernel.auth.uses_token``) the handshake proves it both ways, and
+            without it the sender never connects.
     """
 
     def __init__(
         self,
-        address: Address,
+        address: Address | None,
         hello: Mapping[str, Any],
         *,
         queue_size: int = 8192,
@@ -141,8 +140,13 @@ class Sender:
         connected: threading.Event | None = None,
         hello_state: Callable[[], Mapping[str, Any]] | None = None,
         anchor_every: int = 0,
+        token: str | None = None,
     ) -> None:
+        if address is not None and auth.uses_token(address, token) and not token:
+            warn(missing_token(address))
+            address = None
         self.address = address
+        self._token = token
         self.run_id = str(hello["run"])
         self._hello = make_frame("hello", **hello)
         self._queue: deque[Record | PendingRecord] = deque(maxlen=queue_size)
@@ -158,6 +162,7 @@ class Sender:
         self._reader = FrameReader()
         self._seq = 0
         self._next_attempt = 0.0
+        self._refused_until = 0.0  # until then, a refusal stands (closing does not retry)
         self._backoff = BACKOFF_MIN_S
         self._last_collect = time.monotonic()
         self._warned: set[str] = set()
@@ -246,9 +251,14 @@ class Sender:
                 self._outbox.append(record)
 
     def _connect(self) -> None:
+        if self.address is None:
+            self._next_attempt = math.inf  # unwatched: nothing to connect to, ever
+            return
+        if self._stop.is_set() and time.monotonic() < self._refused_until:
+            return  # refused lately: closing need not wait on that monitor again
         sock = None
         try:
-            sock = self._open_socket()
+            sock, reader = open_connection(self.address, self._token)
             # History is marked as such: a monitor must not act on an old pause.
             history = [{**record, "replayed": True} for record in self._history.replay()]
             hello = self._hello
@@ -256,6 +266,10 @@ class Sender:
                 hello = {**hello, "state": self._hello_state()}
             first = [hello, *history]
             sock.sendall(b"".join(self._encode(r) for r in first))
+        except Refused as exc:  # said once; tried again much later
+            self._warn_once(f"refused:{exc}", str(exc))
+            self._next_attempt = self._refused_until = time.monotonic() + REFUSED_BACKOFF_S
+            return
         except OSError:
             if sock is not None:
                 sock.close()
@@ -263,45 +277,9 @@ class Sender:
             self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
             return
         self._sock = sock
-        self._reader = FrameReader()
+        self._reader = reader
         self._backoff = BACKOFF_MIN_S
         self.connected.set()
-
-    def _open_socket(self) -> socket.socket:
-        if self.address.scheme == "unix":
-            self._check_socket_folder()
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.settimeout(CONNECT_TIMEOUT_S)
-                sock.connect(self.address.path)
-            except OSError:
-                sock.close()
-                raise
-        else:
-            sock = socket.create_connection(
-                (self.address.host, self.address.port), timeout=CONNECT_TIMEOUT_S
-            )
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(SEND_TIMEOUT_S)
-        return sock
-
-    def _check_socket_folder(self) -> None:
-        """Refuse the default folder if another user owns it or can write to it: a
-        listener there could read the run and send it commands."""
-        folder = os.path.dirname(self.address.path)
-        if folder != default_socket_dir():
-            return
-        try:
-            info = os.stat(folder)
-        except OSError:
-            return  # no folder, no monitor: connect fails as usual
-        if info.st_uid != os.getuid() or info.st_mode & 0o022:
-            problem = (
-                f"{folder} belongs to uid {info.st_uid} or is writable by others; "
-                "not connecting to a monitor there"
-            )
-            self._warn_once("unsafe-folder", problem)
-            raise OSError(problem)
 
     def _send_outbox(self) -> None:
         batch, self._outbox = self._outbox, []
@@ -358,16 +336,16 @@ class Sender:
             if isinstance(item, FrameError):
                 self._warn_once("bad-frame", f"ignored a bad frame from the monitor: {item}")
             elif item["kind"] == "refuse":
-                self._refused(str(item.get("reason", "no reason given")))
+                self._refused(refusal(self.address, item))
                 return False
             elif item["kind"] == "command" and self._on_command is not None:
                 self._on_command(item)
         return True
 
-    def _refused(self, reason: str) -> None:
-        self._warn_once(f"refused:{reason}", f"the monitor at {self.address} refused: {reason}")
+    def _refused(self, message: str) -> None:
+        self._warn_once(f"refused:{message}", message)
         self._disconnect()
-        self._next_attempt = time.monotonic() + REFUSED_BACKOFF_S
+        self._next_attempt = self._refused_until = time.monotonic() + REFUSED_BACKOFF_S
 
     def _say_bye(self) -> None:
         if self._sock is None:

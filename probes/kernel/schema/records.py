@@ -57,7 +57,6 @@ class HelloRecord(_HelloRecordRequired, total=False):
     """The first frame of a connection: the run, its place in its job, its model."""
 
     state: ControlStateFields  # the control state when it (re)connects
-    token: str  # the shared secret, off loopback
 
 
 class ClipFields(TypedDict):
