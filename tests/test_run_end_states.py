@@ -15,11 +15,10 @@ from probes.kernel.wire import make_frame
 from tests.frames import hello, short_run
 from tests.waiting import settle
 from tui.app import make_app
-from tui.format import run_ending
+from tui.format import fit_status, run_ending
 from tui.headless import HeadlessMonitor
 from tui.server import Connection
 from tui.widgets import RunList, StatusLine
-from tui.widgets.status_line import _style
 
 ERROR = "error: RuntimeError: [/x.cc:1] boom"
 # (the bye's reason, or None for no bye; what the server said of the connection;
@@ -86,7 +85,10 @@ async def test_the_status_line_and_the_run_list_say_how_the_run_ended(state: str
         await settle(pilot, lambda: words in status.text)
         run = app.state.runs["run-a"]
         assert run_ending(run) == RunEnd.of(bye, connection)
-        assert _style(words, run) == ending.style  # the ending's own style
+        fields, _ = fit_status(run, app.state, "", status.size.width)
+        shown = [field for field in fields if field.startswith(words)]
+        assert shown, fields
+        assert all(getattr(field, "style", None) == ending.style for field in shown)  # its own
         run_list = app.query_one(RunList)
         assert run_list.has_class("-several")
         prompts = [str(run_list.get_option_at_index(i).prompt) for i in range(2)]
