@@ -140,7 +140,7 @@ def test_a_per_layer_field_declared_in_the_spec_is_checked_viewed_and_merged(
     view = views.StepView.from_record({**record, "probe_counts": [1, None]})
     assert view.per_layer["probe_counts"] == [1, None]
     assert view.per_layer["grad_norms"] is view.grad_norms
-    assert views.StepView.from_record(record).more_layers == {"probe_counts": None}
+    assert views.StepView.from_record(record).more_layers["probe_counts"] is None
     peaks = Peaks(frame)
     for n, counts in enumerate(([1, 3], [4, None], [2, 2])):
         peaks.add({**record, "step": n, "probe_counts": counts}, step=n, non_finite=False)

@@ -14,6 +14,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable
+from operator import add, attrgetter, sub
 from typing import NamedTuple
 
 import torch
@@ -32,6 +33,18 @@ class _GradNote(NamedTuple):
     param_index: int
     grad: weakref.ref[torch.Tensor]
     version: int
+
+
+_GRAD = attrgetter("grad")
+
+
+class _PassNote(NamedTuple):
+    """Per layer, its gradient's version and backward passes at the last update; and
+    the first layer's gradient then (a new tensor: the gradients were set to None)."""
+
+    grad: weakref.ref[torch.Tensor]
+    versions: list[int | None]
+    passes: list[int | None]
 
 
 class StepMeasurer:
@@ -69,6 +82,11 @@ class StepMeasurer:
             isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups
         )
         self._note: _GradNote | None = None  # the gradient seen at the last update
+        self._pass_note: _PassNote | None = None  # the layers' gradients at the last update
+        firsts: dict[int, int] = {}  # layer -> its first parameter
+        for index, layer in enumerate(layers.param_layer):
+            firsts.setdefault(layer, index)
+        self._layer_params = [layers.params[firsts[layer]] for layer in range(len(layers.names))]
         self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
         self._post_hook: RemovableHandle | None = None
         # Update ratios are taken across the first optimizer.step() from a sampled step
@@ -116,8 +134,11 @@ class StepMeasurer:
         if step is not None:
             step.optimizer_step = True
             step.lrs = self._learning_rates()  # the rates this update uses
+        in_place_ops = self._in_place_ops
         if self.check_clearing:
             self._check_clearing(step)
+        self._in_place_ops = 0  # (counted from this update on)
+        self._count_passes(step, in_place_ops)
         trip = self._guard(step) if guard else None
         if step is None:
             return trip
@@ -250,6 +271,43 @@ class StepMeasurer:
             and note.grad() is grad
             and (grad._version == note.version + 1 + self._in_place_ops)
         )
+
+    def _count_passes(self, step: Measurement | None, in_place_ops: int) -> None:
+        """Per layer, the backward passes accumulated into its gradient since it was
+        last cleared (``backward_passes``), from each layer's first gradient: its version
+        counts one in-place change a pass after the first (which made the tensor), and
+        our clips (``in_place_ops``). A new tensor since the last update (set to None:
+        torch's zero_grad) counts from 1; the same one adds its change since then to the
+        passes noted then. Host integers only, no device sync. (A loop that zeroes in
+        place, ``zero_grad(set_to_none=False)``, or AMP's unscale_ changes the version
+        as a pass does: version alone cannot tell them apart.)"""
+        grads = list(map(_GRAD, self._layer_params))  # (in C: the layers' first grads)
+        raw: list[int | None] = [None if g is None else g._version for g in grads]
+        if None in raw:  # the rare way: layers without a gradient
+            anchor = next((g for g in grads if g is not None), None)
+        else:
+            anchor = grads[0] if grads else None
+        note = self._pass_note
+        if note is not None and (anchor is None or note.grad() is not anchor):
+            note = None  # a new tensor (set to None since): counted from 1
+        passes: list[int | None]
+        if note is not None and None not in raw and None not in note.passes:  # (in C)
+            grown = map(sub, raw, note.versions)  # ... passes since the note, clips too
+            passes = list(map(add, note.passes, grown))
+            if in_place_ops:
+                passes = [p - in_place_ops for p in passes]  # type: ignore[operator]
+        elif note is not None:
+            passes = [
+                None
+                if v is None
+                else (v - in_place_ops + 1 if p is None or n is None else p + v - in_place_ops - n)
+                for v, n, p in zip(raw, note.versions, note.passes, strict=True)
+            ]
+        else:
+            passes = [None if v is None else v - in_place_ops + 1 for v in raw]
+        if step is not None:
+            step.layer_values["backward_passes"] = passes
+        self._pass_note = None if anchor is None else _PassNote(weakref.ref(anchor), raw, passes)
 
     def _note_grad(self) -> None:
         self._note = None

@@ -145,6 +145,7 @@ STEP_FIELDS = (
        view=None),
     _F("first_non_finite_step", _T.INT, "first step with a non-finite number",
        merge=Merge.FIRST_NON_FINITE),
+    _F("backward_passes", _T.COUNTS, "passes into the grad since cleared", LAYER, Merge.MAX),
 )
 # fmt: on
 
