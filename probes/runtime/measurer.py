@@ -15,6 +15,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable
+from operator import add, attrgetter, sub
 from typing import NamedTuple
 
 import torch
@@ -33,6 +34,9 @@ class _GradNote(NamedTuple):
     param_index: int
     grad: weakref.ref[torch.Tensor]
     version: int
+
+
+_GRAD = attrgetter("grad")
 
 
 class _PassNote(NamedTuple):
@@ -90,7 +94,7 @@ class StepMeasurer:
         firsts: dict[int, int] = {}  # layer -> its first parameter
         for index, layer in enumerate(layers.param_layer):
             firsts.setdefault(layer, index)
-        self._layer_firsts = [firsts[layer] for layer in range(len(layers.names))]
+        self._layer_params = [layers.params[firsts[layer]] for layer in range(len(layers.names))]
         self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
         self._post_hook: RemovableHandle | None = None
         # Update ratios are taken across the first optimizer.step() from a sampled step
@@ -285,24 +289,33 @@ class StepMeasurer:
         passes noted then. Host integers only, no device sync. (A loop that zeroes in
         place, ``zero_grad(set_to_none=False)``, or AMP's unscale_ changes the version
         as a pass does: version alone cannot tell them apart.)"""
-        params = self.layers.params
-        grads = [params[i].grad for i in self._layer_firsts]
-        versions = [None if g is None else g._version - in_place_ops for g in grads]
-        anchor = next((g for g in grads if g is not None), None)
+        grads = list(map(_GRAD, self._layer_params))  # (in C: the layers' first grads)
+        raw: list[int | None] = [None if g is None else g._version for g in grads]
+        if None in raw:  # the rare way: layers without a gradient
+            anchor = next((g for g in grads if g is not None), None)
+        else:
+            anchor = grads[0] if grads else None
         note = self._pass_note
-        if note is not None and anchor is not None and note.grad() is anchor:
+        if note is not None and (anchor is None or note.grad() is not anchor):
+            note = None  # a new tensor (set to None since): counted from 1
+        passes: list[int | None]
+        if note is not None and None not in raw and None not in note.passes:  # (in C)
+            grown = map(sub, raw, note.versions)  # ... passes since the note, clips too
+            passes = list(map(add, note.passes, grown))
+            if in_place_ops:
+                passes = [p - in_place_ops for p in passes]  # type: ignore[operator]
+        elif note is not None:
             passes = [
-                None if v is None else (v + 1 if p is None or n is None else p + v - n)
-                for v, n, p in zip(versions, note.versions, note.passes, strict=True)
+                None
+                if v is None
+                else (v - in_place_ops + 1 if p is None or n is None else p + v - in_place_ops - n)
+                for v, n, p in zip(raw, note.versions, note.passes, strict=True)
             ]
         else:
-            passes = [None if v is None else v + 1 for v in versions]
+            passes = [None if v is None else v - in_place_ops + 1 for v in raw]
         if step is not None:
             step.layer_values["backward_passes"] = passes
-        self._pass_note = None
-        if anchor is not None:  # (noted as they stand, clips included)
-            noted = [None if g is None else g._version for g in grads]
-            self._pass_note = _PassNote(weakref.ref(anchor), noted, passes)
+        self._pass_note = None if anchor is None else _PassNote(weakref.ref(anchor), raw, passes)
 
     def _note_grad(self) -> None:
         self._note = None
