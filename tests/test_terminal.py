@@ -20,6 +20,7 @@ import pytest
 from probes.kernel.wire import encode_frame
 from tests.frames import short_run
 from tests.waiting import wait_until
+from tui.launcher import TRAINER_RUNNER
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
@@ -109,7 +110,9 @@ def test_sigterm_restores_the_terminal_stops_the_trainer_and_removes_the_folder(
             lambda: "running" in term.screen(), "the demo to show a running run", 60, every=0.1
         )
         monitor = term.pid()
-        trainers += [pid for pid, cmd in children(monitor) if "-m demo healthy" in cmd]
+        trainers += [
+            pid for pid, cmd in children(monitor) if TRAINER_RUNNER in cmd and " healthy " in cmd
+        ]
         folders = list(Path(private_tmp).glob("traintop-demo-*"))
         assert len(trainers) == 1 and len(folders) == 1
         assert (folders[0] / "monitor.sock").exists()

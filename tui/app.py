@@ -78,8 +78,9 @@ class TraintopApp(App[int]):
         # Ctrl-C quits as q does, as in most terminal monitors (Textual's own binding
         # only says "press ctrl+q"); a priority binding: no widget takes it for a copy.
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
-        # Enter opens an alert whatever has the focus (the layer table, the run list):
-        # on the main screen only (check_action), where the views take no Enter.
+        # Enter opens an alert whatever has the focus (the layer table, the run list,
+        # whose own Enter did nothing their cursor does not): on the main screen only
+        # (check_action); a modal screen's Enter is its own.
         Binding("enter", "open_alert", "Alert", show=False, priority=True),
         Binding("p", "pause_resume", "Pause/resume"),
         Binding("n", "single_step", "Step"),

@@ -132,9 +132,7 @@ def status_fields(
         quiet = connection_label(run)
         fields.append(control if quiet == "connected" else quiet.replace("connected, ", ""))
     elif short and not run.connected and not run.probe_error:
-        ending = run_ending(run)  # (not None: the run is not connected)
-        said = ending is not None and ending.ending.said_bye  # the monitor's: one word
-        text = cut(connection_label(run), ENDING_SHORT) if said else _word(ending)
+        text = _short_ending(run)
         fields.append(StatusField(text, _connection_style(run, text)))
     else:
         connection = connection_label(run)
@@ -215,8 +213,15 @@ def fit_status(
     return fields, separator
 
 
-def _word(ending: RunEnd | None) -> str:
-    return ending.ending.label if ending is not None else "disconnected"
+def _short_ending(run: RunState) -> str:
+    """How the run ended, abbreviated: what its bye said (an error's message cut), or
+    the monitor's verdict in a word (``killed``, ``connection lost``, ...)."""
+    ending = run_ending(run)
+    if ending is None:
+        return "disconnected"
+    if ending.ending.said_bye:
+        return cut(plain_line(ending.label), ENDING_SHORT)
+    return ending.ending.label
 
 
 def _shorten_ending(fields: list[str], run: RunState | None, over: int) -> int:

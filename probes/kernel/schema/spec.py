@@ -223,7 +223,6 @@ HELLO_FIELDS = (
         view=None,
     ),
     _STATE,
-    _F("token", _T.TEXT, "the shared secret, off loopback", checked=False, view=None),
 )
 
 #: A named event (an LR change, a pause, a check report, ...); it may carry more fields.
