@@ -195,7 +195,8 @@ async def test_the_real_monitor_and_probe_authenticate_and_commands_work(
     probe = probes.watch(model, address=str(server.bound_address))
     try:
         run = await until(lambda: next(iter(monitor.state.runs.values()), None), "the hello")
-        assert "token" not in run.meta
+        assert "token" not in probe.sender._hello  # the hello it sends carries none
+        assert run.info.name == probe.name  # ... and the monitor read that hello
         assert monitor.send_command(run.run_id, "guard", on=True) is None  # signed
         for _ in range(400):
             await asyncio.to_thread(step_once, probe, model)
