@@ -13,6 +13,7 @@ tests stay on one worker (``--dist loadgroup``), so the runs are queued once.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -53,7 +54,7 @@ def parse_alerts(stdout: str) -> list[AlertLine]:
     for line in stdout.splitlines():
         if not line.startswith("ALERT "):
             continue
-        words = line.split()
+        words = shlex.split(line)  # (headless lines split as a shell splits words)
         fields = dict(word.split("=", 1) for word in words[3:] if "=" in word)
         alerts.append(AlertLine(words[1], words[2], int(fields["step"]), fields.get("subject", "")))
     return alerts

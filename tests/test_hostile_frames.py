@@ -194,7 +194,7 @@ def test_headless_resumes_a_pause_as_it_happens() -> None:
     for frame in (hello(), step(0), step(1), paused_event(replayed=False)):
         monitor.frame_received(conn, frame)
     assert resumes(writer) == 1
-    assert "PAUSED step=1 reason='the guard'; resuming (headless)" in out.getvalue()
+    assert 'PAUSED step=1 reason="the guard" - resuming (headless)' in out.getvalue()
 
 
 @pytest.mark.parametrize("paused_now", [True, False])

@@ -5,6 +5,7 @@ status N, killed (the connection closed with no bye), connection lost."""
 from __future__ import annotations
 
 import io
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,10 @@ def test_headless_says_how_the_run_ended(state: str) -> None:
     for frame in frames_ending(bye):
         monitor.frame_received(conn, frame)
     monitor.connection_closed(conn, connection)
-    assert out.getvalue().splitlines()[-1] == f"disconnected run=mlp reason={words}"
+    line = out.getvalue().splitlines()[-1]
+    said = f'"{words}"' if " " in words else words  # (a value with a space: quoted)
+    assert line == f"disconnected run=mlp reason={said}"
+    assert shlex.split(line) == ["disconnected", "run=mlp", f"reason={words}"]  # whole
 
 
 @pytest.mark.parametrize(

@@ -255,7 +255,7 @@ class TraintopApp(App[int]):
         dispatch(events, self)  # to the handle_... methods below (tui.dispatch)
 
     def handle_run_connected(self, event: RunConnected) -> None:
-        if self.selected_run is None or self._rank0_of_shown_job(event.run):
+        if self.state.takes_the_view(event.run, self.current_run):  # (never from a live run)
             self.selected_run = event.run.run_id
         self._show(toasts.run_connected(event))
 
@@ -444,18 +444,6 @@ class TraintopApp(App[int]):
         chart = self.query_one(LossChart)
         chart.smoothing = not chart.smoothing
         self.redraw(force=True)
-
-    def _rank0_of_shown_job(self, run: RunState) -> bool:
-        """True for rank 0 of the job whose rank is shown: the views start on rank 0."""
-        shown = self.current_run
-        return (
-            run.rank == 0
-            and run.job is not None
-            and shown is not None
-            and shown.job == run.job
-            and shown.rank != 0
-            and shown.run_id != run.run_id
-        )
 
     def action_next_rank(self) -> None:
         """Show the next rank of the selected run's job (the layer table, the chart)."""

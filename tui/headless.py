@@ -4,19 +4,38 @@ For logs, CI and machines without a terminal: prints a line when a run connects 
 disconnects, one per alert and anomaly report, and a short summary every N steps. It
 takes no keys, so a run that pauses itself (the guard, an anomaly step) is resumed at
 once, with a line saying so.
+
+Every line is machine-splittable: it splits as a POSIX shell splits words
+(``shlex.split``), and what a line says of a run is in ``key=value`` words (after a
+leading word or two: ``ALERT warning KIND``, ``PROBE OFF``). A value with a space, a
+quote or a backslash in it, or none at all, is written in double quotes, JSON-style
+(``\\"`` and ``\\\\`` inside), so that a name stays as the run spelled it:
+``names="embed.weight, conv.weight"``, ``message="..."``; a list is its items joined
+by commas. Whatever comes from a run (names, evidence, reasons, messages) is
+first made plain (``tui.text``: no escape sequences, no control characters, bounded),
+so that no line can drive the terminal it is printed on. Two runs on their own that
+share a name are told apart in ``run=``: the later one's name takes a mark,
+``run=mlp@10:42:07`` (when it started), else ``@host:pid``, else ``@`` its run id; a
+run keeps the word it was first printed with. Each run's summary is printed when its
+step passes a multiple of ``--summary-every`` and once at its end (not again when
+nothing changed), and a run's root causes once at its end: a job's once, for all its
+ranks, when the last of them has gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from probes.kernel.diagnosis.book import trips_fail_on
+from probes.kernel.diagnosis import Alert
+from probes.kernel.diagnosis.book import AlertEntry, trips_fail_on
 from probes.kernel.wire import Frame
 from tui.dispatch import dispatch
 from tui.events import (
@@ -35,7 +54,8 @@ from tui.monitor import Monitor
 from tui.run import RunState
 from tui.server import Connection
 from tui.sources import FrameSource
-from tui.state import MonitorState
+from tui.state import MonitorState, run_marks
+from tui.text import LINE_LIMIT, plain_line, plain_name
 
 ALERT_EXIT_STATUS = 3  # --fail-on: an alert of that severity or worse fired
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the monitor as Ctrl-C does
@@ -71,7 +91,10 @@ class HeadlessMonitor:
         self.failed_by: AlertRaised | None = None  # the alert that tripped --fail-on
         self.all_done = asyncio.Event()
         self.output_closed = asyncio.Event()  # stdout's reader went away: stop
-        self._summarised: dict[str, int] = {}
+        self._summarised: dict[str, int] = {}  # run id -> the last step bucket summarised
+        self._last_summary: dict[str, str] = {}  # run id -> its last summary line
+        self._labels: dict[str, str] = {}  # run id -> its run= word, as first printed
+        self._causes_said: set[str] = set()  # the jobs whose causes line is printed
         self._replaying = False  # the frame being applied is history sent on connect
 
     # --- the frame sink (what sources feed), passed on to the monitor ------------------
@@ -122,70 +145,110 @@ class HeadlessMonitor:
         bucket = run.last_step // self.summary_every
         if bucket > self._summarised.get(run.run_id, -1):
             self._summarised[run.run_id] = bucket
-            self._line(summary_line(run))
+            self._summary(run)
+
+    def _summary(self, run: RunState) -> None:
+        """The run's summary line, unless the last one printed said the same (a last
+        step that is a multiple of ``--summary-every`` is summarised once)."""
+        line = summary_line(run, label=self._label(run))
+        if self._last_summary.get(run.run_id) != line:
+            self._last_summary[run.run_id] = line
+            self._line(line)
+
+    def _label(self, run: RunState) -> str:
+        """The run's ``run=`` word: its name, marked when another run on its own was
+        printed under that name (a job's ranks share theirs: ``job=`` tells them apart);
+        fixed once printed, so that one word means one run all along a log."""
+        label = self._labels.get(run.run_id)
+        if label is None:
+            name = plain_name(run.name)
+            if run.job is not None:
+                return word(name)
+            taken = set(self._labels.values())
+            marks = [mark for mark in run_marks(run) if mark]
+            candidates = [name] + [f"{name}@{mark}" for mark in marks]
+            label = next((c for c in map(word, candidates) if c not in taken), word(candidates[-1]))
+            self._labels[run.run_id] = label
+        return label
 
     def handle_run_connected(self, event: RunConnected) -> None:
-        info = event.run.info
+        run, info = event.run, event.run.info
         self._line(
-            f"connected run={event.run.name}{job_words(event.run)} "
-            f"host={info.host} id={event.run.run_id} "
-            f"pid={info.pid} layers={len(event.run.layers)}"
+            f"connected run={self._label(run)}{job_words(run)} "
+            f"host={word(info.host)} id={word(run.run_id)} "
+            f"pid={info.pid} layers={len(run.layers)}"
         )
-        if event.run.control.get("paused"):  # paused before we came: take the wheel
+        if run.control.get("paused"):  # paused before we came: take the wheel
             self._line(
-                f"PAUSED (when this monitor connected); resuming (headless) run={event.run.name}"
+                f"PAUSED (when this monitor connected); resuming (headless) run={self._label(run)}"
             )
-            self.send_command(event.run.run_id, "resume")
+            self.send_command(run.run_id, "resume")
 
     def handle_run_disconnected(self, event: RunDisconnected) -> None:
-        for alert in event.run.book.unmeasured():  # the run ended with nothing measured
+        run = event.run
+        for alert in run.book.unmeasured():  # the run ended with nothing measured
             if trips_fail_on(alert, self.fail_on, run_ended=True):
-                self._fail(AlertRaised(event.run, alert))
-        if any(not entry.withdrawn for entry in event.run.raised_alerts):
-            self._line(causes_line(event.run))
-        self._line(summary_line(event.run))
-        self._line(f"disconnected run={event.run.name}{job_words(event.run)} reason={event.reason}")
-        if not any(run.connected for run in self.state.runs.values()):
+                self._fail(AlertRaised(run, alert))
+        self._causes(run)
+        self._summary(run)
+        self._line(
+            f"disconnected run={self._label(run)}{job_words(run)} reason={word(event.reason)}"
+        )
+        if not any(other.connected for other in self.state.runs.values()):
             self.all_done.set()
 
+    def _causes(self, run: RunState) -> None:
+        """A run's causes line as it goes; a job's once, as its last rank goes."""
+        job = self.state.jobs.get(run.job) if run.job else None
+        if job is None:
+            entries = run.book.causes()
+        elif self.state.live(run) or job.job_id in self._causes_said:
+            return
+        else:
+            self._causes_said.add(job.job_id)
+            ranks = list(job.rank_runs(self.state.runs))
+            unique = {id(entry): entry for member in ranks for entry in member.book.causes()}
+            entries = sorted(unique.values(), key=lambda e: (e.alert.rung, e.alert.step))
+        if entries:
+            self._line(causes_line(run, label=self._label(run), entries=entries))
+
     def handle_frame_rejected(self, event: FrameRejected) -> None:
-        self._line(f"rejected frame from={event.peer}: {event.message}")
+        self._line(f"rejected frame from={word(event.peer)} message={word(event.message)}")
 
     def handle_alert_raised(self, event: AlertRaised) -> None:
-        self._line(f"{event.alert.line()} run={event.run.name}")
+        self._line(f"{alert_line(event.alert)} run={self._label(event.run)}")
         if trips_fail_on(event.alert, self.fail_on):
             self._fail(event)
 
     def handle_run_paused(self, event: RunPaused) -> None:
         """A headless monitor takes no keys: say why the run paused, and resume it."""
+        paused = f"PAUSED step={event.step} reason={word(event.reason)}"
         if self._replaying:
-            self._line(
-                f"(history) PAUSED step={event.step} reason={event.reason!r} run={event.run.name}"
-            )
+            self._line(f"(history) {paused} run={self._label(event.run)}")
             return
-        self._line(
-            f"PAUSED step={event.step} reason={event.reason!r}; resuming (headless) "
-            f"run={event.run.name}"
-        )
+        self._line(f"{paused} - resuming (headless) run={self._label(event.run)}")
         self.send_command(event.run.run_id, "resume")
 
     def handle_probe_switched_off(self, event: ProbeSwitchedOff) -> None:
-        self._line(f"PROBE OFF run={event.run.name}: {event.message}")
+        self._line(f"PROBE OFF run={self._label(event.run)} message={word(event.message)}")
 
     def handle_anomaly_reported(self, event: AnomalyReported) -> None:
-        self._line(self._history_mark() + anomaly_line(event.report) + f" run={event.run.name}")
+        self._line(
+            self._history_mark() + anomaly_line(event.report) + f" run={self._label(event.run)}"
+        )
 
     def handle_ack_received(self, event: AckReceived) -> None:
         ack = event.ack
         self._line(
-            f"{self._history_mark()}ACK {ack.get('command')} ok={ack.get('ok')} "
-            f"step={ack.get('step')} {ack.get('result', '')} run={event.run.name}"
+            f"{self._history_mark()}ACK {word(ack.get('command'))} ok={word(ack.get('ok'))} "
+            f"step={word(ack.get('step'))} result={word(ack.get('result', ''))} "
+            f"run={self._label(event.run)}"
         )
 
     def handle_alert_cleared(self, event: AlertCleared) -> None:
         self._line(
-            f"CLEARED {event.alert.kind} step={event.step} "
-            f"subject={event.alert.subject or '-'} run={event.run.name}"
+            f"CLEARED {word(event.alert.kind)} step={event.step} "
+            f"subject={word(event.alert.subject or '-')} run={self._label(event.run)}"
         )
 
     def _history_mark(self) -> str:
@@ -196,7 +259,7 @@ class HeadlessMonitor:
         if self.failed_by is None:
             self.failed_by = event
             self._line(
-                f"failing: {event.alert.severity} alert {event.alert.kind} "
+                f"failing: {event.alert.severity} alert {word(event.alert.kind)} "
                 f"(--fail-on {self.fail_on})"
             )
             self.all_done.set()
@@ -226,35 +289,85 @@ async def _companion_gone(companion: Callable[[], int | None], monitor: Headless
             return
 
 
+# What must be quoted to stay one word: any space (a Unicode one too), a quote, a
+# backslash (what shlex.split and a JSON string read alike once quoted).
+_NEEDS_QUOTES = re.compile(r"[\s\"'\\]")
+_NOT_IN_A_KEY = re.compile(r"[\s\"'\\=]")
+
+
+def word(value: object, limit: int = LINE_LIMIT) -> str:
+    """``value`` as one word of a headless line: plain (``tui.text.plain_line``, cut
+    to ``limit``), in double quotes, JSON-style, when it is empty or holds a space, a
+    quote or a backslash (``"embed.weight, conv.weight"``)."""
+    text = plain_line(value, limit)
+    if text and not _NEEDS_QUOTES.search(text):
+        return text
+    return json.dumps(text, ensure_ascii=False)  # (only \" and \\: controls are gone)
+
+
+def evidence_value(value: object) -> str:
+    """An evidence value as one word: a float to 4 significant digits, a list joined by
+    commas (quoted as a whole when it must be), anything else as it is spelled."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return word(",".join(_spelled(item) for item in value))
+    return word(value)
+
+
+def _spelled(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else plain_line(value)
+
+
+def alert_line(alert: Alert) -> str:
+    """``ALERT <severity> <kind> step=<n> subject=<s> key=value ... [rank=R] [folded=...]``:
+    the alert's evidence with every name intact (quoted where it must be)."""
+    parts = [f"ALERT {alert.severity} {word(alert.kind)} step={alert.step}"]
+    if alert.subject:
+        parts.append(f"subject={word(alert.subject)}")
+    for key, value in alert.evidence.items():
+        parts.append(f"{_NOT_IN_A_KEY.sub('_', plain_name(key)) or '_'}={evidence_value(value)}")
+    if alert.ranks and "rank" not in alert.evidence and "ranks" not in alert.evidence:
+        parts.append(alert.rank_label)
+    if alert.folded:
+        parts.append(f"folded={evidence_value(alert.folded)}")
+    return " ".join(parts)
+
+
 def anomaly_line(report: Frame) -> str:
     """``ANOMALY step=N outcome=... backward_op=... module=... first_non_finite=...``."""
     first = report.get("first_non_finite") or {}
-    parts = [f"ANOMALY step={report.get('step')}", f"outcome={report.get('outcome')}"]
+    parts = [f"ANOMALY step={word(report.get('step'))}", f"outcome={word(report.get('outcome'))}"]
     if report.get("backward_op"):
-        parts.append(f"backward_op={report['backward_op']}")
-        parts.append(f"module={report.get('module_of_backward_op') or '-'}")
+        parts.append(f"backward_op={word(report['backward_op'])}")
+        parts.append(f"module={word(report.get('module_of_backward_op') or '-')}")
     if first:
-        parts.append(f"first_non_finite={first.get('name')}")
+        parts.append(f"first_non_finite={word(first.get('name'))}")
     if report.get("batch") is not None:
-        parts.append(f"batch={report['batch']}")
+        parts.append(f"batch={word(report['batch'])}")
     parts.append(f"update_skipped={bool(report.get('update_skipped'))}")
     return " ".join(parts)
 
 
-def causes_line(run: RunState) -> str:
-    """``causes run=NAME in checklist order: rung/kind@step(subject +N) ...``: the run's
-    alerts, one per root cause, in the order of the lesson's checklist, each with how
-    many more layers it concerns and what was folded under it."""
+def causes_line(
+    run: RunState, *, label: str | None = None, entries: list[AlertEntry] | None = None
+) -> str:
+    """``causes run=NAME in checklist order: rung/kind@step(subject+N) ...``: the run's
+    alerts (or ``entries``: a job's), one per root cause, in the order of the lesson's
+    checklist, each with how many more layers it concerns and what was folded under it.
+    ``label``: the run's ``run=`` word (default: its name)."""
     parts = []
-    for entry in run.book.causes():
+    for entry in run.book.causes() if entries is None else entries:
         alert = entry.alert
         others = len(alert.layers) - 1 if alert.subject in alert.layers else 0
-        where = (alert.subject or "run") + (f" +{others}" if others > 0 else "")
-        folded = f" folded={','.join(alert.folded)}" if alert.folded else ""
+        where = plain_name(alert.subject or "run") + (f"+{others}" if others > 0 else "")
+        folded = f" folded={evidence_value(alert.folded)}" if alert.folded else ""
         parts.append(
-            f"{alert.rung.tag}/{alert.kind}@{alert.step}({where.replace(' ', '')}){folded}"
+            word(f"{alert.rung.tag}/{plain_name(alert.kind)}@{alert.step}({where})") + folded
         )
-    return f"causes run={run.name} in checklist order: " + " ".join(parts)
+    name = word(plain_name(run.name)) if label is None else label
+    job = f" job={word(run.job)}" if run.job else ""  # (a job's causes: all its ranks')
+    return f"causes run={name}{job} in checklist order: " + " ".join(parts)
 
 
 def job_words(run: RunState, *, world: bool = True) -> str:
@@ -264,17 +377,19 @@ def job_words(run: RunState, *, world: bool = True) -> str:
         return ""
     if not world:
         return f" rank={run.rank}"
-    return f" job={run.job} rank={run.rank}/{run.world_size}"
+    return f" job={word(run.job)} rank={run.rank}/{run.world_size}"
 
 
-def summary_line(run: RunState) -> str:
+def summary_line(run: RunState, *, label: str | None = None) -> str:
     """``run=... step=N loss=... val_loss=V@STEP grad_norm=... steps/s=... dropped=N
     alerts=N raised=N`` (the validation loss with the step it was taken at; ``alerts``:
-    active now; ``raised``: since the run began)."""
+    active now; ``raised``: since the run began). ``label``: the run's ``run=`` word
+    (default: its name)."""
     rate = run.steps_per_s
     val = validation_label(run)
+    name = word(plain_name(run.name)) if label is None else label
     parts = [
-        f"run={run.name}{job_words(run, world=False)}",
+        f"run={name}{job_words(run, world=False)}",
         f"step={run.last_step}",
         f"loss={number(run.loss)}",
     ]

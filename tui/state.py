@@ -9,6 +9,7 @@ from the events (``tui.events``) that ``apply`` returns.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from probes.kernel.diagnosis import Alert, AlertChange, Thresholds
@@ -29,10 +30,19 @@ from tui.events import (
 )
 from tui.jobs import JobState
 from tui.run import MAX_ALERTS, AlertEntry, RunState
+from tui.text import plain_name
 
 MAX_ENDED_RUNS = 50  # runs that have gone, kept for viewing (about 1 MB each)
 
-__all__ = ["MAX_ENDED_RUNS", "AlertEntry", "MonitorEvent", "MonitorState", "RunState"]
+__all__ = [
+    "MAX_ENDED_RUNS",
+    "AlertEntry",
+    "MonitorEvent",
+    "MonitorState",
+    "RunState",
+    "run_marks",
+    "told_apart",
+]
 
 
 class MonitorState:
@@ -176,6 +186,55 @@ class MonitorState:
         job.hold(run, [alert])
         return self._release(job)
 
+    # --- which run the views show, and how runs of one name are told apart -------------
+
+    def takes_the_view(self, run: RunState, shown: RunState | None) -> bool:
+        """True if the views should move to ``run``, which has just connected, from the
+        run they show: when they show none; when ``shown`` has gone, and every rank of
+        its job with it (a new run takes over from an ended one, never from a live one a
+        person is looking at); when ``run`` is rank 0 of the job whose other rank is
+        shown (a job's views start on rank 0)."""
+        if shown is None:
+            return True
+        if shown.run_id == run.run_id:
+            return False
+        if run.job is not None and run.job == shown.job:
+            return run.rank == 0 and shown.rank != 0
+        return not self.live(shown)
+
+    def live(self, run: RunState) -> bool:
+        """True while ``run``, or another rank of its job, is connected."""
+        job = self.jobs.get(run.job) if run.job else None
+        if job is None:
+            return run.connected
+        return any(member.connected for member in job.rank_runs(self.runs))
+
+    def told_apart(self, run: RunState) -> str | None:
+        """What tells ``run`` apart from the other runs of its name (``run_marks``), or
+        None when no other run on its own has its name. (A job's ranks share a name:
+        their rank tells them apart; ``job_told_apart`` tells jobs apart.)"""
+        namesakes = [
+            other
+            for other in self.runs.values()
+            if other.job is None and other.name == run.name and other.run_id != run.run_id
+        ]
+        return told_apart(run_marks(run), [run_marks(other) for other in namesakes])
+
+    def job_told_apart(self, job: JobState) -> str | None:
+        """What tells ``job`` apart from the other jobs of its name (when its first rank
+        started, or its id), or None when no other job has its name."""
+
+        def marks(one: JobState) -> tuple[str, ...]:
+            first = next(one.rank_runs(self.runs), None)
+            return (run_marks(first)[0] if first else "", plain_name(one.job_id))
+
+        namesakes = [
+            other
+            for other in self.jobs.values()
+            if other.name == job.name and other.job_id != job.job_id
+        ]
+        return told_apart(marks(job), [marks(other) for other in namesakes])
+
     def tick(self, now: float | None = None) -> list[MonitorEvent]:
         """Time passes (the views call this about once a second): ranks that went quiet
         while others went on, and alerts held too long for a rank that never came."""
@@ -272,3 +331,26 @@ class MonitorState:
             return False
         run.last_seq[kind] = seq
         return True
+
+
+def run_marks(run: RunState) -> tuple[str, str, str]:
+    """What can tell a run from another of the same name, the most readable first: when
+    it started (``HH:MM:SS``, local time, from its hello; "" if unknown), where it runs
+    (``host:pid``) and its run id (unique); plain text, from the run's own words."""
+    started = ""
+    if run.info.started is not None:
+        with contextlib.suppress(OverflowError, OSError, ValueError):  # (a hostile time)
+            started = time.strftime("%H:%M:%S", time.localtime(run.info.started))
+    where = f"{plain_name(run.info.host or '?')}:{run.info.pid or '?'}"
+    return started, where, plain_name(run.run_id)
+
+
+def told_apart(marks: tuple[str, ...], others: list[tuple[str, ...]]) -> str | None:
+    """The first of ``marks`` that no one of ``others`` shares (None if ``others`` is
+    empty; the last mark if none is unshared)."""
+    if not others:
+        return None
+    for index, mark in enumerate(marks):
+        if mark and all(other[index] != mark for other in others):
+            return mark
+    return marks[-1]

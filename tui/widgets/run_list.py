@@ -56,10 +56,13 @@ def list_items(monitor: MonitorState) -> list[tuple[str, Text, bool]]:
             continue
         job = monitor.jobs.get(run.job) if run.job else None
         if job is None:
-            items.append((run.run_id, run_text(run), False))
+            items.append((run.run_id, run_text(run, monitor.told_apart(run)), False))
             listed.add(run.run_id)
             continue
-        header = Text(f"{plain_name(job.name)} [{job.world_size} ranks]")  # (plain text)
+        mark = monitor.job_told_apart(job)  # (plain text, as the name)
+        header = Text(
+            f"{plain_name(job.name)}{f' {mark}' if mark else ''} [{job.world_size} ranks]"
+        )
         items.append((f"job:{job.job_id}", header, True))
         for member in job.rank_runs(monitor.runs):
             items.append((member.run_id, run_text(member, indent="  "), False))
@@ -67,12 +70,17 @@ def list_items(monitor: MonitorState) -> list[tuple[str, Text, bool]]:
     return items
 
 
-def run_text(run: RunState, indent: str = "") -> Text:
-    """A run's entry, as plain text (its name is the run's own); under it, how the run
-    ended, in its ending's colour."""
+def run_text(run: RunState, mark: str | None = None, indent: str = "") -> Text:
+    """A run's entry, as plain text (its name is the run's own); under it, what tells it
+    apart from the runs of its name (``mark``: when it started, or where it runs) and
+    how the run ended, in its ending's colour."""
     label = Text(indent + run_label(run, ending=False))
     ending = run_ending(run)
+    if mark is None and ending is None:
+        return label
+    label.append(f"\n{indent}  ")
+    if mark is not None:
+        label.append(mark + ("  " if ending else ""), style="dim")
     if ending is not None:
-        label.append(f"\n{indent}  ")
         label.append(ending.ending.label, style=ending.style)
     return label

@@ -48,6 +48,7 @@ class RunInfo:
     name: str | None = None  # the run's name (None: the hello names none)
     host: str | None = None
     pid: int | None = None
+    started: float | None = None  # the wall time it began (None: the hello says none)
     job: str | None = None  # the job its ranks share (None: alone, or a job of one rank)
     rank: int = 0
     world_size: int = 1
@@ -76,6 +77,7 @@ class RunInfo:
             name=str(hello["name"]) if "name" in hello else None,
             host=None if host is None else str(host),
             pid=_opt_int(hello.get("pid")),
+            started=_wall_time(hello.get("started")),
             job=str(job) if job and world > 1 else None,
             rank=_int(hello.get("rank"), 0),
             world_size=world,
@@ -243,6 +245,17 @@ def _opt_int(value: Any) -> int | None:
         return None if value is None else int(value)
     except (TypeError, ValueError):
         return None
+
+
+def _wall_time(value: Any) -> float | None:
+    """``value`` if it is a finite number (a hello's ``started``, unchecked), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # (an integer past a float's range)
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _opt_list(values: Any) -> list[float | None] | None:
