@@ -125,6 +125,8 @@ class UpdateRatio(Rule):
             return []
         order = first_failing({i: self._since[i] for i in found})
         first = order[0]
+        # one side per alert: the first failing layer's (its side is the evidence's)
+        order = [i for i in order if self._side[i] == self._side[first]]
         names = [history.info.layer(i) for i in order]
         # held from its first sample on: judged at the step that makes update_steps
         return [
