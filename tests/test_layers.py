@@ -485,3 +485,13 @@ async def test_the_layer_table_names_a_tied_layer_by_every_name() -> None:
         )
         assert table.row_text(LAYERS[0])[0] == f"{LAYERS[0]} (= decoder.out)"
         assert table.row_text(LAYERS[1])[0] == LAYERS[1]
+
+
+def test_map_layers_walks_the_modules_in_torchs_order_and_survives_a_cycle() -> None:
+    model = Net()
+    model.body.owner = model  # type: ignore[assignment]  (a module that holds its parent)
+    assert map_layers(model).names == map_layers(Net()).names
+    gpt = TinyGPT()
+    first = [name for name, _ in gpt.named_modules()]
+    kept = map_layers(gpt).names
+    assert list(kept) == [name for name in first if name in kept]

@@ -11,6 +11,7 @@ its own left (``lm_head`` without a bias) has no row of its own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -55,8 +56,7 @@ def map_layers(model: nn.Module) -> LayerMap:
     counts: list[int] = []
     owner: dict[int, int] = {}  # a kept parameter -> its layer's index
     tied: dict[int, list[str]] = {}  # a layer's index -> the other modules sharing it
-    # remove_duplicate=False: a module registered under two names shares its weights too
-    for module_name, module in model.named_modules(remove_duplicate=False):
+    for module_name, module in _every_name(model):
         layer_index = -1
         for param_name, param in module.named_parameters(recurse=False):
             if id(param) in seen or not param.requires_grad:
@@ -87,6 +87,23 @@ def map_layers(model: nn.Module) -> LayerMap:
         param_counts=tuple(counts),
         tied={names[index]: tuple(others) for index, others in tied.items()},
     )
+
+
+def _every_name(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``named_modules()`` in its order, and also every further name of a module
+    registered twice (its weights are shared as a whole); a module that contains itself
+    is not entered again."""
+    path: set[int] = set()  # the modules being walked: a cycle stops here
+
+    def walk(prefix: str, module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+        yield prefix, module
+        path.add(id(module))
+        for name, child in module._modules.items():
+            if child is not None and id(child) not in path:
+                yield from walk(f"{prefix}.{name}" if prefix else name, child)
+        path.discard(id(module))
+
+    return walk("", model)
 
 
 def combine_layer_norms(
