@@ -293,8 +293,8 @@ class Activations(Rule):
             )
             layers = list(dict.fromkeys(name for i in order for name in _layers_of(info, i)))
             step = self._since[first] + self.t.activation_steps
-            # The count and range are of the layers listed (a layer's input and the
-            # ReLU after the layer feeding it are one layer's, not two)
+            # The count and range are of the layers listed, not of the activations
+            # found (two ReLUs fed by one layer are that one layer's)
             findings.append(
                 self.alert(
                     step,
