@@ -12,7 +12,8 @@ What is read where (transformers 4.4x to 5.x):
   ``torch.nn.utils.clip_grad_norm_``), else in ``optimizer.step()``;
 - learning rates: the optimizer's, as ``optimizer.step()`` runs;
 - evaluation: each ``Trainer.evaluate()`` is an eval record of its metrics
-  (``eval_loss`` is the validation loss) with the eval-mode checks;
+  (``eval_loss`` is the validation loss) with the eval-mode checks, at the step the
+  Trainer logs it at (``state.global_step``: the updates done);
 - the run's name: ``TrainingArguments.run_name`` unless given; its end: ``on_train_end``,
   or the exception that ended the script.
 

@@ -13,7 +13,8 @@ What is read where (Lightning 2.x, ``pytorch_lightning`` or ``lightning.pytorch`
   Lightning clips (``gradient_clip_val``), so the norms are the unclipped ones; the
   clip itself goes through ``torch.nn.utils.clip_grad_norm_`` and is recorded;
 - validation (not the sanity check): an eval record of the metrics logged during it
-  (``self.log("val_loss", ...)``), with the eval-mode checks;
+  (``self.log("val_loss", ...)``), with the eval-mode checks, at the step Lightning
+  logs it at (``trainer.global_step``: the updates done);
 - the run's end: the end of ``fit``, or the exception that stopped it.
 
 Only the first optimizer is watched (``trainer.optimizers[0]``).

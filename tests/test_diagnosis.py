@@ -775,6 +775,50 @@ def test_update_ratio_non_sampled_records_do_not_break_the_streak() -> None:
     assert alert.evidence["samples"] == 3
 
 
+def low_ratio_run(losses: Sequence[float], grads: float = 1.0, low_from: int = 100) -> list[Record]:
+    """Every layer's update ratio in the band, then far below it (1e-7) from step
+    ``low_from``, on every 20th step; the training loss of each step given."""
+    records = []
+    for n, loss in enumerate(losses):
+        record = step(n, loss=loss, grads=[grads] * 3)
+        if n % 20 == 0:
+            ratio = 1e-7 if n >= low_from else 1e-3
+            record.update(param_norms=[5.0] * 3, update_ratios=[ratio] * 3)
+        records.append(record)
+    return records
+
+
+def test_update_ratio_low_never_fires_once_the_loss_has_converged() -> None:
+    """The loss fell from 1 to about 1e-9: tiny updates are a finished fit's, and a
+    tenfold learning rate is no advice for it."""
+    losses = [10.0 ** (-n / 10) for n in range(90)] + [1e-9] * 110
+    _, changes = run(low_ratio_run(losses, grads=1e-5))
+    assert "update_ratio" not in kinds(changes)
+
+
+def test_update_ratio_low_never_fires_near_zero_with_tiny_gradients() -> None:
+    """A run whose loss starts small: near zero with gradients near zero too is done."""
+    losses = [8e-7 * (1 - n / 400) for n in range(200)]
+    _, changes = run(low_ratio_run(losses, grads=1e-5))
+    assert "update_ratio" not in kinds(changes)
+
+
+def test_update_ratio_low_near_miss_a_low_rate_with_the_loss_still_high() -> None:
+    """A learning rate too low: the loss falls from 2 to 1.9, far from done."""
+    losses = [2.0 - n / 2000 for n in range(200)]
+    _, changes = run(low_ratio_run(losses))
+    alert = only(raised(changes, "update_ratio"))
+    assert alert.evidence["side"] == "low"
+
+
+def test_update_ratio_low_near_miss_a_tiny_loss_with_gradients_not_tiny() -> None:
+    """A loss near zero whose gradients are not: not a converged fit (the loss's scale
+    says nothing, the gradients still push)."""
+    losses = [8e-7 * (1 - n / 400) for n in range(200)]
+    _, changes = run(low_ratio_run(losses, grads=1.0))
+    assert only(raised(changes, "update_ratio")).evidence["side"] == "low"
+
+
 # --- dead / saturated activations --------------------------------------------------------
 
 

@@ -59,7 +59,7 @@ async def test_monitor_started_late_still_sees_step_zero(socket_path: str) -> No
     assert trainer.returncode == 0
     assert run.scalars["loss"].xs[0] == 0  # step 0, from the replayed history
     assert run.last_step == 399
-    assert run.eval_scalars["val_loss"].xs[0] == 0
+    assert run.eval_scalars["val_loss"].xs[0] == 1  # the first eval: after step 0's update
 
 
 def test_trainer_with_no_monitor_completes(socket_path: str) -> None:

@@ -173,7 +173,7 @@ def test_accumulated_clipped_run_is_recorded_as_it_trained(
         assert record["lr"] == [expected_lr, expected_lr]
     assert clipped_any, "the clip never cut: the test would not tell clipped from unclipped"
     evals = kinds(frames, "eval")
-    assert [e["step"] for e in evals] == [2, 5]
+    assert [e["step"] for e in evals] == [3, 6]  # the Trainer's global_step: updates done
     for record in evals:
         assert validation_loss_name(record["scalars"]) == "eval_loss"
         assert record["forwards"] > 0 and record["train_mode_forwards"] == 0

@@ -332,3 +332,75 @@ def test_probe_overhead_near_miss_on_a_crowded_machine() -> None:
     assert [
         c.alert.kind for c in run(stretched, RunInfo(layers=("a", "b", "c")))[1] if c.raised
     ] == ["probe_overhead"]
+
+
+# --- counts that agree with their lists ----------------------------------------------------
+
+THREE = RunInfo.from_hello({"layers": ["enc.0", "enc.1", "head"]})
+
+
+def test_an_incident_that_comes_to_concern_more_layers_counts_them_all() -> None:
+    """The exploding gradient raised on two layers, then a third crosses: the evidence's
+    count and range follow the layers listed (the line printed at the raise stays)."""
+    records = [step(n, [200.0, 200.0, 1.0]) for n in range(3)]
+    records += [step(n, [200.0, 200.0, 300.0]) for n in range(3, 6)]
+    diagnoser, changes = run(records, THREE)
+    [line] = lines(changes)
+    assert "layers_over=2 range=enc.0..enc.1" in line
+    alert = diagnoser.incidents["exploding_gradient"]
+    assert alert.layers == ("enc.0", "enc.1", "head")
+    assert (alert.evidence["layers_over"], alert.evidence["range"]) == (3, "enc.0..head")
+
+
+def update_sample(n: int, ratios: list[float]) -> Record:
+    return step(n, param_norms=[5.0] * 3, update_ratios=ratios)
+
+
+def test_an_update_ratio_alert_lists_only_the_layers_on_its_side() -> None:
+    """Two layers far too low (the learning rate) and one far too high: the alert says
+    low, and lists the two low layers, not the high one."""
+    records = [update_sample(n * 20, [1e-7, 0.5, 1e-7]) for n in range(3)]
+    _, changes = run(records, THREE)
+    [alert] = [c.alert for c in changes if c.raised and c.alert.kind == "update_ratio"]
+    assert alert.evidence["side"] == "low"
+    assert alert.layers == ("enc.0", "head")
+    assert (alert.evidence["layers_affected"], alert.evidence["range"]) == (2, "enc.0..head")
+
+
+def test_an_update_ratio_held_high_takes_no_layer_that_is_low() -> None:
+    """Raised high on one layer; then every layer's ratio near zero: the incident still
+    says high, and lists no layer whose ratio is near zero."""
+    records = [update_sample(n * 20, [1e-3, 0.5, 1e-3]) for n in range(3)]
+    records += [update_sample(60 + n * 20, [1e-7, 0.5, 1e-7]) for n in range(3)]
+    diagnoser, _ = run(records, THREE)
+    alert = diagnoser.incidents["update_ratio"]
+    assert alert.evidence["side"] == "high"
+    assert alert.layers == ("enc.1",)
+
+
+def test_dead_activations_count_the_layers_they_list() -> None:
+    """Two dead ReLUs fed by one layer, and a layer whose input is all zero: the
+    count and range are of the layers listed, not of the activations found."""
+    info = RunInfo.from_hello(
+        {
+            "layers": ["0", "3", "7"],
+            "activations": [["1", "relu", 0], ["2", "relu", 0], ["7(input)", "input", 1]],
+        }
+    )
+    records = [step(n * 20, activations=[1.0, 1.0, 1.0]) for n in range(3)]
+    _, changes = run(records, info)
+    [alert] = [c.alert for c in changes if c.raised and c.alert.kind == "dead_activations"]
+    assert alert.layers == ("0", "3", "7")
+    assert (alert.evidence["layers_affected"], alert.evidence["range"]) == (3, "0..7")
+
+
+def test_the_alert_detail_says_how_many_layers_it_shows_of_how_many() -> None:
+    from tui.screens.alert_detail import MAX_LAYERS_SHOWN, incident_text
+
+    layers = DEEP
+    alert = Alert("vanishing_gradient", "warning", 19, "0", {}, "s", (), layers=layers)
+    text = incident_text(alert).plain
+    shown = ", ".join(layers[:MAX_LAYERS_SHOWN])
+    assert f"Layers ({MAX_LAYERS_SHOWN} shown of 16, the first failing first): {shown} ..." in text
+    few = Alert("vanishing_gradient", "warning", 19, "0", {}, "s", (), layers=layers[:3])
+    assert "Layers (3, the first failing first): 0, 2, 4\n" in incident_text(few).plain

@@ -222,6 +222,44 @@ def test_map_layers_tied_weight_owner_follows_module_order() -> None:
     assert layer_map.param_counts == (9,)
 
 
+class TinyGPT(nn.Module):
+    """A GPT's naming: the token embedding tied to the output head (no bias), and a
+    block registered under two names (its weights shared as a whole)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transformer = nn.ModuleDict(
+            {"wte": nn.Embedding(10, 4), "h": nn.ModuleList([nn.Linear(4, 4)])}
+        )
+        self.shared = self.transformer["h"][0]
+        self.lm_head = nn.Linear(4, 10, bias=False)
+        self.lm_head.weight = self.transformer["wte"].weight
+
+
+def test_map_layers_names_every_module_that_shares_a_tied_weight() -> None:
+    layer_map = map_layers(TinyGPT())
+    assert layer_map.names == ("transformer.wte", "transformer.h.0")  # the first owners
+    assert layer_map.tied == {"transformer.wte": ("lm_head",), "transformer.h.0": ("shared",)}
+    assert map_layers(Net()).tied == {"embed": ("head",)}  # head keeps a row: its bias
+    assert map_layers(nn.Sequential(nn.Linear(2, 2))).tied == {}
+
+
+def test_the_hello_carries_tied_names_and_the_monitor_shows_them(
+    collector: FrameCollector,
+) -> None:
+    from probes.kernel.schema import RunInfo
+
+    probe = probes.watch(TinyGPT(), address=collector.address)
+    probe.close()
+    assert collector.wait_for(lambda frames: any(f["kind"] == "hello" for f in frames))
+    [hello] = collector.kinds("hello")
+    assert hello["tied"] == {"transformer.wte": ["lm_head"], "transformer.h.0": ["shared"]}
+    info = RunInfo.from_hello(hello)
+    assert info.layer_label("transformer.wte") == "transformer.wte (= lm_head)"
+    assert info.layer_label("transformer.h.0") == "transformer.h.0 (= shared)"
+    assert RunInfo.from_hello({"layers": ["a"]}).layer_label("a") == "a"
+
+
 def test_map_layers_root_only_and_fully_frozen() -> None:
     class Bare(nn.Module):
         def __init__(self) -> None:
@@ -427,3 +465,33 @@ def test_probe_mixed_dtypes_match_naive(collector: FrameCollector) -> None:
         assert_close(frame["grad_norm_total"], naive_total(naive_grads[i]), f"step {i} total")
         assert_layer_norms(names, frame["param_norms"], naive_params[i], f"step {i} params")
         assert frame["scalars"]["loss"] == pytest.approx(losses[i], rel=1e-6)
+
+
+async def test_the_layer_table_names_a_tied_layer_by_every_name() -> None:
+    from tests.frames import LAYERS, hello, short_run
+    from tests.waiting import settle
+    from tui.app import make_app
+    from tui.sources import FrameListSource
+    from tui.widgets import LayerTable
+
+    first, *rest = short_run(5)
+    assert first["kind"] == "hello"
+    tied = {**hello(), "tied": {LAYERS[0]: ["decoder.out"]}}
+    app = make_app(FrameListSource([tied, *rest]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.query_one(LayerTable)
+        await settle(
+            pilot, lambda: table.row_count == len(LAYERS) and table.row_text(LAYERS[0])[1] != "-"
+        )
+        assert table.row_text(LAYERS[0])[0] == f"{LAYERS[0]} (= decoder.out)"
+        assert table.row_text(LAYERS[1])[0] == LAYERS[1]
+
+
+def test_map_layers_walks_the_modules_in_torchs_order_and_survives_a_cycle() -> None:
+    model = Net()
+    model.body.owner = model  # type: ignore[assignment]  (a module that holds its parent)
+    assert map_layers(model).names == map_layers(Net()).names
+    gpt = TinyGPT()
+    first = [name for name, _ in gpt.named_modules()]
+    kept = map_layers(gpt).names
+    assert list(kept) == [name for name in first if name in kept]

@@ -151,7 +151,7 @@ def test_accumulated_clipped_run_is_recorded_as_it_trained(collector: FrameColle
         # Lightning divides each micro-batch loss by 4: the update used their mean.
         assert record["scalars"]["loss"] == pytest.approx(sum(micro) / 4, rel=1e-6)
     evals = kinds(frames, "eval")  # every 12 batches = 3 updates; not the sanity check
-    assert [e["step"] for e in evals] == [2, 5]
+    assert [e["step"] for e in evals] == [3, 6]  # Lightning's global_step: updates done
     for record in evals:
         assert validation_loss_name(record["scalars"]) == "val_loss"
         assert record["forwards"] == 1 and record["train_mode_forwards"] == 0

@@ -230,7 +230,7 @@ def test_a_bad_logged_value_is_dropped_with_one_warning(
     assert [f["step"] for f in steps] == list(range(6))
     assert all("bad" not in f["scalars"] and "loss" in f["scalars"] for f in steps)
     evals = collector.kinds("eval")
-    assert [f["step"] for f in evals] == [2, 3, 4, 5]  # one per evaluate block, none lost
+    assert [f["step"] for f in evals] == [3, 4, 5, 6]  # one per evaluate block, none lost
     assert all(f["scalars"] == {"val_loss": 0.5} for f in evals)
 
 
@@ -465,14 +465,14 @@ def test_evaluate_records_eval_frames_and_how_forwards_ran(collector: FrameColle
     evals = collector.kinds("eval")
     assert len(evals) == 3
     clean, sloppy, half = evals
-    assert clean["step"] == 2
+    assert clean["step"] == 3  # after steps 0, 1 and 2: three updates done
     assert clean["scalars"]["val_loss"] == pytest.approx(val.item(), rel=1e-6)
     assert clean["scalars"]["val_acc"] == 0.5
     assert clean["forwards"] == 1
     assert clean["train_mode_forwards"] == 0
     assert clean["grad_forwards"] == 0
 
-    assert sloppy["step"] == 2
+    assert sloppy["step"] == 3
     assert sloppy["scalars"]["val_loss"] == pytest.approx(careless.item(), rel=1e-6)
     assert sloppy["forwards"] == 2
     assert sloppy["train_mode_forwards"] == 2
@@ -705,8 +705,9 @@ def test_probe_will_not_connect_through_a_default_folder_others_can_write(
 def test_an_eval_reaches_the_monitor_after_the_step_it_belongs_to(
     collector: FrameCollector,
 ) -> None:
-    """A NaN born in training at step 3 is seen in that step before the eval of step 3
-    (which inherits it): the diagnosis must blame the loss, not validation."""
+    """A NaN born in training at step 3 is seen in that step before the eval after it
+    (tagged 4: four updates done; it inherits the NaN): the diagnosis must blame the
+    loss, not validation."""
     from probes.kernel.diagnosis import Diagnoser
 
     model = nn.Linear(4, 1)
@@ -727,7 +728,7 @@ def test_an_eval_reaches_the_monitor_after_the_step_it_belongs_to(
                 probe.log(val_loss=model(torch.randn(8, 4)).pow(2).mean())
     wait_for_bye(collector)
     order = [(f["kind"], f["step"]) for f in collector.frames if f["kind"] in ("step", "eval")]
-    assert order == [(kind, n) for n in range(5) for kind in ("step", "eval")]
+    assert order == [pair for n in range(5) for pair in (("step", n), ("eval", n + 1))]
     assert all(f["scalars"]["late"] == 1.0 for f in collector.kinds("step"))
     diagnoser = Diagnoser()
     for frame in collector.frames:

@@ -442,6 +442,31 @@ def test_eval_checks_see_a_validation_that_skips_the_root_forward(
     assert math.isfinite(wrong["scalars"]["val_loss"]) and right["scalars"]["val_loss"] == 0.5
 
 
+def test_an_evaluation_is_tagged_with_the_steps_completed_before_it(
+    collector: FrameCollector,
+) -> None:
+    """Before any step: 0; after step 0's update: 1 (a script's "step 1", a Trainer's
+    global_step); after a step resumed at index 49: 50; inside an open step: its index."""
+    model = mlp()
+    probe = watch_unthinned(model, None, collector)
+    with probe.evaluate():
+        probe.log(val_loss=1.0)
+    with probe.step():
+        pass
+    with probe.evaluate():
+        probe.log(val_loss=2.0)
+    with probe.step(49):
+        pass
+    with probe.evaluate():
+        probe.log(val_loss=3.0)
+    with probe.step(), probe.evaluate():
+        probe.log(val_loss=4.0)
+    probe.close()
+    assert collector.wait_for(lambda frames: len([f for f in frames if f["kind"] == "eval"]) == 4)
+    tags = [(f["step"], f["scalars"]["val_loss"]) for f in collector.kinds("eval")]
+    assert tags == [(0, 1.0), (1, 2.0), (50, 3.0), (50, 4.0)]
+
+
 def test_an_unknown_option_lists_the_known_ones() -> None:
     with pytest.raises(TypeError) as error:
         probes.watch(mlp(), sampel_every=5)

@@ -27,7 +27,9 @@ class EvalScope:
 
     Args:
         modules: the modules to watch (the model and its layers).
-        step: the training step the evaluation follows.
+        step: the step it is tagged with: the number of steps completed before it
+            (the index of the next step), or the open step's index when it runs inside
+            one (``Probe.evaluate``).
     """
 
     def __init__(self, modules: list[nn.Module], step: int) -> None:

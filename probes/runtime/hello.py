@@ -59,4 +59,6 @@ def hello_fields(
             "update_check": optimizer is not None,
         },
     }
+    if layers.tied:  # the other names of tied weights (absent when none are tied)
+        hello["tied"] = {name: list(others) for name, others in layers.tied.items()}
     return hello

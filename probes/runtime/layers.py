@@ -2,12 +2,17 @@
 
 A layer is a module that owns trainable parameters directly; its name is the dotted
 module path (``(root)`` for the model itself). A parameter shared by several modules
-(tied weights) is counted once, under its first owner in ``named_modules`` order.
+(tied weights: a GPT's ``transformer.wte.weight`` and ``lm_head.weight``) is counted
+once, under its first owner in ``named_modules`` order (``transformer.wte``); the other
+modules sharing it are that layer's ``tied`` names (``lm_head``), which the hello
+carries and the monitor shows beside the layer's name. A module with no parameter of
+its own left (``lm_head`` without a bias) has no row of its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from torch import nn
 from torch.nn.parameter import is_lazy
@@ -25,6 +30,8 @@ class LayerMap:
         param_names: the dotted name of each parameter (``layer.weight``).
         param_layer: for each parameter, the index of its layer in ``names``.
         param_counts: number of elements per layer.
+        tied: per layer (by name), the other modules that share one of its
+            parameters, in ``named_modules`` order (only layers with tied weights).
     """
 
     names: tuple[str, ...]
@@ -32,6 +39,7 @@ class LayerMap:
     param_names: tuple[str, ...]
     param_layer: tuple[int, ...]
     param_counts: tuple[int, ...]
+    tied: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
@@ -46,13 +54,22 @@ def map_layers(model: nn.Module) -> LayerMap:
     param_names: list[str] = []
     param_layer: list[int] = []
     counts: list[int] = []
-    for module_name, module in model.named_modules():
+    owner: dict[int, int] = {}  # a kept parameter -> its layer's index
+    tied: dict[int, list[str]] = {}  # a layer's index -> the other modules sharing it
+    for module_name, module in _every_name(model):
         layer_index = -1
         for param_name, param in module.named_parameters(recurse=False):
             if id(param) in seen or not param.requires_grad:
                 seen.add(id(param))
+                kept = owner.get(id(param))
+                if kept is not None and kept != layer_index:
+                    others = tied.setdefault(kept, [])
+                    alias = module_name or ROOT_LAYER_NAME
+                    if alias != names[kept] and alias not in others:
+                        others.append(alias)
                 continue
             seen.add(id(param))
+            owner[id(param)] = len(names) if layer_index < 0 else layer_index
             if layer_index < 0:
                 layer_index = len(names)
                 names.append(module_name or ROOT_LAYER_NAME)
@@ -68,7 +85,25 @@ def map_layers(model: nn.Module) -> LayerMap:
         param_names=tuple(param_names),
         param_layer=tuple(param_layer),
         param_counts=tuple(counts),
+        tied={names[index]: tuple(others) for index, others in tied.items()},
     )
+
+
+def _every_name(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``named_modules()`` in its order, and also every further name of a module
+    registered twice (its weights are shared as a whole); a module that contains itself
+    is not entered again."""
+    path: set[int] = set()  # the modules being walked: a cycle stops here
+
+    def walk(prefix: str, module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+        yield prefix, module
+        path.add(id(module))
+        for name, child in module._modules.items():
+            if child is not None and id(child) not in path:
+                yield from walk(f"{prefix}.{name}" if prefix else name, child)
+        path.discard(id(module))
+
+    return walk("", model)
 
 
 def combine_layer_norms(

@@ -261,9 +261,13 @@ class Probe:
     def evaluate(self) -> Iterator[Probe]:
         """Context manager around validation; ``log`` inside it makes an ``eval`` record.
 
-        The record is tied to the current step. The probe also notes whether the
-        model's forward passes ran in training mode or with gradient recording on (the
-        two controls are orthogonal: ``model.eval()`` and ``torch.inference_mode()``).
+        The record is tagged with the step the script is at: after N completed steps
+        (outside a step), step N, the index of the next step, as a framework's
+        ``global_step`` counts (an evaluation after step 49's update is at step 50, and
+        one before the first step at 0); inside an open step, that step's index. The
+        probe also notes whether the model's forward passes ran in training mode or
+        with gradient recording on (the two controls are orthogonal: ``model.eval()``
+        and ``torch.inference_mode()``).
         """
         opened = self.begin_evaluation()
         try:
@@ -287,7 +291,9 @@ class Probe:
                 self.module,
                 *(m for n, m in self.module.named_modules() if n and n in layers),
             ]
-            self._eval = EvalScope(modules, max(boundary.index, 0))
+            # the weights it sees: N updates done (the step that updates them next)
+            at = boundary.index if boundary.in_step else boundary.index + 1
+            self._eval = EvalScope(modules, at)
         except Exception as exc:
             self._fail(exc)
             return False

@@ -20,6 +20,8 @@ from tui.screens.panel import PanelScreen
 from tui.text import plain_block, plain_line, plain_name
 from tui.widgets.alerts_panel import SEVERITY_STYLE
 
+MAX_LAYERS_SHOWN = 12  # layer names listed in full; the count says how many of all
+
 
 class AlertDetail(PanelScreen):
     """Modal view of one alert; Escape or q closes it."""
@@ -74,11 +76,15 @@ def incident_text(alert: Alert) -> Text:
     consequences folded under it."""
     text = Text()
     if len(alert.layers) > 1:
+        shown = alert.layers[:MAX_LAYERS_SHOWN]
+        count = f"{len(alert.layers)}"
+        if len(shown) < len(alert.layers):
+            count = f"{len(shown)} shown of {len(alert.layers)}"
         text.append("Layers ", style="bold")
         text.append(
-            f"({len(alert.layers)}, the first failing first): "
-            + ", ".join(plain_name(layer) for layer in alert.layers[:12])
-            + (" ..." if len(alert.layers) > 12 else "")
+            f"({count}, the first failing first): "
+            + ", ".join(plain_name(layer) for layer in shown)
+            + (" ..." if len(shown) < len(alert.layers) else "")
             + "\n"
         )
     if alert.folded:

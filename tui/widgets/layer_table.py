@@ -83,7 +83,8 @@ class LayerTable(DataTable[Text | str]):
             grad = _at(run.grad_norms, i)
             history = run.grad_history(i)
             style = STATUS_STYLE.get(status.get(name, ""), "")
-            self._set(name, "layer", Text(short_name(plain_name(name)), style=style))
+            label = run.info.layer_label(name)  # tied weights: every name sharing them
+            self._set(name, "layer", Text(short_name(plain_name(label)), style=style))
             self._set(name, "grad", _value_text(grad))
             self._set(name, "history", Text(sparkline(history, SPARK_WIDTH), "cyan"))
             self._set(name, "param", Text(number(_at(run.param_norms, i))))

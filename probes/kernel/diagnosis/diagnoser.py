@@ -18,7 +18,7 @@ from probes.kernel.diagnosis.gradient_path import (
 )
 from probes.kernel.diagnosis.incidents import STICKY, WAIT_FOR_CAUSE, cause_for, depth, folded_name
 from probes.kernel.diagnosis.overhead import ProbeOverhead
-from probes.kernel.diagnosis.rule import Findings, Rule
+from probes.kernel.diagnosis.rule import Findings, Rule, respread
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.tiny_batch import FlatLoss
 from probes.kernel.diagnosis.update import (
@@ -273,9 +273,17 @@ class Diagnoser:
     def _refresh(self, key: str, alert: Alert) -> None:
         """An incident that holds may come to concern more layers (a cause's layers
         decide which consequences fold under it): it lists every layer it has concerned
-        while it held, the first failing first; its line and evidence stay as raised."""
+        while it held, the first failing first, and its evidence's count and range of
+        layers follow the list (the line printed when it was raised stays as it was).
+        A finding on the other side of a band (update ratios now low, where the alert
+        said high) is not the incident's: its layers are not added."""
         active = self.active[key]
+        if alert.evidence.get("side") != active.evidence.get("side"):
+            return
         grown = tuple(dict.fromkeys((*active.layers, *alert.layers)))
         if grown != active.layers:
-            self.active[key] = self.incidents[key] = replace(active, layers=grown)
+            evidence = respread(active.evidence, grown, self.history.info.layers)
+            self.active[key] = self.incidents[key] = replace(
+                active, layers=grown, evidence=evidence
+            )
             self.revision += 1

@@ -291,15 +291,21 @@ class Activations(Rule):
             measure = {"relu": "zero_fraction", "input": "input_zero_fraction"}.get(
                 family, "saturated_fraction"
             )
-            layers = [name for i in order for name in _layers_of(info, i)]
+            layers = list(dict.fromkeys(name for i in order for name in _layers_of(info, i)))
             step = self._since[first] + self.t.activation_steps
+            # The count and range are of the layers listed, not of the activations
+            # found (two ReLUs fed by one layer are that one layer's)
             findings.append(
                 self.alert(
                     step,
                     names[0],
-                    {measure: found[first], "samples": self._samples[first], **spread(names)},
+                    {
+                        measure: found[first],
+                        "samples": self._samples[first],
+                        **spread(ordered_range(layers, info.layers)),
+                    },
                     kind=kind,
-                    layers=list(dict.fromkeys(layers)),
+                    layers=layers,
                 )
             )
         return findings

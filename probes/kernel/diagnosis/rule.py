@@ -103,6 +103,21 @@ def spread(names: Sequence[str]) -> dict[str, Any]:
     return {"layers_affected": len(names), "range": f"{names[0]}..{names[-1]}"}
 
 
+COUNT_KEYS = ("layers_affected", "layers_over")  # the evidence that counts an alert's layers
+
+
+def respread(
+    evidence: dict[str, Any], layers: Sequence[str], order: Sequence[str]
+) -> dict[str, Any]:
+    """``evidence`` of an alert that came to concern ``layers``: its count of layers and
+    their range follow the list, so the numbers shown agree with the layers listed."""
+    if len(layers) < 2:
+        return evidence
+    ordered = ordered_range(layers, order)
+    count = next((key for key in COUNT_KEYS if key in evidence), COUNT_KEYS[0])
+    return {**evidence, count: len(layers), "range": f"{ordered[0]}..{ordered[-1]}"}
+
+
 def ordered_range(names: Sequence[str], order: Sequence[str]) -> list[str]:
     """``names`` in model order (as ``order`` lists them), for the range."""
     position = {name: i for i, name in enumerate(order)}

@@ -69,6 +69,12 @@ class Thresholds:
     # ... low only when most layers are, at a rate above this fraction of the run's
     # highest (a warmup's start and a decay's end are low by design)
     update_low_lr_fraction: float = 0.2
+    # ... and never once the fit is done (tiny updates are right then): the smoothed
+    # training loss below this fraction of where it started, or below this floor while
+    # the total gradient norm is below its own
+    update_converged_fraction: float = 1e-5
+    update_converged_loss: float = 1e-6
+    update_converged_grad: float = 1e-3
     update_samples: int = 2
     update_steps: int = 40
     # dead / saturated activations, on sampled steps in a row (at least

@@ -22,7 +22,7 @@ from probes.kernel.diagnosis.rule import (
     spread,
 )
 from probes.kernel.diagnosis.thresholds import Thresholds
-from probes.kernel.diagnosis.views import RecentPast, StepView
+from probes.kernel.diagnosis.views import RecentPast, StepView, weighted_mean
 from probes.kernel.diagnosis.vocabulary import AlertKind
 
 
@@ -70,9 +70,10 @@ class UpdateRatio(Rule):
 
     Too low counts only as the learning rate's doing: when most layers are low, and the
     rate is not in the tail of its schedule (a warmup's start, a decay's end: below
-    ``update_low_lr_fraction`` of the run's highest). Some layers are low by nature (a
-    LayerNorm's gains at a fine-tuning rate), and a layer the optimizer leaves alone is
-    ``updates_not_applied``'s business."""
+    ``update_low_lr_fraction`` of the run's highest), and the loss has not converged
+    (a finished fit makes tiny updates: a higher rate is no advice for it). Some layers
+    are low by nature (a LayerNorm's gains at a fine-tuning rate), and a layer the
+    optimizer leaves alone is ``updates_not_applied``'s business."""
 
     kind: str = AlertKind.UPDATE_RATIO
 
@@ -93,11 +94,29 @@ class UpdateRatio(Rule):
         low = sum(1 for r in ratios if r < self.t.update_low)
         return 2 * low > len(ratios)
 
+    def _converged(self, history: RecentPast, view: StepView) -> bool:
+        """Whether the training loss says the fit is done, on the run's own scale (far
+        below where it started) or near zero with the gradients near zero too."""
+        now = history.smoothed_loss(view.step, self.t.smoothing_steps)
+        if now is None or now < 0:
+            return False  # (a loss that goes negative has no zero to converge to)
+        total = view.peak_total
+        if (
+            now <= self.t.update_converged_loss
+            and total is not None
+            and total <= self.t.update_converged_grad
+        ):
+            return True
+        began = weighted_mean(
+            [(s.loss_estimate, s.steps) for s in history.first_steps if s.loss_estimate is not None]
+        )
+        return began is not None and began > 0 and now <= self.t.update_converged_fraction * began
+
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.update_ratios is None:
             return None  # not a sampled step: no news
         finite = [r for r in view.update_ratios if r is not None and math.isfinite(r)]
-        low_counts = self._low_counts(view, finite)
+        low_counts = self._low_counts(view, finite) and not self._converged(history, view)
         found: dict[int, float] = {}
         for i, ratio in enumerate(view.update_ratios):
             side = ""
@@ -125,6 +144,8 @@ class UpdateRatio(Rule):
             return []
         order = first_failing({i: self._since[i] for i in found})
         first = order[0]
+        # one side per alert: the first failing layer's (its side is the evidence's)
+        order = [i for i in order if self._side[i] == self._side[first]]
         names = [history.info.layer(i) for i in order]
         # held from its first sample on: judged at the step that makes update_steps
         return [

@@ -57,6 +57,9 @@ class HelloRecord(_HelloRecordRequired, total=False):
     """The first frame of a connection: the run, its place in its job, its model."""
 
     state: ControlStateFields  # the control state when it (re)connects
+    # tied weights: a layer's name -> the other modules (names) sharing one of its
+    # parameters, which have no row of their own for it (absent: none)
+    tied: dict[str, Any]
 
 
 class ClipFields(TypedDict):

@@ -222,6 +222,14 @@ HELLO_FIELDS = (
         required=True,
         view=None,
     ),
+    _F(
+        "tied",
+        _T.OBJECT,
+        "tied weights: a layer's name -> the other modules sharing one of its parameters",
+        NAMED,
+        checked=False,
+        view=None,
+    ),
     _STATE,
 )
 

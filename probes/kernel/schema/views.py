@@ -55,6 +55,8 @@ class RunInfo:
     sync: str = "unknown"  # how a job's ranks share gradients: ddp, fsdp, unknown
     param_counts: tuple[int, ...] = ()  # per layer
     control: Mapping[str, Any] = field(default_factory=dict)  # paused, guard, ... now
+    # tied weights: a layer's name -> the other modules sharing one of its parameters
+    tied: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_hello(cls, hello: Record) -> RunInfo:
@@ -84,10 +86,17 @@ class RunInfo:
             sync=str(hello.get("sync") or "unknown"),
             param_counts=tuple(int(c) for c in hello.get("param_counts", [])),
             control=dict(hello.get("state") or {}),
+            tied=_tied(hello.get("tied")),
         )
 
     def layer(self, index: int) -> str:
         return self.layers[index] if 0 <= index < len(self.layers) else f"layer {index}"
+
+    def layer_label(self, name: str) -> str:
+        """A layer's name with every other name of its tied weights:
+        ``transformer.wte (= lm_head)``; the name alone when none is tied to it."""
+        others = self.tied.get(name)
+        return f"{name} (= {', '.join(others)})" if others else name
 
     def feeding_layer(self, activation: int) -> str | None:
         """The name of the layer feeding activation ``activation`` (None if unknown)."""
@@ -95,6 +104,17 @@ class RunInfo:
             return None
         index = self.activation_layers[activation]
         return None if index is None else self.layer(index)
+
+
+def _tied(value: Any) -> dict[str, tuple[str, ...]]:
+    """The hello's ``tied``, leniently: names to lists of names (others ignored)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {
+        str(name): tuple(str(other) for other in others)
+        for name, others in value.items()
+        if isinstance(others, list | tuple) and others
+    }
 
 
 NO_LAYERS: Mapping[str, Any] = MappingProxyType({})
