@@ -33,12 +33,19 @@ class AlertsPanel(DataTable[Text | str]):
         self._shown: list[tuple[int, bool, tuple[str, ...], tuple[str, ...]]] = []
         self._widths: Widths | None = None
 
+    def on_resize(self) -> None:
+        """Refit the columns to the new width (the run list may have taken some): the
+        alerts shown, not newer ones (the views change together, at the app's tick)."""
+        self._draw(self.entries)
+
     def show(self, run: RunState | None) -> None:
         """Redraw from the run's alerts (active first, in checklist order), each
         column fitted to the panel's width (``fit_columns``)."""
-        entries = sorted_alerts(run.alerts) if run is not None else []
+        self._draw(sorted_alerts(run.alerts) if run is not None else [])
+
+    def _draw(self, entries: list[AlertEntry]) -> None:
         rows = [_cells(entry) for entry in entries]
-        widths = fit_columns(self.size.width, rows)
+        widths = fit_columns(self.outer_size.width, rows)  # (scroll bars counted: steady)
         shown = [(id(e), e.active, e.alert.folded, e.alert.layers) for e in entries]
         if shown == self._shown and widths == self._widths:
             return

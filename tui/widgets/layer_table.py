@@ -57,6 +57,13 @@ class LayerTable(DataTable[Text | str]):
     def on_mount(self) -> None:
         self._add_columns(NAME_WIDTH, SPARK_WIDTH)
 
+    def on_resize(self) -> None:
+        """Refit the name and history columns to the new width (only then: the values
+        change at the app's tick, with the other views')."""
+        layers = [plain_name(name) for name in self._layers]
+        if fit_widths(self.outer_size.width, layers) != self._widths:
+            self.show(self._run)
+
     def _add_columns(self, name_width: int, spark_width: int) -> None:
         self._widths = (name_width, spark_width)
         fitted = {"layer": name_width, "history": spark_width}
@@ -71,7 +78,9 @@ class LayerTable(DataTable[Text | str]):
         as they scroll into view."""
         self._run = run
         layers = run.layers if run is not None else []
-        widths = fit_widths(self.size.width, [plain_name(name) for name in layers])
+        widths = fit_widths(
+            self.outer_size.width, [plain_name(n) for n in layers]
+        )  # (scroll bar too)
         if layers != self._layers or widths != self._widths:
             self.clear(columns=widths != self._widths)
             if not self.columns:
