@@ -20,6 +20,7 @@ from tests.frames import (
     deep_run,
     exploding_run,
     fixed_and_exploding,
+    hello,
     short_run,
     step,
 )
@@ -223,4 +224,68 @@ def test_help_screen(snap_compare: SnapCompare) -> None:
 def test_learning_rate_confirmation(snap_compare: SnapCompare) -> None:
     assert snap_compare(
         app_on(short_run(5)), terminal_size=SIZE, run_before=opens("minus", "Confirm")
+    )
+
+
+# --- 80x24 with a GPT-style model's layer names (issue 19, item 5) ---------------------
+
+GPT_LAYERS = [
+    "transformer.wte",
+    "transformer.wpe",
+    *(
+        f"transformer.h.{block}.{part}"
+        for block in (0, 11)
+        for part in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+    ),
+    "transformer.ln_f",
+    "lm_head",
+]
+EXPLODING = [
+    GPT_LAYERS.index(n) for n in ("transformer.h.0.attn.c_proj", "transformer.h.0.mlp.c_fc")
+]
+
+
+def gpt_run(steps: int = 14) -> list:
+    """A GPT-style model whose ``transformer.h.0.attn.c_proj`` and ``...mlp.c_fc``
+    gradients grow tenfold a step from step 10, the loss with them: one alert naming
+    the first layer and one more (``+1``)."""
+    frames = [hello("run-gpt", "gpt2-small-lr3e-3", layers=GPT_LAYERS)]
+    for i in range(steps):
+        grads = [0.2 + 0.01 * k for k in range(len(GPT_LAYERS))]
+        loss = 3.9 - 0.05 * i
+        if i >= 10:
+            for layer in EXPLODING:
+                grads[layer] = 10.0 ** (i - 8)
+            loss = 3.4 * 2 ** (i - 9)
+        frame = step(i, "run-gpt", loss=loss, grad_norms=grads, layers=len(GPT_LAYERS))
+        frame["probe_time"] = 0.021 * frame["duration"]
+        frames.append(frame)
+    return frames
+
+
+def gpt_alerted(app: App) -> bool:
+    return replay_over(app) and bool(app.query_one(AlertsPanel).entries)
+
+
+def test_main_screen_gpt_80x24(snap_compare: SnapCompare) -> None:
+    """The layer table keeps ``update/w`` and ``status`` on screen with names
+    shortened from the middle; the alert's row keeps its folded count; the legend
+    is under the plot; ``? Help`` is in the footer."""
+    assert snap_compare(app_on(gpt_run()), terminal_size=(80, 24), run_before=until(gpt_alerted))
+
+
+def test_alert_detail_gpt_80x24(snap_compare: SnapCompare) -> None:
+    """The detail names the layer in full."""
+
+    async def open_detail(pilot: Pilot) -> None:
+        await until(gpt_alerted)(pilot)
+        await pilot.press("enter")
+        await until(lambda app: type(app.screen).__name__ == "AlertDetail")(pilot)
+
+    assert snap_compare(app_on(gpt_run()), terminal_size=(80, 24), run_before=open_detail)
+
+
+def test_help_screen_80x24(snap_compare: SnapCompare) -> None:
+    assert snap_compare(
+        app_on(gpt_run()), terminal_size=(80, 24), run_before=opens("question_mark", "HelpScreen")
     )

@@ -75,6 +75,9 @@ class TraintopApp(App[int]):
     TITLE = "traintop"
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        # ? comes second: the footer drops the keys that do not fit from the right, and
+        # the help is the one key that finds the others.
+        Binding("question_mark", "help", "Help"),
         # Ctrl-C quits as q does, as in most terminal monitors (Textual's own binding
         # only says "press ctrl+q"); a priority binding: no widget takes it for a copy.
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
@@ -96,7 +99,6 @@ class TraintopApp(App[int]):
         Binding("m", "compare", "Compare", show=False),
         Binding("r", "next_run", "Next run", show=False),
         Binding("k", "next_rank", "Next rank", show=False),
-        Binding("question_mark", "help", "Help"),
     ]
 
     selected_run: reactive[str | None] = reactive(None, init=False)

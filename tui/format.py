@@ -10,7 +10,7 @@ from probes.kernel.diagnosis import Severity, worst_severity
 from probes.kernel.endings import RunEnd
 from tui.run import RunState
 from tui.state import MonitorState
-from tui.text import cut, plain_line, plain_name
+from tui.text import cut_words, plain_line, plain_name
 
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 
@@ -89,14 +89,17 @@ def connection_label(run: RunState, now: float | None = None) -> str:
 
 
 class StatusField(str):
-    """One field of the status line: its text, and the style it is shown in (chosen
-    from the state it tells of, never read back from the text)."""
+    """One field of the status line: its text, the style it is shown in (chosen
+    from the state it tells of, never read back from the text), and its ``role``
+    (what it tells: ``fit_status`` drops fields by role, never by their words)."""
 
     style: str
+    role: str
 
-    def __new__(cls, text: str, style: str = "") -> StatusField:
+    def __new__(cls, text: str, style: str = "", role: str = "") -> StatusField:
         field = super().__new__(cls, text)
         field.style = style
+        field.role = role
         return field
 
 
@@ -111,7 +114,8 @@ def status_fields(
 ) -> list[str]:
     """The status line's fields, most important first; ``short`` abbreviates them for
     a narrow terminal (``75.7/s``, ``alerts 2/3``, ``drop 0``), every one still there.
-    Each is a ``StatusField``: its ``style`` says how to show it."""
+    Each is a ``StatusField``: its ``style`` says how to show it, its ``role`` what
+    it is."""
     if run is None:
         return ["traintop", f"{'waiting' if short else 'waiting for a run'}: {listening}"]
     rate = run.steps_per_s
@@ -122,38 +126,46 @@ def status_fields(
     else:
         speed = f"{rate:,.1f} steps/s"
     fields: list[str] = [
-        plain_name(run.name),
-        f"step {run.last_step:,}",
-        speed,
-        f"loss {number(run.loss)}",
+        StatusField(plain_name(run.name), role="name"),
+        StatusField(f"step {run.last_step:,}", role="step"),
+        StatusField(speed, role="speed"),
+        StatusField(f"loss {number(run.loss)}", role="loss"),
     ]
-    control = StatusField(control_label(run), _control_style(run))
+    control = StatusField(control_label(run), _control_style(run), "control")
     if short and run.connected and not run.probe_error:
         quiet = connection_label(run)
-        fields.append(control if quiet == "connected" else quiet.replace("connected, ", ""))
+        fields.append(
+            control
+            if quiet == "connected"
+            else StatusField(quiet.replace("connected, ", ""), role="connection")
+        )
     elif short and not run.connected and not run.probe_error:
         text = _short_ending(run)
-        fields.append(StatusField(text, _connection_style(run, text)))
+        fields.append(StatusField(text, _connection_style(run, text), "connection"))
     else:
         connection = connection_label(run)
         fields += [
-            StatusField(connection, _connection_style(run, connection)),
+            StatusField(connection, _connection_style(run, connection), "connection"),
             *([control] if run.connected else []),
         ]
     dropped = f"drop {run.dropped:,}" if short else f"dropped {run.dropped:,}"
     fields += [
-        StatusField(alerts_label(run, short=short), _alerts_style(run)),
-        StatusField(dropped, Severity.WARNING.style if run.dropped else ""),
+        StatusField(alerts_label(run, short=short), _alerts_style(run), "alerts"),
+        StatusField(
+            dropped,
+            Severity.WARNING.style if run.dropped else "",
+            "dropped" if run.dropped else "dropped_none",
+        ),
     ]
     share = run.probe_share
     if share is not None:
         style = Severity.WARNING.style if share > PROBE_COST_WARN else ""
-        fields.append(StatusField(f"probe {100 * share:.1f}%", style))
+        fields.append(StatusField(f"probe {100 * share:.1f}%", style, "probe"))
     if monitor.rejected_frames:
         rejected = f"{'rej' if short else 'rejected'} {monitor.rejected_frames:,}"
-        fields.append(StatusField(rejected, GONE_STYLE))
+        fields.append(StatusField(rejected, GONE_STYLE, "rejected"))
     if len(monitor.runs) > 1:
-        fields.append(f"{len(monitor.runs)} runs")
+        fields.append(StatusField(f"{len(monitor.runs)} runs", role="runs"))
     return fields
 
 
@@ -184,14 +196,24 @@ def _alerts_style(run: RunState) -> str:
 
 
 STATUS_SEPARATORS = (" │ ", "│")
+#: Fields that give way, whole, in this order, when the abbreviated line is still too
+#: wide: what the run list, the chart or a toast tells too, then the least asked for.
+#: The run's name, its step, how it is connected (or ended, or its control) and its
+#: alerts stay.
+GIVE_WAY = ("probe", "runs", "dropped_none", "speed", "rejected", "dropped", "loss")
 
 
 def fit_status(
     run: RunState | None, monitor: MonitorState, listening: str, width: int
 ) -> tuple[list[str], str]:
-    """The status fields and separator that fit ``width`` columns: full, then
-    abbreviated, then abbreviated with tight separators (the widget crops what still
-    does not fit, from the right, where the least important fields are)."""
+    """The status fields and separator that fit ``width`` columns, by rule; a field
+    is shown whole or not at all (how the run ended and its name may be cut, with
+    an ellipsis, at a word's end where one is near):
+
+    1. full; 2. abbreviated (``status_fields(short=True)``); 3. tight separators;
+    4. how the run ended cut (an error keeps ``error: TYPE:``), then the run's name
+    (the run list shows it), to ``NAME_MIN``; 5. whole fields dropped in the order of
+    ``GIVE_WAY`` (``probe N%``, ``N runs``, ``drop 0``, the speed, ...)."""
     choices = [
         (False, STATUS_SEPARATORS[0]),
         (True, STATUS_SEPARATORS[0]),
@@ -199,18 +221,25 @@ def fit_status(
     ]
     for short, separator in choices:
         fields = status_fields(run, monitor, listening, short=short)
-        if width <= 0 or len(separator.join(fields)) <= width:
+        if width <= 0 or _width(fields, separator) <= width:
             return fields, separator
-    # Then how the run ended gives way (an error keeps its type); last, the run's name
-    # (the run list shows it), to NAME_MIN.
-    over = _shorten_ending(fields, run, len(separator.join(fields)) - width)
-    if over <= 0:
-        return fields, separator
+    over = _shorten_ending(fields, run, _width(fields, separator) - width)
     name = fields[0]
-    if len(name) > NAME_MIN:
-        keep = max(len(name) - over - 1, NAME_MIN)
-        fields[0] = name[:keep] + "…"
+    if over > 0 and len(name) > NAME_MIN:
+        keep = max(len(name) - over, NAME_MIN + 1)
+        fields[0] = StatusField(cut_words(name, keep), "", "name")
+    for role in GIVE_WAY:
+        if _width(fields, separator) <= width:
+            break
+        fields = [field for field in fields if getattr(field, "role", "") != role]
+    room = width - _width(fields, separator)  # what a dropped field left: to the name
+    if room > 0 and fields[0] != name:
+        fields[0] = StatusField(cut_words(name, len(fields[0]) + room), "", "name")
     return fields, separator
+
+
+def _width(fields: list[str], separator: str) -> int:
+    return len(separator.join(fields))
 
 
 def _short_ending(run: RunState) -> str:
@@ -220,7 +249,7 @@ def _short_ending(run: RunState) -> str:
     if ending is None:
         return "disconnected"
     if ending.ending.said_bye:
-        return cut(plain_line(ending.label), ENDING_SHORT)
+        return cut_words(plain_line(ending.label), ENDING_SHORT)
     return ending.ending.label
 
 
@@ -232,12 +261,13 @@ def _shorten_ending(fields: list[str], run: RunState | None, over: int) -> int:
     if ending is None:
         return over
     for index, field in enumerate(fields[1:], start=1):
-        if field.startswith(ending.ending.label):
+        if getattr(field, "role", "") == "connection":
             parts = field.split(": ", 2)  # "error", its type, its message: the type stays
             least = len(parts[0]) + len(parts[1]) + 5 if len(parts) == 3 else ENDING_MIN
             shown = max(len(field) - over, min(len(field), least))
-            fields[index] = StatusField(cut(field, shown), getattr(field, "style", ""))
-            return over - (len(field) - shown)
+            text = cut_words(field, shown)
+            fields[index] = StatusField(text, getattr(field, "style", ""), "connection")
+            return over - (len(field) - len(text))
     return over
 
 

@@ -91,3 +91,56 @@ def _clean(text: str, *, keep_lines: bool) -> str:
         elif unicodedata.category(char) not in _DROPPED:
             out.append(char)
     return "".join(out)
+
+
+SEPARATORS = "._/-:"  # where a layer's (or a run's) name divides into words
+
+
+def shorten_middle(name: str, width: int) -> str:
+    """``name`` in at most ``width`` characters: its start and its end around an
+    ellipsis, the end kept as whole segments where they fit
+    (``transformer.h.0.attn.c_proj`` in 20: ``transf…0.attn.c_proj``). The end says
+    what a layer is and which block; the start, the model part it belongs to.
+
+    Example:
+        >>> shorten_middle("transformer.h.11.mlp.c_fc", 16)
+        'transfo…mlp.c_fc'
+    """
+    if len(name) <= width:
+        return name
+    if width <= 1:
+        return ELLIPSIS[:width]
+    budget = width - 1  # what the ellipsis leaves
+    head_min = budget // 3
+    tail = _whole_segments_tail(name, budget - head_min)
+    if not tail:  # not even the last segment fits: cut by characters
+        tail = name[len(name) - (budget - budget // 3) :]
+    head = name[: budget - len(tail)]
+    return head + ELLIPSIS + tail
+
+
+def _whole_segments_tail(name: str, room: int) -> str:
+    """The longest end of ``name`` made of whole segments (it starts after a
+    separator) in at most ``room`` characters; empty if even the last is longer."""
+    best = ""
+    for index in range(len(name) - 1, 0, -1):
+        if name[index - 1] in SEPARATORS:
+            if len(name) - index > room:
+                break
+            best = name[index:]
+    return best
+
+
+def cut_words(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, the last an ellipsis, cut after a
+    word (a space or a name's separator: ``sigmoid-…``) where one falls in the last
+    third of what is kept, else by characters."""
+    if len(text) <= limit:
+        return text
+    if limit <= 1:
+        return ELLIPSIS[:limit]
+    head = text[: limit - 1]
+    ends = [i + 1 for i, char in enumerate(head) if char == " " or char in SEPARATORS]
+    if ends and ends[-1] >= (2 * len(head)) // 3:
+        head = head[: ends[-1]]
+    return head + ELLIPSIS

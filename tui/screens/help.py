@@ -27,7 +27,9 @@ KEYS = (
     ("h", "per-layer view: the table, or a heatmap of log10 grad norm over the whole run"),
     ("m", "compare runs: losses overlaid, per-layer grad-norm ratios to a reference"),
     ("r", "next run (several runs connected)"),
+    ("k", "pick the rank: the next rank of a multi-rank job (the views start on rank 0)"),
     ("tab", "move between the alerts and the layer table"),
+    ("?", "this help (escape closes it, and every screen over the main one)"),
 )
 #: What q does, which depends on how the monitor was started.
 QUIT = {
@@ -45,7 +47,7 @@ def keys_for(mode: str) -> list[tuple[str, str]]:
         keys.append(
             ("", f"{' '.join(LIVE_ONLY)}: commands to a live run (a replay has none to take them)")
         )
-    return [*keys, ("q", QUIT.get(mode, QUIT["live"]))]
+    return [*keys, ("q", QUIT.get(mode, QUIT["live"])), ("ctrl+c", "the same as q")]
 
 
 class HelpScreen(PanelScreen):

@@ -21,14 +21,13 @@ from textual.widgets import Static
 from tui.format import number
 from tui.heatmap import MISSING
 from tui.run import RunState
-from tui.text import plain_name
-from tui.widgets.layer_table import short_name
+from tui.text import plain_name, shorten_middle
 
 BARS = "▁▂▃▄▅▆▇█"
 # viridis, low to high: dark to bright, readable on a dark or a light background
 COLORS = ("#440154", "#46327e", "#365c8d", "#277f8e", "#1fa187", "#4ac16d", "#a0da39", "#fde725")
 NON_FINITE_STYLE = "bold white on red"
-NAME_WIDTH_MAX = 16
+NAME_WIDTH_MAX = 20
 REDRAW_EVERY_S = 1.0
 
 
@@ -84,7 +83,8 @@ class GradHeatmapView(Vertical):
         self._shown, self._drawn_at = shape, now
         width = self.size.width or 80
         layers = [plain_name(name) for name in run.layers] if run is not None else []
-        name_width = min(max((len(name) for name in layers), default=5), NAME_WIDTH_MAX)
+        longest = max((len(name) for name in layers), default=5)
+        name_width = min(longest, NAME_WIDTH_MAX, max(width // 4, 8))  # shortened in the middle
         cells = max(width - name_width - 3, 4)  # a space after the names; a scroll bar
         heat = run.heatmap if run is not None else None
         if heat is None or heat.columns == 0:
@@ -101,7 +101,7 @@ class GradHeatmapView(Vertical):
         rows = Text(no_wrap=True, overflow="crop")
         self.rows_text = []
         for index, (name, values) in enumerate(zip(layers, grid, strict=True)):
-            line = _row(short_name(name, name_width).ljust(name_width), values, self.scale)
+            line = _row(shorten_middle(name, name_width).ljust(name_width), values, self.scale)
             self.rows_text.append(line.plain)
             rows.append_text(line)
             if index < len(layers) - 1:

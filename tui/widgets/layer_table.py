@@ -9,19 +9,24 @@ from textual.widgets import DataTable
 
 from tui.format import number, sparkline
 from tui.run import RunState
-from tui.text import plain_name
+from tui.text import plain_name, shorten_middle
 
-SPARK_WIDTH = 20
-#: (key, label, width); None sizes the column to its content.
-COLUMNS: tuple[tuple[str, str, int | None], ...] = (
-    ("layer", "layer", None),
+SPARK_WIDTH = 20  # the history's columns when there is room
+HISTORY_SHORT = "history"  # the history's header in a narrow column
+SPARK_MIN = 8  # ... at least: it gives way first, so that names stay readable
+#: (key, label, width); the layer's and the history's widths are fitted (``fit_widths``).
+COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("layer", "layer", 5),
     ("grad", "grad norm", 9),
     ("history", "grad history (log)", SPARK_WIDTH),
     ("param", "param norm", 10),
-    ("update", "update/w", 9),
+    ("update", "update/w", 8),
     ("status", "status", 10),
 )
 NAME_WIDTH = 40  # longer layer names are shortened in the middle
+NAME_MIN = 12  # characters of a name kept at least (the table scrolls sideways below)
+CELL_PADDING = 2  # a DataTable cell's padding, both sides
+SCROLL_BAR = 2  # the vertical scroll bar of a deep model
 VISIBLE_MARGIN = 5  # rows above and below the screen kept up to date too
 UNLAID_ROWS = 100  # rows filled before the table has a size
 STATUS_STYLE = {
@@ -47,10 +52,25 @@ class LayerTable(DataTable[Text | str]):
         self._layers: list[str] = []
         self._shown: dict[tuple[str, str], str] = {}  # what each cell shows (plain text)
         self._run: RunState | None = None
+        self._widths: tuple[int, int] = (0, 0)  # (name, history) the columns have
 
     def on_mount(self) -> None:
+        self._add_columns(NAME_WIDTH, SPARK_WIDTH)
+
+    def on_resize(self) -> None:
+        """Refit the name and history columns to the new width (only then: the values
+        change at the app's tick, with the other views')."""
+        layers = [plain_name(name) for name in self._layers]
+        if fit_widths(self.outer_size.width, layers) != self._widths:
+            self.show(self._run)
+
+    def _add_columns(self, name_width: int, spark_width: int) -> None:
+        self._widths = (name_width, spark_width)
+        fitted = {"layer": name_width, "history": spark_width}
         for key, label, width in COLUMNS:
-            self.add_column(label, key=key, width=width)
+            if key == "history" and spark_width < len(label):
+                label = HISTORY_SHORT  # (a header cut mid-word says less)
+            self.add_column(label, key=key, width=fitted.get(key, width))
 
     def show(self, run: RunState | None) -> None:
         """Redraw from the run's per-layer arrays: the rows on screen (a model with
@@ -58,12 +78,17 @@ class LayerTable(DataTable[Text | str]):
         as they scroll into view."""
         self._run = run
         layers = run.layers if run is not None else []
-        if layers != self._layers:
-            self.clear()
+        widths = fit_widths(
+            self.outer_size.width, [plain_name(n) for n in layers]
+        )  # (scroll bar too)
+        if layers != self._layers or widths != self._widths:
+            self.clear(columns=widths != self._widths)
+            if not self.columns:
+                self._add_columns(*widths)
             self._shown.clear()
             self._layers = list(layers)
             for name in layers:
-                self.add_row(Text(short_name(plain_name(name))), "-", "", "-", "-", "", key=name)
+                self.add_row(Text(self._layer_label(name)), "-", "", "-", "-", "", key=name)
         if run is not None:
             self._fill(run)
 
@@ -82,11 +107,12 @@ class LayerTable(DataTable[Text | str]):
             name = layers[i]
             grad = _at(run.grad_norms, i)
             history = run.grad_history(i)
+            spark_width = self._widths[1]
             style = STATUS_STYLE.get(status.get(name, ""), "")
             label = run.info.layer_label(name)  # tied weights: every name sharing them
-            self._set(name, "layer", Text(short_name(plain_name(label)), style=style))
+            self._set(name, "layer", Text(self._layer_label(label), style=style))
             self._set(name, "grad", _value_text(grad))
-            self._set(name, "history", Text(sparkline(history, SPARK_WIDTH), "cyan"))
+            self._set(name, "history", Text(sparkline(history, spark_width), "cyan"))
             self._set(name, "param", Text(number(_at(run.param_norms, i))))
             self._set(name, "update", Text(number(_at(run.update_ratios, i), 2)))
             self._set(name, "status", Text(status.get(name, "").replace("_", " "), style=style))
@@ -103,14 +129,31 @@ class LayerTable(DataTable[Text | str]):
         """The plain text of one layer's row (for tests and captures)."""
         return [str(cell) for cell in self.get_row(layer)]
 
+    def _layer_label(self, layer: str) -> str:
+        """A layer's name as its column shows it: shortened from the middle to fit
+        (the alert detail has it whole)."""
+        return shorten_middle(plain_name(layer), self._widths[0])
+
+
+def fit_widths(width: int, names: list[str]) -> tuple[int, int]:
+    """The widths of the name and history columns in a table ``width`` wide, so that
+    every column stays on screen: the history gives way (to ``SPARK_MIN``) before
+    names are shortened (to ``NAME_MIN``); an unlaid table (``width`` 0) gets both
+    whole."""
+    longest = min(max((len(name) for name in names), default=5), NAME_WIDTH)
+    longest = max(longest, len("layer"))
+    if width <= 0:
+        return longest, SPARK_WIDTH
+    fixed = sum(w for key, _, w in COLUMNS if key not in ("layer", "history"))
+    room = width - SCROLL_BAR - CELL_PADDING * len(COLUMNS) - fixed  # name and history
+    spark = max(min(SPARK_WIDTH, room - longest), SPARK_MIN)
+    name = min(longest, max(room - spark, NAME_MIN))
+    return name, spark
+
 
 def short_name(name: str, width: int = NAME_WIDTH) -> str:
-    """``name``, or its start and end around an ellipsis when longer than ``width``
-    (the end names the layer; the start, the block it belongs to)."""
-    if len(name) <= width:
-        return name
-    tail = (width - 1) * 2 // 3
-    return name[: width - 1 - tail] + "…" + name[-tail:]
+    """``name`` shortened from the middle to ``width`` (``tui.text.shorten_middle``)."""
+    return shorten_middle(name, width)
 
 
 def _at(values: list[float | None], index: int) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from rich.text import Text
 from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
@@ -18,6 +19,9 @@ VALIDATION_COLOR = "orange"
 NON_FINITE_COLOR = "red"
 SMOOTHING = 0.9
 LEGEND_LIMIT = 40  # characters of a name in the legend
+LEGEND_MARK = "━━"
+#: plotext's colour names as rich styles, for the legend (rich has no "orange")
+LEGEND_STYLES = {TRAIN_COLOR: "cyan", VALIDATION_COLOR: "dark_orange"}
 XLABEL_MIN_HEIGHT = 16  # a shorter chart gives the "step" label's row to the curves
 
 
@@ -26,12 +30,15 @@ class LossChart(PlotextPlot):
 
     The y axis turns logarithmic on its own when the loss spans more than one and
     a half decades (``l`` cycles auto, log, linear); a red line marks the first
-    non-finite training loss.
+    non-finite training loss. The title and the legend are the subtitle of the
+    border under the chart (``app.tcss``), under the step axis as a figure's legend:
+    inside the plot, plotext's legend hid the first steps, and its title took a row.
     """
 
     DEFAULT_CSS = """
     LossChart {
         height: 1fr;
+        border-subtitle-align: center;
     }
     """
 
@@ -41,6 +48,7 @@ class LossChart(PlotextPlot):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.plotted: dict[str, list[float]] = {}  # line label -> y values drawn
+        self.title_text = ""  # the title and legend as shown (for tests and captures)
         self.first_non_finite: float | None = None
 
     def show(self, run: RunState | None) -> None:
@@ -60,11 +68,19 @@ class LossChart(PlotextPlot):
         for label, color, xs, ys in lines:
             xs, ys = downsample(xs, ys, limit)
             if xs:
-                plt.plot(
-                    xs, ys, label=label, color=color, marker="braille" if len(xs) > 1 else "dot"
-                )
+                plt.plot(xs, ys, color=color, marker="braille" if len(xs) > 1 else "dot")
                 self.plotted[label] = ys
         self._axes(run, [y for _, _, _, ys in lines for y in ys], log)
+        legend = [
+            (label, LEGEND_STYLES.get(color, color))
+            for label, color, _, _ in lines
+            if label in self.plotted
+        ]
+        title = chart_title(
+            self.size.width or 80, log, self.smoothing, self.first_non_finite, legend
+        )
+        self.title_text = title.plain
+        self.border_subtitle = title
         self.refresh()
 
     def _lines(self, run: RunState | None) -> list[tuple[str, str, list[float], list[float]]]:
@@ -87,12 +103,8 @@ class LossChart(PlotextPlot):
     def _axes(self, run: RunState | None, ys: list[float], log: bool) -> None:
         plt = self.plt
         self.first_non_finite = _first_non_finite(run)
-        title = "loss" + (", log scale" if log else "")
-        title += ", train smoothed" if self.smoothing else ""
         if self.first_non_finite is not None:
-            title += f"  (non-finite from step {int(self.first_non_finite)})"
             plt.vline(self.first_non_finite, NON_FINITE_COLOR)
-        plt.title(title)
         for step, color in _alert_markers(run) + _lr_markers(run):
             plt.vline(step, color)
         if run is not None and run.last_step > 0:
@@ -110,6 +122,45 @@ class LossChart(PlotextPlot):
     def cycle_scale(self) -> None:
         """auto -> log -> linear -> auto."""
         self.scale = {"auto": "log", "log": "linear", "linear": "auto"}[self.scale]
+
+
+def chart_title(
+    width: int,
+    log: bool,
+    smoothed: bool,
+    non_finite: float | None,
+    legend: list[tuple[str, str]],
+) -> Text:
+    """The chart's title and legend on one line of ``width`` columns (less its
+    corners): ``loss, log scale, train smoothed  (non-finite from step 23)  ━━ train
+    loss  ━━ validation (val_loss)``, abbreviated by rule until it fits: the words of
+    the title first (``loss, log, smoothed, nan@23``), then the legend's (``train``,
+    ``val_loss``); the legend's marks and colours stay."""
+    nan_at = None if non_finite is None else int(non_finite)
+    long_title = "loss" + (", log scale" if log else "") + (", train smoothed" if smoothed else "")
+    long_title += f"  (non-finite from step {nan_at})" if nan_at is not None else ""
+    short_title = "loss" + (", log" if log else "") + (", smoothed" if smoothed else "")
+    short_title += f", nan@{nan_at}" if nan_at is not None else ""
+    short_legend = [(_short_label(label), color) for label, color in legend]
+    choices = [(long_title, legend), (short_title, legend), (short_title, short_legend)]
+    choices.append(("loss", short_legend))
+    for title, entries in choices:
+        text = Text(f" {title}")
+        for label, color in entries:
+            text.append("  ")
+            text.append(LEGEND_MARK, style=color)
+            text.append(f" {label}")
+        text.append(" ")  # (apart from the border's line)
+        if len(text.plain) + 2 <= width:
+            return text
+    return text
+
+
+def _short_label(label: str) -> str:
+    """``train`` for the train loss; a validation loss by its own name."""
+    if label.startswith("validation (") and label.endswith(")"):
+        return label[len("validation (") : -1]
+    return label.removesuffix(" loss")
 
 
 def ema(values: list[float], weight: float) -> list[float]:
