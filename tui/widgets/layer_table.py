@@ -60,8 +60,7 @@ class LayerTable(DataTable[Text | str]):
     def on_resize(self) -> None:
         """Refit the name and history columns to the new width (only then: the values
         change at the app's tick, with the other views')."""
-        layers = [plain_name(name) for name in self._layers]
-        if fit_widths(self.outer_size.width, layers) != self._widths:
+        if fit_widths(self.outer_size.width, self._labels(self._run)) != self._widths:
             self.show(self._run)
 
     def _add_columns(self, name_width: int, spark_width: int) -> None:
@@ -78,9 +77,7 @@ class LayerTable(DataTable[Text | str]):
         as they scroll into view."""
         self._run = run
         layers = run.layers if run is not None else []
-        widths = fit_widths(
-            self.outer_size.width, [plain_name(n) for n in layers]
-        )  # (scroll bar too)
+        widths = fit_widths(self.outer_size.width, self._labels(run))  # (scroll bar too)
         if layers != self._layers or widths != self._widths:
             self.clear(columns=widths != self._widths)
             if not self.columns:
@@ -128,6 +125,13 @@ class LayerTable(DataTable[Text | str]):
     def row_text(self, layer: str) -> list[str]:
         """The plain text of one layer's row (for tests and captures)."""
         return [str(cell) for cell in self.get_row(layer)]
+
+    @staticmethod
+    def _labels(run: RunState | None) -> list[str]:
+        """Every layer's name as it would show whole (a tied layer with its aliases)."""
+        if run is None:
+            return []
+        return [plain_name(run.info.layer_label(name)) for name in run.layers]
 
     def _layer_label(self, layer: str) -> str:
         """A layer's name as its column shows it: shortened from the middle to fit
