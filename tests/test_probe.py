@@ -563,13 +563,21 @@ def test_late_monitor_gets_hello_and_history(socket_path: str) -> None:
         if i % 10 == 9:
             with probe.evaluate():
                 probe.log(val_loss=1.0)
+    # The last step's record (and the evaluation after it) is held until the next step
+    # begins: one more step files them, so the history holds all five evaluations
+    # whenever the monitor connects (a race with the sender's back-off otherwise).
+    with probe.step():
+        probe.log(loss=train_step(model, optimizer, 50))
     assert not probe.sender.connected.is_set()
     # the sender has taken every record into its history (nobody to send it to yet)
-    wait_until(lambda: not probe.sender._queue, "the sender to take the records")
+    wait_until(
+        lambda: sum(r["kind"] == "eval" for r in probe.sender._history.replay()) == 5,
+        "the history to hold every evaluation",
+    )
 
     collector = FrameCollector(socket_path)
     try:
-        for i in range(50, 55):
+        for i in range(51, 55):
             with probe.step():
                 probe.log(loss=train_step(model, optimizer, i))
         probe.close()
