@@ -366,7 +366,7 @@ class TraintopApp(App[int]):
             return
         problem = self.monitor.send_command(run.run_id, command, **args)
         if problem:
-            self.notify(problem, severity="warning")
+            self.notify(problem, severity="warning", markup=False)
 
     def action_pause_resume(self) -> None:
         run = self.current_run

@@ -165,16 +165,7 @@ class StepBoundary:
     # --- the boundaries -----------------------------------------------------------------
 
     def begin_step(self, index: int | None = None) -> None:
-        """A training step begins (what ``with probe.step():`` does on entry).
-
-        For loops the caller does not own: a framework callback calls this at the start
-        of each optimizer step (its first micro-batch under gradient accumulation). A
-        paused run blocks here until the monitor resumes or steps it.
-
-        Args:
-            index: the step's index (e.g. the framework's global step); by default the
-                previous index plus one, starting at 0.
-        """
+        """A step begins (``Probe.begin_step`` says what for whom); a paused run blocks."""
         started = time.perf_counter()
         if self.disabled or self.closed:  # still count steps, so events keep their step
             self.index = self.index + 1 if index is None else index
@@ -189,12 +180,7 @@ class StepBoundary:
         self._probe_time = time.perf_counter() - self._step_started
 
     def gradients_final(self) -> None:
-        """The gradients of this step are final: read them now, if not read yet.
-
-        Needed only where nothing else tells: the optimizer's step and torch's
-        ``clip_grad_norm_`` already do. A framework calls it before it clips by other
-        means, or before it clears the gradients of a step with no optimizer watched.
-        """
+        """Read the gradients now if not read yet (``Probe.gradients_final``)."""
         if not self.in_step or self.disabled:
             return
         started = time.perf_counter()
@@ -207,15 +193,8 @@ class StepBoundary:
         self._probe_time += time.perf_counter() - started
 
     def end_step(self, error: BaseException | None = None) -> bool:
-        """The step ends (what ``with probe.step():`` does on exit).
-
-        Args:
-            error: the exception that ended the step, if one did.
-
-        Returns:
-            True when ``error`` is the anomaly step's own and the probe dealt with it (the
-            update was skipped, the run pauses): a ``with`` block swallows it then.
-        """
+        """The step ends (``Probe.end_step``): True when ``error`` is the anomaly step's
+        own and was dealt with, so a ``with`` block swallows it."""
         if not self.in_step or self.disabled:
             self.in_step = False
             return False
