@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,75 +21,106 @@ from torch import nn
 import probes
 from tui.cli import main
 
-#: A short loop; prints a digest of the trained weights (``WATCH=0``: no probe at all).
+#: A short loop, trained once per address named on the command line (``-``: no probe at
+#: all), each in the same process from the same seed; prints a digest of the trained
+#: weights per address, and marks on stderr where each address's training begins. One
+#: process for every address: each is its own probe, and torch starts once.
 TRAINER = """
-import hashlib, os, torch
+import hashlib, os, sys, torch
 from torch import nn
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-probe = None
-if os.environ.get("WATCH") != "0":
-    import probes
-    probe = probes.watch(model, optimizer)
-for i in range(30):
-    x = torch.randn(16, 4)
+for address in sys.argv[1:]:
+    print("--- " + address, file=sys.stderr, flush=True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = None
+    if address != "-":
+        import probes
+        os.environ["TRAINTOP_ADDRESS"] = address
+        probe = probes.watch(model, optimizer)
+    for i in range(30):
+        x = torch.randn(16, 4)
+        if probe is not None:
+            probe.begin_step()
+        optimizer.zero_grad()
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        if probe is not None:
+            probe.log(loss=loss)
+            probe.end_step()
     if probe is not None:
-        probe.begin_step()
-    optimizer.zero_grad()
-    loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
-    loss.backward()
-    optimizer.step()
-    if probe is not None:
-        probe.log(loss=loss)
-        probe.end_step()
-if probe is not None:
-    probe.close()
-digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
-print("trained", digest.hexdigest())
+        probe.close()
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+    print("trained", digest.hexdigest(), flush=True)
 """
 
+BAD_ADDRESSES = [
+    ("tcp://nowhere", "TRAINTOP_ADDRESS: bad TCP address 'tcp://nowhere'"),
+    ("http://monitor:7007", "TRAINTOP_ADDRESS: unsupported address"),
+    ("127.0.0.1:7007", "write tcp://127.0.0.1:7007 for TCP"),
+    ("unix:{tmp}/absent/dir/m.sock", "absent/dir does not exist"),
+    ("unix:{tmp}/a-file/m.sock", "a-file is not a folder"),
+]
 
-def run_trainer(**env: str) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if k != "TRAINTOP_TOKEN"}
-    return subprocess.run(
-        [sys.executable, "-c", TRAINER],
-        env={**environment, **env},
+
+@dataclass(frozen=True)
+class Trained:
+    digest: str  # the stdout line of this address's training
+    stderr: list[str]  # what it wrote on stderr
+
+
+@dataclass(frozen=True)
+class Trainings:
+    status: int
+    folder: Path  # where the addresses' folders would have been made
+    by_address: dict[str, Trained]  # "-": trained with no probe
+    output: str
+
+
+@pytest.fixture(scope="module")
+def trainings(tmp_path_factory: pytest.TempPathFactory) -> Trainings:
+    folder = tmp_path_factory.mktemp("addresses")
+    (folder / "a-file").write_text("not a folder")
+    addresses = ["-"] + [address.format(tmp=folder) for address, _ in BAD_ADDRESSES]
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("TRAINTOP_TOKEN", "TRAINTOP_ADDRESS")
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", TRAINER, *addresses],
+        env=environment,
         capture_output=True,
         text=True,
         timeout=120,
     )
+    digests = result.stdout.splitlines()
+    stderr_by_address: dict[str, list[str]] = {}
+    for line in result.stderr.splitlines():
+        if line.startswith("--- "):
+            stderr_by_address[line[4:]] = []
+        elif stderr_by_address:
+            stderr_by_address[list(stderr_by_address)[-1]].append(line)
+    by_address = {
+        address: Trained(digest, stderr_by_address.get(address, []))
+        for address, digest in zip(addresses, digests, strict=False)
+    }
+    return Trainings(result.returncode, folder, by_address, result.stdout + result.stderr)
 
 
-@pytest.fixture(scope="module")
-def unwatched_digest() -> str:
-    result = run_trainer(WATCH="0")
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-@pytest.mark.parametrize(
-    ("address", "said"),
-    [
-        ("tcp://nowhere", "TRAINTOP_ADDRESS: bad TCP address 'tcp://nowhere'"),
-        ("http://monitor:7007", "TRAINTOP_ADDRESS: unsupported address"),
-        ("127.0.0.1:7007", "write tcp://127.0.0.1:7007 for TCP"),
-        ("unix:{tmp}/absent/dir/m.sock", "absent/dir does not exist"),
-        ("unix:{tmp}/a-file/m.sock", "a-file is not a folder"),
-    ],
-)
+@pytest.mark.parametrize(("address", "said"), BAD_ADDRESSES)
 def test_an_unusable_address_is_one_line_and_the_run_trains_unchanged(
-    address: str, said: str, tmp_path: Path, unwatched_digest: str
+    address: str, said: str, trainings: Trainings
 ) -> None:
-    (tmp_path / "a-file").write_text("not a folder")
-    result = run_trainer(TRAINTOP_ADDRESS=address.format(tmp=tmp_path))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == unwatched_digest  # bit for bit what it trains unwatched
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("traintop: ") and said in lines[0]
-    assert "the run trains unwatched" in lines[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing made
+    assert trainings.status == 0, trainings.output
+    unwatched = trainings.by_address["-"]
+    assert unwatched.digest.startswith("trained ") and unwatched.stderr == []
+    trained = trainings.by_address.get(address.format(tmp=trainings.folder))
+    assert trained is not None, trainings.output
+    assert trained.digest == unwatched.digest  # bit for bit what it trains unwatched
+    assert len(trained.stderr) == 1, trainings.output
+    assert trained.stderr[0].startswith("traintop: ") and said in trained.stderr[0]
+    assert "the run trains unwatched" in trained.stderr[0]
+    assert sorted(p.name for p in trainings.folder.iterdir()) == ["a-file"]  # nothing made
 
 
 def test_a_bad_address_given_to_watch_is_one_line(

@@ -1,13 +1,15 @@
 """The demo gallery: every scenario raises the alert it teaches, and its fix raises none.
 
-Each scenario runs as a user would run it (``traintop demo NAME --headless``), at full
-speed; the runs go two at a time, since each spends most of its time starting torch
-(one at a time under pytest-xdist, whose other worker keeps the second core busy: a
-demo that shares its core measures its probe as slower than it is). All runs are
-queued when the module starts, in the order the tests ask for them, and each test
-waits only for its own run: a slow machine stretches the whole, not one test, and a run
-that hangs fails its own test with its own output. Under pytest-xdist the module's
-tests stay on one worker (``--dist loadgroup``), so the runs are queued once.
+Each scenario runs as a user would run it, at full speed: the healthy one as
+``traintop demo healthy --headless``, the others as ``traintop --headless`` in front of
+``python -m demo NAME``, whose trainers fork from one warm interpreter (``warm_demo``:
+torch is imported once, not thirty times). The runs go two at a time (one at a time
+under pytest-xdist, whose other worker keeps the second core busy: a demo that shares
+its core measures its probe as slower than it is). All runs are queued when the module
+starts, in the order the tests ask for them, and each test waits only for its own run:
+a slow machine stretches the whole, not one test, and a run that hangs fails its own
+test with its own output. Under pytest-xdist the module's tests stay on one worker
+(``--dist loadgroup``), so the runs are queued once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from demo.catalog import SCENARIOS
+from tests.warm_demo import WarmTrainers
 
 pytestmark = pytest.mark.xdist_group("gallery")
 
@@ -63,23 +66,30 @@ def parse_alerts(stdout: str) -> list[AlertLine]:
 RUN_TIMEOUT_S = 90  # one run; the pytest timeout per test (120 s) stays above it
 
 
-def run_demo(name: str, fixed: bool, record: Path | None = None) -> Outcome:
-    command = [
-        sys.executable,
-        "-m",
-        "tui.cli",
-        "demo",
-        name,
-        "--headless",
-        "--delay",
-        "0",
-        "--summary-every",
-        "1000000",
-    ]
+def demo_args(name: str, fixed: bool) -> list[str]:
+    """The trainer's arguments: full speed, the scenario's length unless ``STEPS``."""
+    args = [name, "--delay", "0"]
     if name in STEPS and not fixed:
-        command += ["--steps", str(STEPS[name])]
+        args += ["--steps", str(STEPS[name])]
     if fixed:
-        command.append("--fixed")
+        args.append("--fixed")
+    return args
+
+
+def run_warm(trainers: WarmTrainers, name: str, fixed: bool) -> Outcome:
+    run = trainers.run(
+        demo_args(name, fixed), ["--summary-every", "1000000"], timeout_s=RUN_TIMEOUT_S
+    )
+    status = run.monitor_status
+    if status == 0 and run.trainer_status != 0:  # as ``traintop demo`` says it
+        status = 1
+    output = run.output + f"\n(the trainer's status: {run.trainer_status})"
+    return Outcome(status, parse_alerts(run.stdout), output, run.stdout.splitlines())
+
+
+def run_demo(name: str, fixed: bool, record: Path | None = None) -> Outcome:
+    command = [sys.executable, "-m", "tui.cli", "demo", *demo_args(name, fixed)]
+    command += ["--headless", "--summary-every", "1000000"]
     if record is not None:
         command += ["--record", str(record)]
     # Its own session, so that a run which hangs is killed with its trainer.
@@ -115,11 +125,14 @@ class Gallery:
     def __init__(self, folder: Path) -> None:
         self.healthy_log = folder / "healthy.ndjson"
         self._pool = ThreadPoolExecutor(max_workers=AT_ONCE)
+        self._trainers = WarmTrainers()
         runs = [(name, False) for name in ALERTING]
         runs += [(name, name != "healthy") for name in CLEAN]
         self._runs: dict[tuple[str, bool], Future[Outcome]] = {
-            (name, fixed): self._pool.submit(
-                run_demo, name, fixed, self.healthy_log if name == "healthy" else None
+            (name, fixed): (
+                self._pool.submit(run_demo, name, fixed, self.healthy_log)
+                if name == "healthy"
+                else self._pool.submit(run_warm, self._trainers, name, fixed)
             )
             for name, fixed in runs
         }
@@ -129,6 +142,7 @@ class Gallery:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._trainers.close()
 
 
 @pytest.fixture(scope="module")
