@@ -122,6 +122,7 @@ class Probe:
             before_step=self._boundary.before_optimizer_step,
             layers=self.layers,
             measurer=self._measurer,
+            updated=self._measurer.clearing.updated,
         )
         clip.install()  # frameworks clip through torch's function: read before it
         lifecycle.register(self)
@@ -377,6 +378,7 @@ class Probe:
         lifecycle.unregister(self)
         clip.uninstall()
         self._hooks.remove()
+        self._measurer.clearing.remove()
         if self._eval is not None:
             self._eval.remove_hooks()
             self._eval = None

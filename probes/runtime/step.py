@@ -333,7 +333,8 @@ class StepBoundary:
 
     def _closure_reading(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         """``closure``, then (its first call only: LBFGS calls it again in its line
-        search, at other weights) the reading of the gradients it made."""
+        search, at other weights) the reading of the gradients it made. Each call's
+        gradients are used: the next call's backward must find them cleared."""
         first = True
 
         def closure_then_read() -> Any:
@@ -342,6 +343,7 @@ class StepBoundary:
             if first:
                 first = False
                 self._gradients_ready()
+            self._measurer.clearing.updated()
             return loss
 
         return closure_then_read

@@ -50,8 +50,8 @@ class Thresholds:
     flat_min_drop: float = 0.10
     # none_gradients: the same parameters without a gradient for this many steps.
     none_grad_steps: int = 3
-    # grad_not_cleared: the gradient of the last update still held, one backward larger,
-    # for this many steps in a row (the probe checks every step that updates).
+    # grad_not_cleared: the first backward after an update added to the gradient that
+    # update used, for this many updates in a row (the probe checks every update).
     not_cleared_steps: int = 2
     # skipped_updates: optimizer.step() skipped with non-finite gradients for this many
     # steps in a row (GradScaler skips a few at the start while it finds its scale).
