@@ -363,3 +363,51 @@ def test_lightning(clear: bool, collector: FrameCollector) -> None:
         assert "grad_not_cleared" not in kinds, kinds
     else:
         assert kinds.get("grad_not_cleared", WITHIN) < WITHIN, kinds
+
+
+# --- backward passes per layer, where the version moves for other reasons ---------------------
+
+
+def passes_of(frames: list[Frame]) -> list[list[int | None]]:
+    steps = sorted((f for f in frames if f["kind"] == "step"), key=lambda f: f["step"])
+    return [s["backward_passes"] for s in steps]
+
+
+@pytest.mark.parametrize("clear", ["none", "zero"])
+def test_passes_under_amp_unscale_and_in_place_zeroing(
+    clear: str, collector: FrameCollector
+) -> None:
+    """``scaler.unscale_`` and ``zero_grad(set_to_none=False)`` bump every gradient's
+    version as a pass would: the passes still count backward passes only."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    probe = watch_unthinned(model, opt, collector)
+    for i in range(STEPS):
+        with probe.step():
+            opt.zero_grad(set_to_none=clear == "none")
+            for k in range(2):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = loss_of(model, 2 * i + k) / 2
+                scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            scaler.step(opt)
+            scaler.update()
+    assert passes_of(frames_of(collector, probe)) == [[2, 2, 2]] * STEPS
+
+
+def test_passes_under_amp_grow_when_never_cleared(collector: FrameCollector) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    probe = watch_unthinned(model, opt, collector)
+    for i in range(STEPS):
+        with probe.step():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_of(model, i)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+    assert passes_of(frames_of(collector, probe)) == [[n + 1] * 3 for n in range(STEPS)]
