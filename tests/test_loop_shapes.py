@@ -411,3 +411,66 @@ def test_passes_under_amp_grow_when_never_cleared(collector: FrameCollector) -> 
             scaler.step(opt)
             scaler.update()
     assert passes_of(frames_of(collector, probe)) == [[n + 1] * 3 for n in range(STEPS)]
+
+
+# --- issue 18 item 7 (c): norm layers by what they are --------------------------------------
+
+
+class HandLayerNorm(nn.Module):
+    """minGPT's way: a LayerNorm written by hand (with an optional bias)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class Gain(nn.Module):
+    """A hand-written RMS norm under a name that does not say so: a 1-D gain alone."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def frozen_but(last: nn.Module) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 32), last)
+    for param in [*model[0].parameters(), *model[2].parameters()]:
+        param.requires_grad_(False)
+    return model
+
+
+def mostly_frozen_of(model: nn.Module) -> Any:
+    from probes.runtime.layers import map_layers
+    from probes.runtime.structure import watch_time_alerts
+
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    [alert] = [a for a in watch_time_alerts(model, opt, map_layers(model))]
+    assert alert.kind == "mostly_frozen"
+    return alert
+
+
+@pytest.mark.parametrize(
+    "norm",
+    [HandLayerNorm(32), Gain(32), *([nn.RMSNorm(32)] if hasattr(nn, "RMSNorm") else [])],
+    ids=lambda m: type(m).__name__,
+)
+def test_everything_frozen_but_a_norm_is_a_warning_whatever_its_class(norm: nn.Module) -> None:
+    alert = mostly_frozen_of(frozen_but(norm))
+    assert alert.evidence["only_normalisation"] is True
+    assert alert.severity == "warning"
+
+
+@pytest.mark.parametrize("last", [nn.Linear(32, 32), nn.PReLU(32)], ids=["linear", "prelu"])
+def test_everything_frozen_but_a_layer_that_is_no_norm_is_information(last: nn.Module) -> None:
+    """Near miss: a head (linear probing), or torch's PReLU and its 1-D weight."""
+    alert = mostly_frozen_of(frozen_but(last))
+    assert alert.evidence["only_normalisation"] is False
+    assert alert.severity == "info"

@@ -20,6 +20,7 @@ run it are ``probes.runtime.optimizer_hooks``').
 from __future__ import annotations
 
 import operator
+import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +39,10 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.LayerNorm,
     nn.GroupNorm,
     nn.LocalResponseNorm,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
 )
+# A hand-written norm's class name: LayerNorm, RMSNorm, LlamaRMSNorm, T5LayerNorm ...
+NORM_NAME = re.compile(r"norm(\d*d)?$", re.IGNORECASE)
 NAMES_SHOWN = 6
 
 
@@ -131,7 +135,7 @@ def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
         return []
     modules = dict(model.named_modules())
     training = list(layers.names)
-    only_norms = all(isinstance(modules.get(name), NORM_TYPES) for name in training) or all(
+    only_norms = all(is_norm(modules.get(name)) for name in training) or all(
         name.rpartition(".")[2] == "bias" for name in layers.param_names
     )
     return [
@@ -149,6 +153,28 @@ def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
             training,
         )
     ]
+
+
+def is_norm(module: nn.Module | None) -> bool:
+    """Whether ``module`` is a normalisation layer, by what it is: one of torch's; a
+    class named like one (``...Norm``); or a leaf whose only parameters are a 1-D gain
+    (``weight``, ``scale``, ``gamma``) and maybe a bias of its size, applied elementwise
+    at the normalised size (a hand-written LayerNorm or RMSNorm by any name)."""
+    if module is None:
+        return False
+    if isinstance(module, NORM_TYPES) or NORM_NAME.search(type(module).__name__):
+        return True
+    if type(module).__module__.startswith("torch.") or next(module.children(), None) is not None:
+        return False  # torch's others (a PReLU's 1-D weight is no gain); a block
+    own = dict(module.named_parameters(recurse=False))
+    gain = next((own.pop(n) for n in ("weight", "scale", "gamma") if n in own), None)
+    shift = next((own.pop(n) for n in ("bias", "beta", "shift") if n in own), None)
+    return (
+        not own
+        and gain is not None
+        and gain.dim() == 1
+        and (shift is None or shift.shape == gain.shape)
+    )
 
 
 def _numel(param: torch.Tensor) -> int:
