@@ -1,0 +1,116 @@
+"""Checks that follow the run (issue 18 item 7): the optimizer-wiring checks re-run when
+the set of trainable parameters changes; an LR too low to change float32 weights; norm
+layers recognised by what they are; a folded consequence never lowers ``--fail-on``.
+Each with a positive case and a near miss."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from probes.kernel.diagnosis import Thresholds
+from tests.frames import hello, probe_alert, step
+from tui.headless import HeadlessMonitor
+from tui.server import Connection
+from tui.state import MonitorState
+
+# --- (c) norm layers by what they are --------------------------------------
+
+
+class HandLayerNorm(nn.Module):
+    """minGPT's way: a LayerNorm written by hand (with an optional bias)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class Gain(nn.Module):
+    """A hand-written RMS norm under a name that does not say so: a 1-D gain alone."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def frozen_but(last: nn.Module) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 32), last)
+    for param in [*model[0].parameters(), *model[2].parameters()]:
+        param.requires_grad_(False)
+    return model
+
+
+def mostly_frozen_of(model: nn.Module) -> Any:
+    from probes.runtime.layers import map_layers
+    from probes.runtime.structure import watch_time_alerts
+
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    [alert] = [a for a in watch_time_alerts(model, opt, map_layers(model))]
+    assert alert.kind == "mostly_frozen"
+    return alert
+
+
+@pytest.mark.parametrize(
+    "norm",
+    [HandLayerNorm(32), Gain(32), *([nn.RMSNorm(32)] if hasattr(nn, "RMSNorm") else [])],
+    ids=lambda m: type(m).__name__,
+)
+def test_everything_frozen_but_a_norm_is_a_warning_whatever_its_class(norm: nn.Module) -> None:
+    alert = mostly_frozen_of(frozen_but(norm))
+    assert alert.evidence["only_normalisation"] is True
+    assert alert.severity == "warning"
+
+
+@pytest.mark.parametrize("last", [nn.Linear(32, 32), nn.PReLU(32)], ids=["linear", "prelu"])
+def test_everything_frozen_but_a_layer_that_is_no_norm_is_information(last: nn.Module) -> None:
+    """Near miss: a head (linear probing), or torch's PReLU and its 1-D weight."""
+    alert = mostly_frozen_of(frozen_but(last))
+    assert alert.evidence["only_normalisation"] is False
+    assert alert.severity == "info"
+
+
+# --- (d) a folded consequence never lowers --fail-on -------------------------------------
+
+
+def headless_verdict(fail_on: str, losses: list[float]) -> HeadlessMonitor:
+    """A run whose probe said ``mostly_frozen`` (info) at step 0, then ``losses``."""
+    state = MonitorState(Thresholds().with_overrides(flat_after_steps=20, smoothing_steps=5))
+    monitor = HeadlessMonitor(out=io.StringIO(), summary_every=10**9, fail_on=fail_on, state=state)
+    frames = [hello(), probe_alert("mostly_frozen", "info", 0)]
+    frames += [step(i, loss=loss, seq=i + 2) for i, loss in enumerate(losses)]
+    for frame in frames:
+        monitor.frame_received(CONN, frame)
+    return monitor
+
+
+CONN = Connection(1, "test", None)  # a recorded run's connection: nothing sent back
+
+
+def test_a_flat_loss_folded_under_an_info_cause_trips_fail_on_warning() -> None:
+    monitor = headless_verdict("warning", [1.0] * 60)
+    [run] = monitor.state.runs.values()
+    [entry] = run.book.raised
+    assert entry.alert.kind == "mostly_frozen" and entry.alert.severity == "info"
+    assert any(f.startswith("flat_loss@") for f in entry.alert.folded)  # folded, not raised
+    assert run.book.highest_severity() == "warning"
+    assert monitor.failed_by is not None
+    assert monitor.failed_by.alert.kind == "flat_loss"
+
+
+def test_near_misses_a_learning_run_or_a_stricter_threshold_do_not_trip() -> None:
+    learning = headless_verdict("warning", [1.0 / (1 + i) for i in range(60)])
+    [run] = learning.state.runs.values()
+    assert run.book.highest_severity() == "info" and learning.failed_by is None
+    assert headless_verdict("error", [1.0] * 60).failed_by is None
