@@ -114,3 +114,42 @@ def test_near_misses_a_learning_run_or_a_stricter_threshold_do_not_trip() -> Non
     [run] = learning.state.runs.values()
     assert run.book.highest_severity() == "info" and learning.failed_by is None
     assert headless_verdict("error", [1.0] * 60).failed_by is None
+
+
+# --- (b) a learning rate too low to change float32 weights ----------------------------------
+
+
+def scheduled_run(collector: Any, *, step_every: int, steps: int = 120) -> dict[str, int]:
+    """Adam at 1e-3 under StepLR(step_size=5, gamma=0.1), ``scheduler.step()`` every
+    ``step_every`` batches (1: per batch, where it was meant per epoch)."""
+    from tests.collector import wait_for_bye, watch_unthinned
+    from tests.test_loop_shapes import loss_of, mlp, raised
+
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.1)
+    probe = watch_unthinned(model, opt, collector, sample_every=5)
+    for i in range(steps):
+        with probe.step():
+            opt.zero_grad()
+            loss = loss_of(model, i % 8)
+            loss.backward()
+            opt.step()
+            probe.log(loss=loss)
+        if (i + 1) % step_every == 0:
+            scheduler.step()
+    probe.close()
+    wait_for_bye(collector)
+    return raised(list(collector.frames))
+
+
+def test_a_per_batch_step_lr_that_stops_the_weights_is_raised(collector: Any) -> None:
+    kinds = scheduled_run(collector, step_every=1)  # 1e-13 by step 50
+    assert "lr_too_low_to_update" in kinds, kinds
+    assert kinds["lr_too_low_to_update"] <= 80
+
+
+def test_the_same_schedule_per_epoch_raises_nothing(collector: Any) -> None:
+    """Near miss: stepped every 40 batches the rate ends at 1e-6: a schedule's tail,
+    updates still above float32's resolution."""
+    assert scheduled_run(collector, step_every=40) == {}

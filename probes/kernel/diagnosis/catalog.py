@@ -362,6 +362,24 @@ CATALOG: dict[AlertKind, Entry] = {
             "Compare the steps/s with and without the probe on the same loop.",
         ),
     ),
+    # --- 5. the update (issue 18 item 7) ---------------------------------------------------------
+    AlertKind.LR_TOO_LOW_TO_UPDATE: Entry(
+        Rung.UPDATE,
+        (
+            "The gradients are non-zero, yet on most layers the update is below float32's "
+            "resolution of the weights (|dw|/|w| under ~1e-7, often exactly 0): the weights "
+            "no longer change, whatever the schedule meant. Typically a scheduler stepped "
+            "per batch where it was meant per epoch. It does not say which rate was intended."
+        ),
+        (
+            "Print the learning rate at every step for a few hundred steps: the schedule as "
+            "it runs, not as written.",
+            "Check where scheduler.step() is called: once per epoch for StepLR/MultiStepLR "
+            "counted in epochs, once per batch for schedules counted in steps.",
+            "Restart from the last checkpoint at the schedule's intended rate, nothing else "
+            "changed, and compare a weight before and after one optimizer.step().",
+        ),
+    ),
 }
 
 # Probe alerts whose condition ends with the run's first measured step: the monitor

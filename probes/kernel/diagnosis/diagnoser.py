@@ -18,6 +18,7 @@ from probes.kernel.diagnosis.gradient_path import (
 )
 from probes.kernel.diagnosis.incidents import STICKY, WAIT_FOR_CAUSE, cause_for, depth, folded_name
 from probes.kernel.diagnosis.overhead import ProbeOverhead
+from probes.kernel.diagnosis.precision import LrTooLowToUpdate
 from probes.kernel.diagnosis.rule import Findings, Rule, respread
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.tiny_batch import FlatLoss
@@ -46,6 +47,7 @@ LAYER_RULES: frozenset[type[Rule]] = frozenset(
         GradNotCleared,
         UpdatesNotApplied,
         UpdateRatio,
+        LrTooLowToUpdate,
     }
 )
 
@@ -62,6 +64,7 @@ RULES: tuple[type[Rule], ...] = (
     GradNotCleared,
     UpdatesNotApplied,
     UpdateRatio,
+    LrTooLowToUpdate,
     SkippedUpdates,
     NoUpdates,
     LossSpike,

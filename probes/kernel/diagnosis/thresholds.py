@@ -112,6 +112,13 @@ class Thresholds:
     consequence_grace_steps: int = 5
     # hysteresis: an alert clears after its condition has been absent this many steps.
     clear_after: int = 3
+    # lr_too_low_to_update: on most layers with a gradient, |dw|/|w| below float32's
+    # resolution (2^-23 ~ 1.2e-7: the update rounds away) on this many sampled steps in
+    # a row spanning at least precision_steps steps (a cosine decay to 0 spends a step
+    # or two there at its very end).
+    update_precision: float = 1e-7
+    precision_samples: int = 2
+    precision_steps: int = 20
 
     def with_overrides(self, **overrides: float) -> Thresholds:
         """A copy with some thresholds changed (unknown names raise ``TypeError``)."""
