@@ -153,3 +153,58 @@ def test_the_same_schedule_per_epoch_raises_nothing(collector: Any) -> None:
     """Near miss: stepped every 40 batches the rate ends at 1e-6: a schedule's tail,
     updates still above float32's resolution."""
     assert scheduled_run(collector, step_every=40) == {}
+
+
+# --- (a) the wiring checks follow the trainable set ------------------------------------------
+
+
+class Backbone(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh())
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+def fine_tune(collector: Any, *, add_to_optimizer: bool, steps: int = 30) -> list[Any]:
+    """The backbone frozen, the optimizer built from what trains; unfrozen at step 10
+    (and added to the optimizer, or not). The probe's own alerts, in order."""
+    from tests.collector import wait_for_bye, watch_unthinned
+    from tests.test_loop_shapes import batch
+
+    model = Backbone()
+    model.backbone.requires_grad_(False)
+    opt = torch.optim.SGD(filter(lambda p: p.requires_grad, model.parameters()), lr=0.01)
+    probe = watch_unthinned(model, opt, collector, sample_every=5)
+    for i in range(steps):
+        if i == 10:
+            model.backbone.requires_grad_(True)
+            if add_to_optimizer:
+                opt.add_param_group({"params": list(model.backbone.parameters())})
+        with probe.step():
+            opt.zero_grad()
+            x, y = batch(i)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    probe.close()
+    wait_for_bye(collector)
+    return [f for f in collector.frames if f["kind"] == "alert"]
+
+
+def test_a_backbone_unfrozen_but_never_added_to_the_optimizer_is_raised(collector: Any) -> None:
+    alerts = fine_tune(collector, add_to_optimizer=False)
+    said = [(a["alert"]["kind"], a["step"]) for a in alerts]
+    assert said == [("mostly_frozen", 0), ("params_not_in_optimizer", 10)], said
+    late = alerts[1]["alert"]
+    assert late["layers"] == ["backbone.0", "backbone.2"]
+    assert late["evidence"]["names"].startswith("backbone.0.weight")
+
+
+def test_a_backbone_unfrozen_and_added_raises_nothing_new(collector: Any) -> None:
+    """Near miss: unfrozen and given to the optimizer (add_param_group): only the
+    watch-time note that most of the model was frozen then."""
+    said = [(a["alert"]["kind"], a["step"]) for a in fine_tune(collector, add_to_optimizer=True)]
+    assert said == [("mostly_frozen", 0)]

@@ -34,7 +34,7 @@ from torch import nn
 
 from probes.kernel.commands import Command
 from probes.kernel.wire import TOKEN_ENV
-from probes.runtime import clip, lifecycle, structure
+from probes.runtime import clip, lifecycle
 from probes.runtime.control import Control, ControlState
 from probes.runtime.evaluation import EvalScope
 from probes.runtime.hello import hello_fields
@@ -126,7 +126,7 @@ class Probe:
         )
         clip.install()  # frameworks clip through torch's function: read before it
         lifecycle.register(self)
-        for alert in structure.watch_time_alerts(self.module, real_optimizer, self.layers):
+        for alert in self._boundary.wiring.first_alerts(self.layers):  # (and again later)
             self.send({"kind": "alert", "step": 0, "alert": alert.to_dict()})
 
     def _connect(self) -> tuple[Control, Sender]:

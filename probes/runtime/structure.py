@@ -47,23 +47,30 @@ NAMES_SHOWN = 6
 
 
 def watch_time_alerts(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None, layers: LayerMap
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, layers: LayerMap, step: int = 0
 ) -> list[Alert]:
-    """What is wrong with how the model and its optimizer fit together, as alerts."""
-    alerts = _frozen(model, layers)
+    """What is wrong with how the model and its optimizer fit together, as alerts (at
+    ``step``: 0 when ``watch()`` is called; later when the trainable set changes,
+    ``probes.runtime.wiring``)."""
+    alerts = _frozen(model, layers, step)
     if optimizer is not None:
-        alerts += _optimizer(model, optimizer, layers)
+        alerts += _optimizer(model, optimizer, layers, step)
     return alerts
 
 
 def _alert(
-    kind: str, severity: Severity, subject: str, evidence: dict[str, Any], layers: Sequence[str]
+    kind: str,
+    severity: Severity,
+    subject: str,
+    evidence: dict[str, Any],
+    layers: Sequence[str],
+    step: int,
 ) -> Alert:
     described = entry(kind)
     return Alert(
         kind,
         severity,
-        0,
+        step,
         subject,
         evidence,
         described.signal,
@@ -72,7 +79,9 @@ def _alert(
     )
 
 
-def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: LayerMap) -> list[Alert]:
+def _optimizer(
+    model: nn.Module, optimizer: torch.optim.Optimizer, layers: LayerMap, step: int
+) -> list[Alert]:
     held = [p for group in optimizer.param_groups for p in group["params"]]
     held_ids = {id(p) for p in held}
     model_ids = {id(p) for p in model.parameters()}
@@ -99,6 +108,7 @@ def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: Layer
                     "same_shapes": _shapes_cover([layers.params[i] for i in missing], foreign),
                 },
                 missing_layers,
+                step,
             )
         ]
     if not missing:
@@ -116,6 +126,7 @@ def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: Layer
             missing_layers[0],
             evidence,
             missing_layers,
+            step,
         )
     ]
 
@@ -127,7 +138,7 @@ def _shapes_cover(missing: Sequence[torch.Tensor], foreign: Sequence[torch.Tenso
     return all(available[shape] >= count for shape, count in needed.items())
 
 
-def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
+def _frozen(model: nn.Module, layers: LayerMap, step: int) -> list[Alert]:
     unique = {id(p): p for p in model.parameters()}
     total = sum(_numel(p) for p in unique.values())
     frozen = sum(_numel(p) for p in unique.values() if not p.requires_grad)
@@ -151,6 +162,7 @@ def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
                 "only_normalisation": only_norms,
             },
             training,
+            step,
         )
     ]
 
