@@ -11,7 +11,10 @@ in process.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -411,3 +414,52 @@ def test_passes_under_amp_grow_when_never_cleared(collector: FrameCollector) -> 
             scaler.step(opt)
             scaler.update()
     assert passes_of(frames_of(collector, probe)) == [[n + 1] * 3 for n in range(STEPS)]
+
+
+# --- DDP across two ranks (gloo, a subprocess of two) ---------------------------------------
+
+
+def ddp_rank(rank: int, address: str, port: int, clear: bool) -> None:
+    """One rank of a 2-rank job: DDP over gloo, a micro-batch under ``no_sync``, then
+    one synced; the probe reports to ``address``."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        model = nn.parallel.DistributedDataParallel(mlp())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        probe = probes.watch(model, opt, address=address, max_steps_per_s=1e9)
+        for i in range(STEPS):
+            with probe.step():
+                with model.no_sync():
+                    (loss_of(model, 4 * i + rank) / 2).backward()
+                (loss_of(model, 4 * i + 2 + rank) / 2).backward()
+                opt.step()
+                if clear:
+                    opt.zero_grad()
+        probe.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def ddp_job(address: str, clear: bool) -> None:
+    torch.multiprocessing.spawn(ddp_rank, args=(address, free_port(), clear), nprocs=2)
+
+
+@pytest.mark.slow  # two spawned ranks: tens of seconds on a loaded machine (-m slow)
+@pytest.mark.parametrize("clear", [False, True], ids=["forgotten", "healthy"])
+def test_ddp_two_ranks(clear: bool, collector: FrameCollector) -> None:
+    code = (
+        f"from tests.test_loop_shapes import ddp_job; ddp_job({str(collector.address)!r}, {clear})"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-c", code], env=env, timeout=90, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    byes = lambda frames: sum(f["kind"] == "bye" for f in frames) == 2  # noqa: E731
+    assert collector.wait_for(byes)
+    frames = list(collector.frames)
+    rank0 = next(f["run"] for f in frames if f["kind"] == "hello" and f.get("rank") == 0)
+    kinds = raised([f for f in frames if f.get("run") == rank0])
+    if clear:
+        assert kinds == {}
+    else:
+        assert kinds.get("grad_not_cleared", WITHIN) < WITHIN, kinds
