@@ -114,6 +114,21 @@ def accumulation(collector: FrameCollector, clear: bool, micro_batches: int = 4)
     return frames_of(collector, probe)
 
 
+def accumulation_across_steps(collector: FrameCollector, clear: bool) -> list[Frame]:
+    """One probe step per micro-batch, the update every second one, nothing declared."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = watch_unthinned(model, opt, collector)
+    for i in range(2 * STEPS):
+        with probe.step():
+            (loss_of(model, i) / 2).backward()
+            if i % 2 == 1:
+                opt.step()
+                if clear:
+                    opt.zero_grad()
+    return frames_of(collector, probe)
+
+
 def lbfgs(collector: FrameCollector, clear: bool) -> list[Frame]:
     model = mlp()
     opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)
@@ -244,6 +259,17 @@ def test_a_forgotten_zero_grad_is_raised_within_3_steps(
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_healthy_twin_raises_nothing(shape: str, collector: FrameCollector) -> None:
     assert raised(SHAPES[shape](collector, True)) == {}
+
+
+def test_accumulation_across_probe_steps(collector: FrameCollector) -> None:
+    """Updates at odd steps: a forgotten zero_grad is raised by the third update (step
+    5); the healthy twin is the next test's."""
+    kinds = raised(accumulation_across_steps(collector, False))
+    assert kinds.get("grad_not_cleared", 2 * WITHIN) < 2 * WITHIN, kinds
+
+
+def test_accumulation_across_probe_steps_healthy(collector: FrameCollector) -> None:
+    assert raised(accumulation_across_steps(collector, True)) == {}
 
 
 @pytest.mark.parametrize("clear", [False, True], ids=["forgotten", "healthy"])
