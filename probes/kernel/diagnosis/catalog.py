@@ -187,13 +187,15 @@ CATALOG: dict[AlertKind, Entry] = {
     AlertKind.GRAD_NOT_CLEARED: Entry(
         Rung.UPDATE,
         (
-            "Gradients from earlier steps are still there when the next backward adds to them: "
-            "every update uses a growing sum. Intended only with declared gradient "
-            "accumulation."
+            "The gradients an update used are still there when the next backward adds to "
+            "them: every update uses a growing sum. Accumulating micro-batches between "
+            "updates is not this (only the first backward after an update is checked)."
         ),
         (
-            "Call optimizer.zero_grad(set_to_none=True) once per step, before backward.",
-            "If you accumulate on purpose, declare it: probes.watch(..., grad_accumulation=True).",
+            "Call optimizer.zero_grad(set_to_none=True) once per update (in a closure: at "
+            "its start), before backward.",
+            "Updating by hand with no optimizer every few probe steps? Declare it: "
+            "probes.watch(..., grad_accumulation=True).",
             "Compare the gradient norms of two consecutive steps on the same batch: they "
             "should match, not double.",
         ),
