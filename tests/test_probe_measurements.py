@@ -245,7 +245,9 @@ def test_update_ratios_on_sampled_steps_match_naive(collector: FrameCollector) -
         assert "param_norms" not in records[i]
 
 
-def test_no_update_ratios_without_an_optimizer(collector: FrameCollector) -> None:
+def test_update_ratios_without_an_optimizer_span_the_step(collector: FrameCollector) -> None:
+    """An optimizer not given to the probe updates inside the step: the sampled steps'
+    ratios are taken across the step (issue 18 item 1: they used to be absent)."""
     model = mlp(5)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)  # not given to the probe
     probe = probes.watch(model, address=collector.address, max_steps_per_s=1e9, sample_every=2)
@@ -256,8 +258,9 @@ def test_no_update_ratios_without_an_optimizer(collector: FrameCollector) -> Non
             opt.step()
     records = close_and_collect(probe, collector)
     assert sorted(records) == [0, 1, 2, 3]
-    assert all("update_ratios" not in r for r in records.values())
-    # The sampled steps did sample: parameter norms are there, only the ratios are not.
+    assert "update_ratios" in records[0] and "update_ratios" in records[2]
+    assert all(r > 0 for i in (0, 2) for r in records[i]["update_ratios"])
+    assert "update_ratios" not in records[1] and "update_ratios" not in records[3]
     assert "param_norms" in records[0] and "param_norms" in records[2]
     assert "param_norms" not in records[1]
     assert hello_of(collector)["optimizer"] is None

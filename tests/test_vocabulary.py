@@ -104,6 +104,7 @@ def test_the_kinds_shared_by_a_ddp_job_are_derived_from_the_layer_rules() -> Non
         "grad_not_cleared",
         "updates_not_applied",
         "update_ratio",
+        "lr_too_low_to_update",
     } == LAYER_KINDS
 
 

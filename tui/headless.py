@@ -120,6 +120,7 @@ class HeadlessMonitor:
             run = self.state.runs.get(str(frame.get("run"))) or self.state.run_for(conn.id)
             if run is not None:
                 self._maybe_summarise(run)
+                self._fail_on_folded(run)
 
     def frame_rejected(self, conn: Connection, message: str) -> None:
         self.monitor.frame_rejected(conn, message)
@@ -189,6 +190,7 @@ class HeadlessMonitor:
         for alert in run.book.unmeasured():  # the run ended with nothing measured
             if trips_fail_on(alert, self.fail_on, run_ended=True):
                 self._fail(AlertRaised(run, alert))
+        self._fail_on_folded(run)  # (a consequence folded as the run ended)
         self._causes(run)
         self._summary(run)
         self._line(
@@ -253,6 +255,14 @@ class HeadlessMonitor:
 
     def _history_mark(self) -> str:
         return "(history) " if self._replaying else ""
+
+    def _fail_on_folded(self, run: RunState) -> None:
+        """A consequence folded under a milder cause (a flat loss under an info-level
+        ``mostly_frozen``) trips ``--fail-on`` as if raised: folding never lowers it."""
+        if self.fail_on and self.failed_by is None:
+            folded = run.book.folded_tripping(self.fail_on)
+            if folded is not None:
+                self._fail(AlertRaised(run, folded))
 
     def _fail(self, event: AlertRaised) -> None:
         """``--fail-on`` tripped (the first alert that does stops the monitor)."""

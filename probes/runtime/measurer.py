@@ -13,39 +13,17 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
 from collections.abc import Callable
-from operator import add, attrgetter, sub
-from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from probes.runtime.clearing import ClearingWatch
 from probes.runtime.guard import GuardTrip, find_non_finite
 from probes.runtime.layers import LayerMap
 from probes.runtime.sampled import ActivationStats, UpdateNorms
 from probes.runtime.stats import CLIP_TOTAL, Measurement, NormReducer, compose_order, to_host
-
-
-class _GradNote(NamedTuple):
-    """Which gradient tensor a parameter held right after the last optimizer step."""
-
-    param_index: int
-    grad: weakref.ref[torch.Tensor]
-    version: int
-
-
-_GRAD = attrgetter("grad")
-
-
-class _PassNote(NamedTuple):
-    """Per layer, its gradient's version and backward passes at the last update; and
-    the first layer's gradient then (a new tensor: the gradients were set to None)."""
-
-    grad: weakref.ref[torch.Tensor]
-    versions: list[int | None]
-    passes: list[int | None]
 
 
 class StepMeasurer:
@@ -83,19 +61,20 @@ class StepMeasurer:
         )
         self.norms = NormReducer()
         self.activations = ActivationStats(model, layers.names, on_error=on_error)
-        self.updates = UpdateNorms(layers.params, self.norms) if optimizer else None
+        # Without an optimizer the update is inside the step: its ratios are taken
+        # across the step, from its beginning to its end.
+        self.updates = UpdateNorms(layers.params, self.norms) if layers.params else None
         self.check_clearing = not grad_accumulation and bool(layers.params)
         # Tensor learning rates (capturable schedulers) travel with the batched copy.
         self._tensor_lrs = optimizer is not None and any(
             isinstance(g.get("lr"), torch.Tensor) for g in optimizer.param_groups
         )
-        self._note: _GradNote | None = None  # the gradient seen at the last update
-        self._pass_note: _PassNote | None = None  # the layers' gradients at the last update
         firsts: dict[int, int] = {}  # layer -> its first parameter
         for index, layer in enumerate(layers.param_layer):
             firsts.setdefault(layer, index)
-        self._layer_params = [layers.params[firsts[layer]] for layer in range(len(layers.names))]
-        self._in_place_ops = 0  # in-place ops on the grads we know of since the note (clips)
+        layer_params = [layers.params[firsts[layer]] for layer in range(len(layers.names))]
+        # cleared between updates? passes per layer? (one tensor hook a backward pass)
+        self.clearing = ClearingWatch(layer_params, on_error=on_error)
         self._post_hook: RemovableHandle | None = None
         # Update ratios are taken across the first optimizer.step() from a sampled step
         # on: under gradient accumulation the sampled step may have none of its own.
@@ -114,7 +93,9 @@ class StepMeasurer:
         if sampled and self.activations.modules:
             self.activations.attach()
         self._measure_update = (sampled or self._update_pending) and self.updates is not None
-        if self._measure_update and self._register_post_hook is not None:
+        if self._measure_update and self.optimizer is None and self.updates is not None:
+            self.updates.before_step()  # a hand-written update: across the whole step
+        elif self._measure_update and self._register_post_hook is not None:
             # Only these steps need to see the weights after the update.
             self._post_hook = self._register_post_hook(self._after_optimizer_step)
         return self.current
@@ -142,11 +123,7 @@ class StepMeasurer:
         if step is not None:
             step.optimizer_step = True
             step.lrs = self._learning_rates()  # the rates this update uses
-        in_place_ops = self._in_place_ops
-        if self.check_clearing:
-            self._check_clearing(step)
-        self._in_place_ops = 0  # (counted from this update on)
-        self._count_passes(step, in_place_ops)
+        self._at_update(step)
         trip = self._guard(step) if guard else None
         if step is None:
             return trip
@@ -186,7 +163,7 @@ class StepMeasurer:
                 self.read_grads(step)
             step.clipped = max_norm
             step.clip_norm_type = norm_type
-        self._in_place_ops += 1  # clipping scales every grad in place
+        self.clearing.in_place_op()  # clipping scales every grad in place
 
     def clipped(self, total_norm: torch.Tensor) -> None:
         """The clip is done; ``total_norm`` is torch's norm before it (not read now)."""
@@ -198,6 +175,13 @@ class StepMeasurer:
         """The step ended: lay out what it launched and start the copy to the host."""
         step, self.current = self.current, None
         self._remove_post_hook()
+        if self.optimizer is None:  # the step's own update: clearing checked at its end
+            self._at_update(step)
+            self.clearing.step_ended()
+            if step is not None and self._measure_update and self.updates is not None:
+                taken = self.updates.after_step()
+                if taken is not None:
+                    step.update_norms, step.update_order = taken
         if step is None:
             return None
         if not step.grads_read:
@@ -255,82 +239,14 @@ class StepMeasurer:
         with torch.no_grad():
             return self.norms.norms([p.detach() for p in self.layers.params])
 
-    def _check_clearing(self, step: Measurement | None) -> None:
-        """At every update: was the gradient noted at the last one cleared since? (An
-        identity and a version compared: cheap enough for every step, so a missing
-        zero_grad shows from the second update, before the growth it causes.)"""
+    def _at_update(self, step: Measurement | None) -> None:
+        """An update uses the gradients: were they cleared since the last one, and how
+        many backward passes went into each layer's (``probes.runtime.clearing``)?"""
+        uncleared = self.clearing.take_uncleared()
+        passes = self.clearing.count_passes()
         if step is not None:
-            step.not_cleared = self._still_holds_last_steps_grad()
-        self._note_grad()  # for the next update
-
-    def _still_holds_last_steps_grad(self) -> bool:
-        """True when the gradient noted at the last optimizer step is the very tensor
-        now held and the only in-place change since is this step's accumulation: no
-        ``zero_grad`` ran in between (set_to_none makes a new tensor, zero_ bumps the
-        version). A clip by torch's own clip_grad_norm_ also bumps it, so this can
-        miss the bug then (ours is accounted for); it never accuses a loop that clears.
-        The optimizers of torch.optim leave the gradients' versions alone."""
-        note = self._note
-        if note is None:
-            return False
-        grad = self.layers.params[note.param_index].grad
-        return (
-            grad is not None
-            and note.grad() is grad
-            and (grad._version == note.version + 1 + self._in_place_ops)
-        )
-
-    def _count_passes(self, step: Measurement | None, in_place_ops: int) -> None:
-        """Per layer, the backward passes accumulated into its gradient since it was
-        last cleared (``backward_passes``), from each layer's first gradient: its version
-        counts one in-place change a pass after the first (which made the tensor), and
-        our clips (``in_place_ops``). A new tensor since the last update (set to None:
-        torch's zero_grad) counts from 1; the same one adds its change since then to the
-        passes noted then. Host integers only, no device sync. (A loop that zeroes in
-        place, ``zero_grad(set_to_none=False)``, or AMP's unscale_ changes the version
-        as a pass does: version alone cannot tell them apart.)"""
-        grads = list(map(_GRAD, self._layer_params))  # (in C: the layers' first grads)
-        raw: list[int | None] = [None if g is None else g._version for g in grads]
-        if None in raw:  # the rare way: layers without a gradient
-            anchor = next((g for g in grads if g is not None), None)
-        else:
-            anchor = grads[0] if grads else None
-        note = self._pass_note
-        if note is not None and (anchor is None or note.grad() is not anchor):
-            note = None  # a new tensor (set to None since): counted from 1
-        passes: list[int | None]
-        if note is not None and None not in raw and None not in note.passes:  # (in C)
-            grown = map(sub, raw, note.versions)  # ... passes since the note, clips too
-            passes = list(map(add, note.passes, grown))
-            if in_place_ops:
-                passes = [p - in_place_ops for p in passes]  # type: ignore[operator]
-        elif note is not None:
-            passes = [
-                None
-                if v is None
-                else (v - in_place_ops + 1 if p is None or n is None else p + v - in_place_ops - n)
-                for v, n, p in zip(raw, note.versions, note.passes, strict=True)
-            ]
-        else:
-            passes = [None if v is None else v - in_place_ops + 1 for v in raw]
-        if step is not None:
+            step.not_cleared = uncleared and self.check_clearing
             step.layer_values["backward_passes"] = passes
-        self._pass_note = None if anchor is None else _PassNote(weakref.ref(anchor), raw, passes)
-
-    def _note_grad(self) -> None:
-        self._note = None
-        self._in_place_ops = 0
-        if not self.check_clearing:
-            return
-        params = self.layers.params
-        first = params[0].grad  # nearly always the one; else look further
-        if first is not None:
-            self._note = _GradNote(0, weakref.ref(first), first._version)
-            return
-        for index, param in enumerate(params):
-            if param.grad is not None:
-                self._note = _GradNote(index, weakref.ref(param.grad), param.grad._version)
-                return
 
     def _append_tensor_scalars(
         self, step: Measurement, values: list[torch.Tensor]

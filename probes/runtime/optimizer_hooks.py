@@ -3,7 +3,9 @@
 Three hooks stay for the life of the probe: before ``optimizer.step()`` the step
 boundary reads the gradients (``StepBoundary.before_optimizer_step``), then the update
 check notes the parameters' versions; after it, the update check names the layers the
-step left untouched (``probes.runtime.structure.UpdateCheck``). The measurer adds a post-hook of
+step left untouched (``probes.runtime.structure.UpdateCheck``), and the clearing watch
+notes the gradients the update used (``probes.runtime.clearing``: the next backward
+must find them cleared). The measurer adds a post-hook of
 its own on the steps that measure the update (``add_post_hook``): registered then, so it
 runs after any hook the training code added meanwhile, as it always has.
 """
@@ -49,6 +51,7 @@ class OptimizerHooks:
         self._transient: RemovableHandle | None = None  # the measurer's, this step
         self._check: UpdateCheck | None = None
         self._measurer: CurrentStep | None = None
+        self._updated: Callable[[], None] | None = None
         self._check_spent = 0.0  # the pre-hook's check seconds, added to probe_time after
 
     def install(
@@ -57,13 +60,15 @@ class OptimizerHooks:
         before_step: PreHook,
         layers: LayerMap,
         measurer: CurrentStep,
+        updated: Callable[[], None] | None = None,
     ) -> None:
         """Hook ``optimizer.step()``: ``before_step`` (the step boundary's) and the
-        update check of ``layers`` before it, the update check after it."""
+        update check of ``layers`` before it, the update check and ``updated`` after it."""
         optimizer = self.optimizer
         if optimizer is None:
             return
         self._measurer = measurer
+        self._updated = updated
         self._handles.append(optimizer.register_step_pre_hook(before_step))
         if layers.params:
             self._check = UpdateCheck(layers)
@@ -104,6 +109,8 @@ class OptimizerHooks:
             step = self._measurer.current if self._measurer is not None else None
             assert self._check is not None
             untouched = self._check.after()
+            if self._updated is not None:
+                self._updated()  # every update, measured or not
             if step is not None:
                 if untouched:
                     step.not_stepped = untouched

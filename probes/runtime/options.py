@@ -24,8 +24,10 @@ class WatchOptions:
         every: measure one step in ``every``.
         sample_every: costlier statistics (parameter norms, update/weight ratios,
             activation health) on one step in this many.
-        grad_accumulation: you accumulate gradients over several steps on purpose; the
-            check that ``zero_grad`` runs every update is then off.
+        grad_accumulation: the check that ``zero_grad`` runs every update is off.
+            Accumulating micro-batches between updates never needs it (only the first
+            backward after an update is checked); a loop without an optimizer given to
+            ``watch()`` that updates every few probe steps does.
         guard: keep non-finite gradients from the weights (``optimizer.step()`` then
             changes nothing, as with AMP's GradScaler), raise an alert and pause. Costs
             one host/device sync per step. The monitor's ``g`` key turns it on and off.

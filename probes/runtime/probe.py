@@ -34,7 +34,7 @@ from torch import nn
 
 from probes.kernel.commands import Command
 from probes.kernel.wire import TOKEN_ENV
-from probes.runtime import clip, lifecycle, structure
+from probes.runtime import clip, lifecycle
 from probes.runtime.control import Control, ControlState
 from probes.runtime.evaluation import EvalScope
 from probes.runtime.hello import hello_fields
@@ -122,10 +122,11 @@ class Probe:
             before_step=self._boundary.before_optimizer_step,
             layers=self.layers,
             measurer=self._measurer,
+            updated=self._measurer.clearing.updated,
         )
         clip.install()  # frameworks clip through torch's function: read before it
         lifecycle.register(self)
-        for alert in structure.watch_time_alerts(self.module, real_optimizer, self.layers):
+        for alert in self._boundary.wiring.first_alerts(self.layers):  # (and again later)
             self.send({"kind": "alert", "step": 0, "alert": alert.to_dict()})
 
     def _connect(self) -> tuple[Control, Sender]:
@@ -377,6 +378,7 @@ class Probe:
         lifecycle.unregister(self)
         clip.uninstall()
         self._hooks.remove()
+        self._measurer.clearing.remove()
         if self._eval is not None:
             self._eval.remove_hooks()
             self._eval = None

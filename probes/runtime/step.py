@@ -39,6 +39,7 @@ from probes.runtime.scalars import Scalar, ScalarFiler
 from probes.runtime.sender import Sender, warn
 from probes.runtime.stats import Measurement
 from probes.runtime.unbracketed import UNBRACKETED_UPDATES, unbracketed_alert
+from probes.runtime.wiring import WiringWatch
 
 
 class StepBoundary:
@@ -94,6 +95,8 @@ class StepBoundary:
         self._lr_experiment: LrExperiment | None = None  # watched until the LR moves
         self._anomaly: AnomalyStep | None = None
         self._unbracketed_updates = 0  # optimizer steps before any probe step
+        # the watch-time checks, again on sampled steps when the trainable set changes
+        self.wiring = WiringWatch(module, optimizer)
 
     # --- what the probe asks of its step ---------------------------------------------------
 
@@ -234,6 +237,11 @@ class StepBoundary:
             self._anomaly.start()
         if next_index % self._options.every == 0:
             sampled = next_index % self._options.sample_every == 0
+            if sampled and next_index > 0:
+                for alert in self.wiring.check(next_index):
+                    self._sender.put(
+                        {"kind": "alert", "step": next_index, "alert": alert.to_dict()}
+                    )
             self._measurer.begin(next_index, time.time(), sampled)
 
     def _exit_step(self, error: BaseException | None, started: float) -> bool:
@@ -333,7 +341,8 @@ class StepBoundary:
 
     def _closure_reading(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         """``closure``, then (its first call only: LBFGS calls it again in its line
-        search, at other weights) the reading of the gradients it made."""
+        search, at other weights) the reading of the gradients it made. Each call's
+        gradients are used: the next call's backward must find them cleared."""
         first = True
 
         def closure_then_read() -> Any:
@@ -342,6 +351,7 @@ class StepBoundary:
             if first:
                 first = False
                 self._gradients_ready()
+            self._measurer.clearing.updated()
             return loss
 
         return closure_then_read

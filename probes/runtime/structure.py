@@ -20,6 +20,7 @@ run it are ``probes.runtime.optimizer_hooks``').
 from __future__ import annotations
 
 import operator
+import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -38,28 +39,38 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.LayerNorm,
     nn.GroupNorm,
     nn.LocalResponseNorm,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
 )
+# A hand-written norm's class name: LayerNorm, RMSNorm, LlamaRMSNorm, T5LayerNorm ...
+NORM_NAME = re.compile(r"norm(\d*d)?$", re.IGNORECASE)
 NAMES_SHOWN = 6
 
 
 def watch_time_alerts(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None, layers: LayerMap
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, layers: LayerMap, step: int = 0
 ) -> list[Alert]:
-    """What is wrong with how the model and its optimizer fit together, as alerts."""
-    alerts = _frozen(model, layers)
+    """What is wrong with how the model and its optimizer fit together, as alerts (at
+    ``step``: 0 when ``watch()`` is called; later when the trainable set changes,
+    ``probes.runtime.wiring``)."""
+    alerts = _frozen(model, layers, step)
     if optimizer is not None:
-        alerts += _optimizer(model, optimizer, layers)
+        alerts += _optimizer(model, optimizer, layers, step)
     return alerts
 
 
 def _alert(
-    kind: str, severity: Severity, subject: str, evidence: dict[str, Any], layers: Sequence[str]
+    kind: str,
+    severity: Severity,
+    subject: str,
+    evidence: dict[str, Any],
+    layers: Sequence[str],
+    step: int,
 ) -> Alert:
     described = entry(kind)
     return Alert(
         kind,
         severity,
-        0,
+        step,
         subject,
         evidence,
         described.signal,
@@ -68,7 +79,9 @@ def _alert(
     )
 
 
-def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: LayerMap) -> list[Alert]:
+def _optimizer(
+    model: nn.Module, optimizer: torch.optim.Optimizer, layers: LayerMap, step: int
+) -> list[Alert]:
     held = [p for group in optimizer.param_groups for p in group["params"]]
     held_ids = {id(p) for p in held}
     model_ids = {id(p) for p in model.parameters()}
@@ -95,6 +108,7 @@ def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: Layer
                     "same_shapes": _shapes_cover([layers.params[i] for i in missing], foreign),
                 },
                 missing_layers,
+                step,
             )
         ]
     if not missing:
@@ -112,6 +126,7 @@ def _optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, layers: Layer
             missing_layers[0],
             evidence,
             missing_layers,
+            step,
         )
     ]
 
@@ -123,7 +138,7 @@ def _shapes_cover(missing: Sequence[torch.Tensor], foreign: Sequence[torch.Tenso
     return all(available[shape] >= count for shape, count in needed.items())
 
 
-def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
+def _frozen(model: nn.Module, layers: LayerMap, step: int) -> list[Alert]:
     unique = {id(p): p for p in model.parameters()}
     total = sum(_numel(p) for p in unique.values())
     frozen = sum(_numel(p) for p in unique.values() if not p.requires_grad)
@@ -131,7 +146,7 @@ def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
         return []
     modules = dict(model.named_modules())
     training = list(layers.names)
-    only_norms = all(isinstance(modules.get(name), NORM_TYPES) for name in training) or all(
+    only_norms = all(is_norm(modules.get(name)) for name in training) or all(
         name.rpartition(".")[2] == "bias" for name in layers.param_names
     )
     return [
@@ -147,8 +162,31 @@ def _frozen(model: nn.Module, layers: LayerMap) -> list[Alert]:
                 "only_normalisation": only_norms,
             },
             training,
+            step,
         )
     ]
+
+
+def is_norm(module: nn.Module | None) -> bool:
+    """Whether ``module`` is a normalisation layer, by what it is: one of torch's; a
+    class named like one (``...Norm``); or a leaf whose only parameters are a 1-D gain
+    (``weight``, ``scale``, ``gamma``) and maybe a bias of its size, applied elementwise
+    at the normalised size (a hand-written LayerNorm or RMSNorm by any name)."""
+    if module is None:
+        return False
+    if isinstance(module, NORM_TYPES) or NORM_NAME.search(type(module).__name__):
+        return True
+    if type(module).__module__.startswith("torch.") or next(module.children(), None) is not None:
+        return False  # torch's others (a PReLU's 1-D weight is no gain); a block
+    own = dict(module.named_parameters(recurse=False))
+    gain = next((own.pop(n) for n in ("weight", "scale", "gamma") if n in own), None)
+    shift = next((own.pop(n) for n in ("bias", "beta", "shift") if n in own), None)
+    return (
+        not own
+        and gain is not None
+        and gain.dim() == 1
+        and (shift is None or shift.shape == gain.shape)
+    )
 
 
 def _numel(param: torch.Tensor) -> int:

@@ -164,6 +164,25 @@ class AlertBook:
             if not entry.withdrawn
         ]
 
+    def highest_severity(self) -> Severity | None:
+        """The run's highest severity: over its raised entries and every consequence
+        folded under them (a warning folded under an info cause is still a warning)."""
+        severities = [e.alert.severity for e in self.raised if not e.withdrawn]
+        severities += [a.severity for a in self.diagnoser.worst_folded.values()]
+        return max(severities, key=lambda s: s.order, default=None)
+
+    def folded_tripping(self, threshold: str | None) -> Alert | None:
+        """A consequence folded under a less severe cause that trips ``--fail-on
+        threshold`` on its own (folding never lowers the verdict); None if none does."""
+        if not threshold:
+            return None
+        roots = {e.alert.key: e for e in self.raised if not e.withdrawn}
+        for root_key, folded in self.diagnoser.worst_folded.items():
+            root = roots.get(root_key)
+            if root is not None and trips_fail_on(folded, threshold):
+                return folded
+        return None
+
     def unmeasured(self) -> list[Alert]:
         """The probe's alerts, still active, saying no step was measured (judged for
         ``--fail-on`` when the run ends)."""

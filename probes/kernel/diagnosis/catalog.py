@@ -187,13 +187,15 @@ CATALOG: dict[AlertKind, Entry] = {
     AlertKind.GRAD_NOT_CLEARED: Entry(
         Rung.UPDATE,
         (
-            "Gradients from earlier steps are still there when the next backward adds to them: "
-            "every update uses a growing sum. Intended only with declared gradient "
-            "accumulation."
+            "The gradients an update used are still there when the next backward adds to "
+            "them: every update uses a growing sum. Accumulating micro-batches between "
+            "updates is not this (only the first backward after an update is checked)."
         ),
         (
-            "Call optimizer.zero_grad(set_to_none=True) once per step, before backward.",
-            "If you accumulate on purpose, declare it: probes.watch(..., grad_accumulation=True).",
+            "Call optimizer.zero_grad(set_to_none=True) once per update (in a closure: at "
+            "its start), before backward.",
+            "Updating by hand with no optimizer every few probe steps? Declare it: "
+            "probes.watch(..., grad_accumulation=True).",
             "Compare the gradient norms of two consecutive steps on the same batch: they "
             "should match, not double.",
         ),
@@ -360,6 +362,24 @@ CATALOG: dict[AlertKind, Entry] = {
             "Measure one step in N: probes.watch(..., every=N).",
             "Take the costlier statistics less often: probes.watch(..., sample_every=N).",
             "Compare the steps/s with and without the probe on the same loop.",
+        ),
+    ),
+    # --- 5. the update (issue 18 item 7) ---------------------------------------------------------
+    AlertKind.LR_TOO_LOW_TO_UPDATE: Entry(
+        Rung.UPDATE,
+        (
+            "The gradients are non-zero, yet on most layers the update is below float32's "
+            "resolution of the weights (|dw|/|w| under ~1e-7, often exactly 0): the weights "
+            "no longer change, whatever the schedule meant. Typically a scheduler stepped "
+            "per batch where it was meant per epoch. It does not say which rate was intended."
+        ),
+        (
+            "Print the learning rate at every step for a few hundred steps: the schedule as "
+            "it runs, not as written.",
+            "Check where scheduler.step() is called: once per epoch for StepLR/MultiStepLR "
+            "counted in epochs, once per batch for schedules counted in steps.",
+            "Restart from the last checkpoint at the schedule's intended rate, nothing else "
+            "changed, and compare a weight before and after one optimizer.step().",
         ),
     ),
 }

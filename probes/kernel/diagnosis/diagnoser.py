@@ -18,6 +18,7 @@ from probes.kernel.diagnosis.gradient_path import (
 )
 from probes.kernel.diagnosis.incidents import STICKY, WAIT_FOR_CAUSE, cause_for, depth, folded_name
 from probes.kernel.diagnosis.overhead import ProbeOverhead
+from probes.kernel.diagnosis.precision import LrTooLowToUpdate
 from probes.kernel.diagnosis.rule import Findings, Rule, respread
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.tiny_batch import FlatLoss
@@ -46,6 +47,7 @@ LAYER_RULES: frozenset[type[Rule]] = frozenset(
         GradNotCleared,
         UpdatesNotApplied,
         UpdateRatio,
+        LrTooLowToUpdate,
     }
 )
 
@@ -62,6 +64,7 @@ RULES: tuple[type[Rule], ...] = (
     GradNotCleared,
     UpdatesNotApplied,
     UpdateRatio,
+    LrTooLowToUpdate,
     SkippedUpdates,
     NoUpdates,
     LossSpike,
@@ -100,6 +103,8 @@ class Diagnoser:
         self.incidents: dict[str, Alert] = {}  # the latest version of every raised alert
         self.probe_alerts: dict[str, Alert] = {}  # raised in the training process
         self.folded: dict[str, str] = {}  # consequence key -> the key of its root cause
+        # root key -> the most severe consequence ever folded under it (for --fail-on)
+        self.worst_folded: dict[str, Alert] = {}
         self.revision = 0  # bumped when an alert gains a consequence or layers
         self._causes: dict[str, Alert] = {}  # kind -> latest raised, folded or from probe
         self._roots: dict[str, str] = {}  # kind -> key of the raised alert it folds into
@@ -261,6 +266,9 @@ class Diagnoser:
         """List ``alert`` under the raised alert at the root of ``cause``'s chain."""
         root_key = self._roots.get(cause.kind, cause.key)
         self.folded[key] = root_key
+        worst = self.worst_folded.get(root_key)
+        if worst is None or alert.severity.order > worst.severity.order:
+            self.worst_folded[root_key] = alert
         self._causes[alert.kind] = alert
         self._roots[alert.kind] = root_key
         name = folded_name(alert)

@@ -99,6 +99,7 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.OPTIMIZER_NOT_FOR_MODEL),
         Fold(K.MOSTLY_FROZEN, side="low"),
         Fold(K.NO_UPDATES),
+        Fold(K.LR_TOO_LOW_TO_UPDATE, side="low"),
     ),
     K.LOSS_SPIKE: (*(Fold(kind) for kind in _DAMAGE), Fold(K.SKIPPED_UPDATES)),
     K.OVERFITTING_SIGNAL: (*(Fold(kind) for kind in _DAMAGE), Fold(K.EVAL_IN_TRAIN_MODE)),
@@ -109,7 +110,10 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.SATURATED_ACTIVATIONS),
         Fold(K.NONE_GRADIENTS),
         Fold(K.UPDATE_RATIO, side="low"),
+        Fold(K.LR_TOO_LOW_TO_UPDATE),
     ),
+    # SGD's tiny updates on vanishing gradients are that rule's: the rate may be fine
+    K.LR_TOO_LOW_TO_UPDATE: (Fold(K.VANISHING_GRADIENT, within=True),),
 }
 
 # Consequences that may be found a few steps before their cause: they wait for it.
@@ -121,6 +125,7 @@ WAIT_FOR_CAUSE = frozenset(
         K.UPDATE_RATIO,
         K.VANISHING_GRADIENT,
         K.UPDATES_NOT_APPLIED,
+        K.LR_TOO_LOW_TO_UPDATE,
     }
 )
 

@@ -50,8 +50,8 @@ class Thresholds:
     flat_min_drop: float = 0.10
     # none_gradients: the same parameters without a gradient for this many steps.
     none_grad_steps: int = 3
-    # grad_not_cleared: the gradient of the last update still held, one backward larger,
-    # for this many steps in a row (the probe checks every step that updates).
+    # grad_not_cleared: the first backward after an update added to the gradient that
+    # update used, for this many updates in a row (the probe checks every update).
     not_cleared_steps: int = 2
     # skipped_updates: optimizer.step() skipped with non-finite gradients for this many
     # steps in a row (GradScaler skips a few at the start while it finds its scale).
@@ -112,6 +112,13 @@ class Thresholds:
     consequence_grace_steps: int = 5
     # hysteresis: an alert clears after its condition has been absent this many steps.
     clear_after: int = 3
+    # lr_too_low_to_update: on most layers with a gradient, |dw|/|w| below float32's
+    # resolution (2^-23 ~ 1.2e-7: the update rounds away) on this many sampled steps in
+    # a row spanning at least precision_steps steps (a cosine decay to 0 spends a step
+    # or two there at its very end).
+    update_precision: float = 1e-7
+    precision_samples: int = 2
+    precision_steps: int = 20
 
     def with_overrides(self, **overrides: float) -> Thresholds:
         """A copy with some thresholds changed (unknown names raise ``TypeError``)."""

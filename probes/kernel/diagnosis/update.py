@@ -27,8 +27,11 @@ from probes.kernel.diagnosis.vocabulary import AlertKind
 
 
 class GradNotCleared(Rule):
-    """Gradients accumulate across steps because zero_grad was not called: the probe
-    finds the gradient of the last update still held, one backward larger."""
+    """Gradients accumulate across updates because zero_grad was not called: the first
+    backward pass after an update (``optimizer.step()``, a closure call, or the end of
+    a step with no optimizer) found the gradient that update used, untouched, and added
+    to it (``probes.runtime.clearing``). Accumulating micro-batches between updates is
+    not this: only a pass after an update is checked, whatever the loop's shape."""
 
     kind: str = AlertKind.GRAD_NOT_CLEARED
     severity: Severity = Severity.ERROR

@@ -174,6 +174,8 @@ class AlertKind(StrEnum):
     # 7. the probe
     PROBE_OVERHEAD = "probe_overhead"
     STEPS_NOT_MEASURED = "steps_not_measured"
+    # 5. the update (issue 18 item 7)
+    LR_TOO_LOW_TO_UPDATE = "lr_too_low_to_update"
 
     @property
     def label(self) -> str:

@@ -1,0 +1,89 @@
+"""Rung 5, the update: a learning rate so low that updates no longer change the weights.
+
+``update_ratio`` reads a low ratio as a schedule's tail when the rate is far below the
+run's highest (a warmup's start, a decay's end are low by design). Below float32's
+resolution the tail is no design: ``w + dw`` rounds back to ``w`` and the weights stand
+still. A per-batch ``StepLR`` meant per epoch takes the rate there in a few hundred
+steps; the version counters still say every weight was written, so
+``updates_not_applied`` does not see it either.
+"""
+
+from __future__ import annotations
+
+import math
+
+from probes.kernel.diagnosis.rule import Findings, Rule, ordered_range, spread
+from probes.kernel.diagnosis.thresholds import Thresholds
+from probes.kernel.diagnosis.views import RecentPast, StepView
+from probes.kernel.diagnosis.vocabulary import AlertKind
+
+
+class LrTooLowToUpdate(Rule):
+    """On sampled steps, most layers with a non-zero gradient have |dw|/|w| below
+    ``update_precision``: for ``precision_samples`` samples in a row spanning
+    ``precision_steps`` steps, while the rate is in what ``update_ratio`` takes for a
+    schedule's tail (below ``update_low_lr_fraction`` of the run's highest). A rate low
+    from the start, no schedule, is ``update_ratio``'s (low: "the learning rate is too
+    low"); between them a rate too low is raised, schedule or not. A rate of exactly 0
+    is ``updates_not_applied``'s (its evidence says ``lr=0``)."""
+
+    kind: str = AlertKind.LR_TOO_LOW_TO_UPDATE
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._samples = 0
+        self._since: int | None = None
+        self._top_lr = 0.0  # the highest learning rate of the run so far
+
+    def on_step(self, history: RecentPast, view: StepView) -> Findings:
+        lr = max((x for x in view.lrs if math.isfinite(x)), default=None)
+        if lr is not None:
+            self._top_lr = max(self._top_lr, lr)
+        ratios = view.update_ratios
+        if ratios is None:
+            return None  # not a sampled step: no news
+        if lr is None or lr == 0 or lr >= self.t.update_low_lr_fraction * self._top_lr:
+            return self._reset()  # no rate, a rate of 0, or not a tail: not this rule's
+        grads = view.peak_grads
+        judged = [
+            (i, r)
+            for i, r in enumerate(ratios)
+            if r is not None
+            and math.isfinite(r)
+            and i < len(grads)
+            and grads[i] is not None
+            and math.isfinite(grads[i])  # type: ignore[arg-type]
+            and grads[i] > 0  # type: ignore[operator]
+        ]
+        below = [(i, r) for i, r in judged if r < self.t.update_precision]
+        if not judged or 2 * len(below) <= len(judged):
+            return self._reset()
+        self._samples += 1
+        if self._since is None:
+            self._since = view.step
+        if self._samples < self.t.precision_samples or (
+            view.step - self._since < self.t.precision_steps
+        ):
+            return []
+        names = [history.info.layer(i) for i, _ in below]
+        return [
+            self.alert(
+                self._since + self.t.precision_steps,
+                names[0],
+                {
+                    "update_ratio": max(r for _, r in below),
+                    "layers_below": len(below),
+                    "layers_judged": len(judged),
+                    "lr": lr,
+                    "top_lr": self._top_lr,
+                    "since_step": self._since,
+                    **spread(ordered_range(names, history.info.layers)),
+                },
+                layers=names,
+            )
+        ]
+
+    def _reset(self) -> Findings:
+        self._samples = 0
+        self._since = None
+        return []
