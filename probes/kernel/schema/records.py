@@ -149,6 +149,7 @@ class AnomalyReport(_AnomalyReportRequired, total=False):
 
     state: ControlStateFields  # added by the probe, after the step
     batch: int
+    auto: dict[str, Any]  # a check armed by a non-finite read: armed_by (step), cost
 
 
 class _AckRecordRequired(TypedDict):

@@ -291,6 +291,13 @@ ANOMALY_FIELDS = (
     ),
     _STATE,
     _F("batch", _T.INT, "the batch", checked=False, view=None),
+    _F(
+        "auto",
+        _T.OBJECT,
+        "armed by a non-finite read: armed_by (its step), cost",
+        checked=False,
+        view=None,
+    ),
 )
 
 #: The last frame of a connection.
