@@ -30,7 +30,9 @@ def step(n: int, grads: Any = (1.0, 1.0, 1.0, 1.0), loss: float = 1.0, **fields:
     }
 
 
-def run(records: list[Record], thresholds: Thresholds | None = None) -> tuple[Diagnoser, list[AlertChange]]:
+def run(
+    records: list[Record], thresholds: Thresholds | None = None
+) -> tuple[Diagnoser, list[AlertChange]]:
     diagnoser = Diagnoser(INFO, thresholds)
     changes = [c for r in records for c in diagnoser.observe(r)] + diagnoser.finish()
     return diagnoser, changes
