@@ -56,6 +56,12 @@ class AutoAnomaly:
             self._pending = step
         self._quiet_until = max(self._quiet_until, step + REARM_AFTER_STEPS)
 
+    def covered(self, step: int) -> None:
+        """An anomaly step (the ``a`` key's) runs at ``step``: what turns non-finite
+        there or soon after is its to report, not a second check's."""
+        self._pending = None
+        self._quiet_until = max(self._quiet_until, step + REARM_AFTER_STEPS)
+
     def take(self) -> int | None:
         """The step that armed a check, once (None: none armed)."""
         pending, self._pending = self._pending, None

@@ -236,6 +236,7 @@ class StepBoundary:
                 check_nan=not self._identity.distributed,
             )
             self._anomaly.start()
+            self.auto.covered(next_index)
         elif self._anomaly is None and self._check is None:
             armed_by = self.auto.take()
             if armed_by is not None:

@@ -18,6 +18,7 @@ from probes.kernel.diagnosis.gradient_path import (
     VanishingGradient,
 )
 from probes.kernel.diagnosis.incidents import (
+    EVENTS,
     HELD,
     STICKY,
     WAIT_FOR_CAUSE,
@@ -225,7 +226,9 @@ class Diagnoser:
         what has been absent ``clear_after`` steps."""
         current = {a.key: a for findings in self._findings.values() for a in findings}
         raised: list[AlertChange] = []
+        ended: list[AlertChange] = []
         for key, alert in sorted(current.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)):
+            ended += self._end_event(key, alert)
             self._absent_since.pop(key, None)
             if key in self.active:
                 self._refresh(key, alert)
@@ -250,7 +253,23 @@ class Diagnoser:
             raised.append(self._raise(alert))
         raised += self._due(step)
         raised.sort(key=lambda change: change.alert.rung)
-        return raised + self._clear(first, step, current)
+        return ended + raised + self._clear(first, step, current)
+
+    def _end_event(self, key: str, alert: Alert) -> list[AlertChange]:
+        """An event's rule (``incidents.EVENTS``) says when a new incident begins: a
+        finding first seen at another step ends the one held (cleared, or no longer a
+        folded consequence), so the new one is raised or folded as its own. (One
+        thinned record can hold the end of one burst of spikes and the start of the
+        next.)"""
+        if alert.kind not in EVENTS:
+            return []
+        held = self.active.get(key)
+        if held is not None and held.step != alert.step:
+            del self.active[key]
+            return [AlertChange(held, raised=False)]
+        if key in self.folded and self._causes.get(alert.kind, alert).step != alert.step:
+            del self.folded[key]
+        return []
 
     def _due(self, step: int) -> list[AlertChange]:
         """Waiting consequences whose grace is over: folded if a cause came, else raised

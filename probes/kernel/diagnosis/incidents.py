@@ -60,6 +60,10 @@ HELD = frozenset(
     }
 )
 
+# Events whose rule says when a new incident begins (a burst of spikes is one): a
+# finding first seen at another step is another incident, even while one is held.
+EVENTS = frozenset({K.LOSS_SPIKE})
+
 _DAMAGE = (K.EXPLODING_GRADIENT, K.NON_FINITE, K.GRAD_NOT_CLEARED)
 _CONTRACT = (
     K.PROBABILITIES_INTO_LOGIT_LOSS,
