@@ -165,3 +165,36 @@ def test_a_report_without_a_producer_or_without_an_incident_joins_nothing() -> N
     assert not diagnoser.note_anomaly({"step": 3, "outcome": "clean"})
     assert diagnoser.note_anomaly(named)
     assert diagnoser.active["non_finite"].evidence["producer"] == "a"
+
+
+def test_on_a_sampled_step_the_first_module_out_of_range_is_named_at_once(
+    collector: FrameCollector,
+) -> None:
+    """An overflow mid-stack on a sampled step: the activation hooks already attached
+    name the first counted value that is non-finite (an activation's output, or a
+    layer's input), and the layer before it, in the alert raised for that very step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(4, 4), nn.Tanh(), Overflow(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1)
+    )
+    probe = probes.watch(model, address=collector.address, sample_every=1, auto_anomaly=False)
+    train(model, 2, probe, pause=0.0)
+    probe.close()
+    collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames))
+    state = MonitorState()
+    for frame in collector.frames:
+        state.apply(1, frame)
+    (run,) = state.runs.values()
+    (entry,) = [e for e in run.alerts if e.alert.kind == "non_finite"]
+    assert entry.alert.step == 0
+    # the input of layer 3 (the output of the Overflow before it) is the first
+    # out-of-range value the hooks counted, forward order; the last layer before it, 0
+    assert entry.alert.evidence["first_non_finite_output"] == "3(input)"
+    assert entry.alert.evidence["fed_by"] == "0"
+
+
+def test_near_miss_a_finite_sampled_step_names_no_module() -> None:
+    diagnoser = Diagnoser(RunInfo(layers=("a",), activations=(("r", "relu", 0),)))
+    nan = float("nan")
+    diagnoser.observe({"kind": "step", "step": 0, "scalars": {"loss": nan}, "activations": [0.3]})
+    assert "first_non_finite_output" not in diagnoser.active["non_finite"].evidence

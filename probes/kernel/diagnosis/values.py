@@ -27,9 +27,11 @@ class NonFinite(Rule):
         self._first: Alert | None = None
         self._step_found: Found | None = None
         self._eval_found: Found | None = None
+        self._first_output: dict[str, Any] = {}  # a sampled step's first module out of range
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         self._step_found = _first_non_finite_step_field(view, history.info)
+        self._first_output = _first_non_finite_output(view, history.info)
         # A record standing for several steps says at which one the first appeared.
         step = view.first_non_finite_step if view.first_non_finite_step is not None else (view.step)
         return self._hold(step, self._step_found or self._eval_found)
@@ -49,6 +51,7 @@ class NonFinite(Rule):
             evidence: dict[str, Any] = {"value": value, "first_step": step}
             if order:
                 evidence["order"] = order[0]
+            evidence.update(self._first_output)
             self._first = self.alert(step, field_name, evidence)
         return [self._first]
 
@@ -95,6 +98,22 @@ def _first_non_finite_step_field(view: StepView, info: RunInfo) -> Found | None:
             name = info.activations[i][0] if i < len(info.activations) else f"activation {i}"
             return f"activation[{name}]", number
     return None
+
+
+def _first_non_finite_output(view: StepView, info: RunInfo) -> dict[str, Any]:
+    """On a sampled step (activation hooks attached), the first value they count in
+    forward order (an activation module's output, a layer's input) that was non-finite
+    (its fraction NaN), and the last layer before it: where the value went bad, named
+    at once (in the evidence: the first failing field stays the subject). Empty when
+    none."""
+    for i, number in enumerate(view.activations or ()):
+        if _non_finite(number) and i < len(info.activations):
+            found = {"first_non_finite_output": info.activations[i][0]}
+            fed_by = info.feeding_layer(i)
+            if fed_by is not None:
+                found["fed_by"] = fed_by
+            return found
+    return {}
 
 
 def _non_finite(number: float | None) -> bool:
