@@ -198,3 +198,25 @@ def test_near_miss_a_finite_sampled_step_names_no_module() -> None:
     nan = float("nan")
     diagnoser.observe({"kind": "step", "step": 0, "scalars": {"loss": nan}, "activations": [0.3]})
     assert "first_non_finite_output" not in diagnoser.active["non_finite"].evidence
+
+
+class SkippedStep:
+    """A pending measurement, as the sender reads it: an update skipped or not."""
+
+    def __init__(self, optimizer_step: bool | None, loss: float) -> None:
+        self.optimizer_step = optimizer_step
+        self.loss = loss
+
+    def merge_values(self) -> dict[str, Any]:
+        return {"scalars": {"loss": self.loss}}
+
+
+def test_gradscalers_skipped_updates_arm_no_check_but_a_non_finite_loss_does() -> None:
+    """AMP's GradScaler skips updates with inf gradients while it finds its scale (at
+    the start of every run): no check for those; a non-finite loss is never by design."""
+    from probes.runtime.sender import _alarming
+
+    assert not _alarming(SkippedStep(False, 0.5))  # type: ignore[arg-type]
+    assert _alarming(SkippedStep(False, float("inf")))  # type: ignore[arg-type]
+    assert _alarming(SkippedStep(True, 0.5))  # type: ignore[arg-type]
+    assert _alarming(SkippedStep(None, 0.5))  # type: ignore[arg-type]

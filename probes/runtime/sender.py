@@ -260,7 +260,7 @@ class Sender:
         (read here, on the sender's thread: never a sync on the training thread)."""
         try:
             for item in ready:
-                if not isinstance(item, dict) and item.has_non_finite():
+                if not isinstance(item, dict) and item.has_non_finite() and _alarming(item):
                     assert self.on_non_finite is not None
                     self.on_non_finite(item.step)
         except Exception as exc:  # the check is a help: never a reason to stop sending
@@ -380,6 +380,15 @@ class Sender:
         if key not in self._warned:
             self._warned.add(key)
             warn(message)
+
+
+def _alarming(item: PendingRecord) -> bool:
+    """A non-finite step worth a check: not one whose update AMP's GradScaler skipped
+    with a finite loss (it finds its scale so at the start of every run, by design)."""
+    if item.optimizer_step is not False:
+        return True
+    scalars = item.merge_values().get("scalars") or {}
+    return not all(math.isfinite(value) for value in scalars.values())
 
 
 def _wire_float(value: object) -> object:
