@@ -172,3 +172,16 @@ def test_the_merge_keeps_each_steps_loss_in_order_and_bounded() -> None:
     for n in range(MAX_STEP_LOSSES + 1):
         long.add({"scalars": {"loss": 1.0}}, step=n, non_finite=False)
     assert long.fields()["step_losses"] is None  # past the bound: dropped, peaks remain
+
+
+def test_the_replay_history_folds_away_each_steps_loss() -> None:
+    """A late monitor's decimated past keeps its peaks, not every step's loss (memory)."""
+    from probes.kernel.replay import ReplayHistory
+
+    history = ReplayHistory(capacity=8)
+    for record in as_sent(run_records(600, 0), 2500.0, 0):
+        history.add(record)
+    replayed = [r for r in history.replay() if r["kind"] == "step"]
+    assert "step_losses" not in replayed[1]  # the oldest after the first: folded
+    assert replayed[1]["span"][1] - replayed[1]["span"][0] > 100
+    assert "step_losses" in replayed[-1]  # the recent ones, as sent

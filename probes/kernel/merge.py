@@ -102,9 +102,9 @@ class _CommonToUpdates(_Op):
 
 
 #: A thinned record carries each of its steps' loss up to this many steps (the sender's
-#: spans are far shorter); past it (the replay history's old buckets) the field is
-#: dropped, and the rules read the span's peaks instead.
-MAX_STEP_LOSSES = 1024
+#: spans at its 60 records a second: a run of up to 15,000 steps a second); past it the
+#: field is dropped, and the rules read the span's peaks instead.
+MAX_STEP_LOSSES = 256
 
 
 class _EachLoss(_Op):
