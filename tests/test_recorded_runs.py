@@ -29,13 +29,15 @@ def test_healthy_raises_no_alert_at_full_resolution() -> None:
 
 
 def test_exploding_names_a_layer_before_any_non_finite() -> None:
+    """The root cause first, in time: the non-finite values after the explosion fold
+    under it (listed as its consequence, at their later step), not raised on their own."""
     run = replay("exploding").run()
     kinds = [entry.alert.kind for entry in run.alerts]
-    assert "exploding_gradient" in kinds and "non_finite" in kinds
+    assert "exploding_gradient" in kinds and "non_finite" not in kinds
     exploding = run.alerts[kinds.index("exploding_gradient")].alert
-    non_finite = run.alerts[kinds.index("non_finite")].alert
-    assert kinds.index("exploding_gradient") < kinds.index("non_finite")
-    assert exploding.step < non_finite.step
+    folded = [f for f in exploding.folded if f.startswith("non_finite@")]
+    assert len(folded) == 1
+    assert exploding.step < int(folded[0].split("@")[1])
     assert exploding.subject in run.layers  # a layer, not just "the total"
     assert exploding.severity == "error"
     assert exploding.evidence["grad_norm"] > 0
@@ -100,7 +102,8 @@ def test_headless_replay_of_an_exploding_run_prints_alert_lines(
         assert "failing: error alert exploding_gradient (--fail-on error)" in lines
     else:
         assert status == 0
-        assert any(line.startswith("ALERT error non_finite step=") for line in alerts)
+        causes = next(line for line in lines if line.startswith("causes run="))
+        assert "exploding_gradient@" in causes and "non_finite@" in causes.split("folded=")[1]
 
 
 # --- the frameworks' shapes -------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from probes.kernel.diagnosis import Thresholds
 from tests.frames import (
     deep_run,
     exploding_run,
@@ -68,7 +69,8 @@ async def test_the_probe_share_is_hidden_when_records_lack_it() -> None:
 async def test_status_counts_active_and_raised_and_the_panel_follows_the_checklist() -> None:
     frames = [
         *exploding_run(),
-        *(step(i) for i in range(14, 20)),  # the explosion clears
+        # the explosion clears (once healthy for ``hold_steps``: it hovered about its bound)
+        *(step(i) for i in range(14, 15 + Thresholds().hold_steps)),
         probe_alert("leakage", "warning", 18, seq=1),
         probe_alert("duplicates", "warning", 12, seq=2),
         probe_alert("broadcast_in_loss", "error", 19, seq=3),

@@ -98,6 +98,7 @@ class MonitorState:
             run.control.update(frame.get("state") or {})
             run.anomaly_reports.append(frame)
             del run.anomaly_reports[:-MAX_ALERTS]
+            run.book.anomaly_report(frame)  # the producer joins the non-finite incident
             return [AnomalyReported(run, frame)]
         if kind == "bye":
             run.ended = True

@@ -101,6 +101,33 @@ class _CommonToUpdates(_Op):
         return sorted(self.acc) if self.acc else None
 
 
+#: A thinned record carries each of its steps' loss up to this many steps (the sender's
+#: spans at its 60 records a second: a run of up to 15,000 steps a second); past it the
+#: field is dropped, and the rules read the span's peaks instead.
+MAX_STEP_LOSSES = 256
+
+
+class _EachLoss(_Op):
+    """Every step's training loss, as ``[step, loss]`` pairs in step order: what the
+    rules that follow the loss step by step (a spike against its recent median, the
+    smoothed loss) read, so a thinned run tells them what an unthinned one does."""
+
+    def add(self, values: Mapping[str, Any], step: int, non_finite: bool) -> None:
+        if self.acc is False:
+            return  # past the bound: dropped
+        pairs = values.get(self.name)
+        if pairs is None:
+            scalars = values.get("scalars") or {}
+            loss = scalars.get("loss", next(iter(scalars.values()), None))
+            pairs = [] if loss is None else [[step, loss]]
+        self.acc = list(pairs) if self.acc is None else self.acc + list(pairs)
+        if len(self.acc) > MAX_STEP_LOSSES:
+            self.acc = False
+
+    def result(self) -> Any:
+        return self.acc or None
+
+
 _KINDS: dict[Merge, type[_Op]] = {
     Merge.MAX: _Extreme,
     Merge.MIN: _Extreme,
@@ -108,6 +135,7 @@ _KINDS: dict[Merge, type[_Op]] = {
     Merge.FIRST_NON_FINITE: _FirstNonFinite,
     Merge.EVERY_UPDATE: _EveryUpdate,
     Merge.COMMON_TO_UPDATES: _CommonToUpdates,
+    Merge.EACH: _EachLoss,
 }
 
 
@@ -173,7 +201,7 @@ def _plan(spec: FrameSpec) -> Plan:
             updated = field
         elif field.merge in (Merge.EVERY_UPDATE, Merge.COMMON_TO_UPDATES):
             gated.append(partial(_KINDS[field.merge], field, field.name, field.merge))
-        elif field.merge in (Merge.MAX, Merge.MIN, Merge.SUM, Merge.FIRST_NON_FINITE):
+        elif field.merge in (Merge.MAX, Merge.MIN, Merge.SUM, Merge.FIRST_NON_FINITE, Merge.EACH):
             ops.append(partial(_KINDS[field.merge], field, field.name, field.merge))
     return ops, gated, updated
 

@@ -21,7 +21,11 @@ Record = dict[str, Any]
 
 
 def _join(older: Record, newer: Record) -> Record:
-    return RECORDS.collapse([older, newer])
+    joined = RECORDS.collapse([older, newer])
+    # Each step's loss is for the live monitor's rules; a decimated past keeps its peaks
+    # (its memory stays bounded by the records kept, not by the steps they stand for).
+    joined.pop("step_losses", None)
+    return joined
 
 
 class ReplayHistory:

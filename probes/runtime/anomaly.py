@@ -229,11 +229,7 @@ class AnomalyStep:
             "duration": duration,
             "backward_op": op,
             "message": "" if error is None else f"{type(error).__name__}: {error}"[:2000],
-            "forward_traceback": [
-                f
-                for f in frames
-                if not _TORCH_PATH.search(f["file"]) and not f["file"].startswith("<")
-            ],
+            "forward_traceback": user_frames(frames),
             "first_non_finite": None if self.first is None else self.first.__dict__,
             "module_of_backward_op": locate_module(self.model, frames),
             "update_skipped": op is not None or error is not None,
@@ -290,6 +286,13 @@ def parse_frames(traceback_text: str) -> list[dict[str, Any]]:
             }
         )
     return frames
+
+
+def user_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The frames of a forward traceback that are the user's code (not torch's)."""
+    return [
+        f for f in frames if not _TORCH_PATH.search(f["file"]) and not f["file"].startswith("<")
+    ]
 
 
 def locate_module(model: nn.Module, frames: list[dict[str, Any]]) -> str | None:

@@ -34,6 +34,10 @@ class WatchOptions:
         on_anomaly: what an anomaly step (the monitor's ``a`` key) does when it catches
             a non-finite gradient: ``"pause"`` (skip the update, pause the run) or
             ``"raise"`` (let the error through to the training loop).
+        auto_anomaly: when a step's numbers turn non-finite, check the next step once per
+            incident (forward outputs of every module, then the backward's ops: the
+            producer, its op and forward line join the alert). It only observes, and
+            costs that one step. False: only the ``a`` key runs such a check.
         pause_grace_s: how long a paused run waits for a monitor that went away before
             it resumes on its own (default 10, or ``$TRAINTOP_PAUSE_GRACE``).
         queue_size: records the training thread may queue before the oldest are
@@ -61,6 +65,7 @@ class WatchOptions:
     max_steps_per_s: float | None = None
     job: str | None = None
     data_parallel: str | None = None
+    auto_anomaly: bool = True
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.sample_every < 1:

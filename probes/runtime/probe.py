@@ -117,6 +117,7 @@ class Probe:
             scalars=self._scalars,
             on_error=self._fail,
         )
+        self.sender.on_non_finite = self._boundary.auto.saw_non_finite  # (auto_anomaly)
         self._next_step_scope = StepScope(self._boundary, self, None)
         self._hooks.install(
             before_step=self._boundary.before_optimizer_step,

@@ -10,6 +10,7 @@ batched copy to the host, and every hook handle is removed when the step ends.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -208,6 +209,9 @@ class ActivationStats:
                 else:
                     saturated = (output < SIGMOID_SATURATED) | (output > 1 - SIGMOID_SATURATED)
                     hits = torch.count_nonzero(saturated)
+                # A non-finite output makes its fraction NaN: the first module (in
+                # forward order) whose output is not finite is named on this very step.
+                hits = hits.to(torch.float32).masked_fill(~torch.isfinite(output).all(), math.nan)
             tally = self._tallies[index]
             tally.hits = hits if tally.hits is None else tally.hits + hits
             tally.total += output.numel()

@@ -170,6 +170,9 @@ class Sender:
         self._bye_reason = "closed"
         self._hello_state = hello_state
         self.dropped = 0
+        # Told (on this thread) each step whose numbers read non-finite: the probe's
+        # automatic check of the next step (``probes.runtime.auto_anomaly``).
+        self.on_non_finite: Callable[[int], None] | None = None
         self.connected = connected or threading.Event()
         self._thread = threading.Thread(target=self._run, name="traintop-sender", daemon=True)
         self._thread.start()
@@ -237,6 +240,8 @@ class Sender:
             ):
                 break
             ready.append(self._waiting.popleft())
+        if self.on_non_finite is not None:
+            self._tell_non_finite(ready)
         now = time.monotonic()
         budget = max(1, int(self._max_steps_per_s * max(now - self._last_collect, 1e-3)))
         self._last_collect = now
@@ -249,6 +254,18 @@ class Sender:
             self._history.add(record)
             if connected:
                 self._outbox.append(record)
+
+    def _tell_non_finite(self, ready: list[Record | PendingRecord]) -> None:
+        """Tell ``on_non_finite`` the steps whose delayed read shows a non-finite number
+        (read here, on the sender's thread: never a sync on the training thread)."""
+        try:
+            for item in ready:
+                if not isinstance(item, dict) and item.has_non_finite() and _alarming(item):
+                    assert self.on_non_finite is not None
+                    self.on_non_finite(item.step)
+        except Exception as exc:  # the check is a help: never a reason to stop sending
+            self.on_non_finite = None
+            self._warn_once("non-finite", f"the non-finite check stopped: {exc!r}")
 
     def _connect(self) -> None:
         if self.address is None:
@@ -363,6 +380,15 @@ class Sender:
         if key not in self._warned:
             self._warned.add(key)
             warn(message)
+
+
+def _alarming(item: PendingRecord) -> bool:
+    """A non-finite step worth a check: not one whose update AMP's GradScaler skipped
+    with a finite loss (it finds its scale so at the start of every run, by design)."""
+    if item.optimizer_step is not False:
+        return True
+    scalars = item.merge_values().get("scalars") or {}
+    return not all(math.isfinite(value) for value in scalars.values())
 
 
 def _wire_float(value: object) -> object:

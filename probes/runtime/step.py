@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from probes.runtime.anomaly import AnomalyStep, backward_op
+from probes.runtime.auto_anomaly import AutoAnomaly, ScopedCheck
 from probes.runtime.control import Control
 from probes.runtime.guard import GuardTrip, guard_alert, skip_update
 from probes.runtime.job import JobIdentity
@@ -94,6 +95,9 @@ class StepBoundary:
         self._after_last: list[dict[str, Any]] = []
         self._lr_experiment: LrExperiment | None = None  # watched until the LR moves
         self._anomaly: AnomalyStep | None = None
+        # The check a non-finite read arms for the next step (the sender tells ``auto``).
+        self.auto = AutoAnomaly(options.auto_anomaly)
+        self._check: ScopedCheck | None = None
         self._unbracketed_updates = 0  # optimizer steps before any probe step
         # the watch-time checks, again on sampled steps when the trainable set changes
         self.wiring = WiringWatch(module, optimizer)
@@ -235,6 +239,12 @@ class StepBoundary:
                 check_nan=not self._identity.distributed,
             )
             self._anomaly.start()
+            self.auto.covered(next_index)
+        elif self._anomaly is None and self._check is None:
+            armed_by = self.auto.take()
+            if armed_by is not None:
+                self._check = ScopedCheck(self._module, next_index, armed_by, self.auto.switch_off)
+                self._check.start()
         if next_index % self._options.every == 0:
             sampled = next_index % self._options.sample_every == 0
             if sampled and next_index > 0:
@@ -247,6 +257,8 @@ class StepBoundary:
     def _exit_step(self, error: BaseException | None, started: float) -> bool:
         """End the step; True to swallow ``error`` (the anomaly step's own)."""
         swallow = False
+        if self._check is not None:
+            self._finish_check()
         if self._anomaly is not None:
             swallow = self._finish_anomaly(error)
         if error is not None and not swallow:
@@ -282,6 +294,20 @@ class StepBoundary:
         self._sender.put(dict(report))
         return pause
 
+    def _finish_check(self, *, send: bool = True) -> None:
+        """The automatic check's step ended: everything off, its report sent. A failure
+        switches the automatic check off, never the probe or the run."""
+        check, self._check = self._check, None
+        assert check is not None
+        try:
+            step = self._measurer.current
+            report = check.finish(dict(step.float_scalars) if step is not None else {})
+            report["state"] = self._control.state.as_dict()
+            if send:
+                self._sender.put(dict(report))
+        except Exception as exc:
+            self.auto.switch_off(exc)
+
     def _anomaly_caught(self, error: BaseException) -> None:
         """The anomaly step's backward failed (caught there, not raised into training):
         keep this step's gradient norms as they stand, then keep the optimizer from
@@ -305,6 +331,8 @@ class StepBoundary:
         anomaly, self._anomaly = self._anomaly, None
         if anomaly is not None:
             anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
+        if self._check is not None:
+            self._finish_check(send=False)
 
     def before_optimizer_step(
         self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -92,6 +92,13 @@ class AlertBook:
                 ended.append(entry.alert)
         return ended
 
+    def anomaly_report(self, report: dict[str, object]) -> bool:
+        """An anomaly report: the producer it names joins the non-finite incident
+        (``Diagnoser.note_anomaly``); True when it did."""
+        joined = self.diagnoser.note_anomaly(report)
+        self._sync_incidents()
+        return joined
+
     def share(self, entry: AlertEntry) -> None:
         """A job's incident, shown among this rank's alerts (one entry, every rank's)."""
         self.entries.append(entry)

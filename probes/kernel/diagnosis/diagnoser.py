@@ -1,6 +1,7 @@
 """The diagnoser: feeds the rules, folds consequences under their causes, and raises
 one alert per root cause with hysteresis (raised once, held while its condition lasts,
-cleared once it has been absent ``clear_after`` steps)."""
+cleared once it has been absent ``clear_after`` steps, ``hold_steps`` for the kinds whose
+numbers hover about their bound: ``incidents.HELD``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,15 @@ from probes.kernel.diagnosis.gradient_path import (
     NoneGradients,
     VanishingGradient,
 )
-from probes.kernel.diagnosis.incidents import STICKY, WAIT_FOR_CAUSE, cause_for, depth, folded_name
+from probes.kernel.diagnosis.incidents import (
+    EVENTS,
+    HELD,
+    STICKY,
+    WAIT_FOR_CAUSE,
+    cause_for,
+    depth,
+    folded_name,
+)
 from probes.kernel.diagnosis.overhead import ProbeOverhead
 from probes.kernel.diagnosis.precision import LrTooLowToUpdate
 from probes.kernel.diagnosis.rule import Findings, Rule, respread
@@ -32,6 +41,7 @@ from probes.kernel.diagnosis.update import (
 )
 from probes.kernel.diagnosis.values import NonFinite
 from probes.kernel.diagnosis.views import EvalView, RecentPast, RunInfo, StepView
+from probes.kernel.diagnosis.vocabulary import AlertKind
 
 Record = Mapping[str, Any]
 
@@ -72,6 +82,28 @@ RULES: tuple[type[Rule], ...] = (
     OverfittingSignal,
     ProbeOverhead,
 )
+
+
+def producer_evidence(report: Record) -> dict[str, Any]:
+    """An anomaly report's producer of a non-finite value, as evidence: the module
+    (``producer``), the backward op and the forward line where one was named, the step
+    checked and, for the probe's automatic check, what it cost (empty: none found)."""
+    first = report.get("first_non_finite") or {}
+    module = first.get("name") or report.get("module_of_backward_op")
+    op = report.get("backward_op")
+    if not module and not op:
+        return {}
+    found: dict[str, Any] = {"producer": module or "-"}
+    if op:
+        found["producer_op"] = op
+    frames = report.get("forward_traceback") or []
+    if frames and isinstance(frames[-1], Mapping):
+        found["producer_line"] = f"{frames[-1].get('file')}:{frames[-1].get('line')}"
+    found["checked_step"] = report.get("step")
+    auto = report.get("auto")
+    if isinstance(auto, Mapping):
+        found["check_cost"] = "one step (automatic)"
+    return found
 
 
 class Diagnoser:
@@ -156,6 +188,24 @@ class Diagnoser:
             del self._causes[alert.kind]
             self._roots.pop(alert.kind, None)
 
+    def note_anomaly(self, report: Record) -> bool:
+        """A step checked for the producer of a non-finite value (the probe's automatic
+        check, or the ``a`` key's anomaly step): what it found (the module, the op, the
+        forward line) joins the non-finite incident, in its evidence. False when it
+        found none, or there is no such incident."""
+        found = producer_evidence(report)
+        key = self._roots.get(AlertKind.NON_FINITE)
+        if not found or key is None:
+            return False
+        joined = False
+        for table in (self.incidents, self.active, self.probe_alerts):
+            alert = table.get(key)
+            if alert is not None and "producer" not in alert.evidence:
+                table[key] = replace(alert, evidence={**alert.evidence, **found})
+                joined = True
+        self.revision += joined
+        return joined
+
     def finish(self) -> list[AlertChange]:
         """The run ended: raise the consequences still waiting for a cause."""
         changes = []
@@ -181,7 +231,9 @@ class Diagnoser:
         what has been absent ``clear_after`` steps."""
         current = {a.key: a for findings in self._findings.values() for a in findings}
         raised: list[AlertChange] = []
+        ended: list[AlertChange] = []
         for key, alert in sorted(current.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)):
+            ended += self._end_event(key, alert)
             self._absent_since.pop(key, None)
             if key in self.active:
                 self._refresh(key, alert)
@@ -206,7 +258,23 @@ class Diagnoser:
             raised.append(self._raise(alert))
         raised += self._due(step)
         raised.sort(key=lambda change: change.alert.rung)
-        return raised + self._clear(first, step, current)
+        return ended + raised + self._clear(first, step, current)
+
+    def _end_event(self, key: str, alert: Alert) -> list[AlertChange]:
+        """An event's rule (``incidents.EVENTS``) says when a new incident begins: a
+        finding first seen at another step ends the one held (cleared, or no longer a
+        folded consequence), so the new one is raised or folded as its own. (One
+        thinned record can hold the end of one burst of spikes and the start of the
+        next.)"""
+        if alert.kind not in EVENTS:
+            return []
+        held = self.active.get(key)
+        if held is not None and held.step != alert.step:
+            del self.active[key]
+            return [AlertChange(held, raised=False)]
+        if key in self.folded and self._causes.get(alert.kind, alert).step != alert.step:
+            del self.folded[key]
+        return []
 
     def _due(self, step: int) -> list[AlertChange]:
         """Waiting consequences whose grace is over: folded if a cause came, else raised
@@ -231,7 +299,7 @@ class Diagnoser:
         changes = []
         for key in [k for k in (*self.active, *self.folded) if k not in current]:
             since = self._absent_since.setdefault(key, first)
-            if step - since + 1 < self.thresholds.clear_after:
+            if step - since + 1 < self._clear_after(key):
                 continue
             del self._absent_since[key]
             if key in self.folded:
@@ -239,6 +307,13 @@ class Diagnoser:
             else:
                 changes.append(AlertChange(self.active.pop(key), raised=False))
         return changes
+
+    def _clear_after(self, key: str) -> int:
+        """Steps an incident must be absent to clear (longer for those that hover about
+        their bound while their cause persists)."""
+        if key.split(":")[0] in HELD:
+            return max(self.thresholds.clear_after, self.thresholds.hold_steps)
+        return self.thresholds.clear_after
 
     def _raise(self, alert: Alert) -> AlertChange:
         self.active[alert.key] = alert

@@ -24,12 +24,14 @@ from probes.kernel.diagnosis.vocabulary import AlertKind as K
 class Fold:
     """``cause`` explains the consequence (when they share a layer, with ``overlap``;
     when most layers of the consequence are the cause's, with ``within``; for update
-    ratios, only on ``side``)."""
+    ratios, only on ``side``; with ``follows``, only when the cause was found at an
+    earlier step: the root cause first in time, whatever the rungs say)."""
 
     cause: str
     overlap: bool = False
     side: str = ""
     within: bool = False
+    follows: bool = False
 
 
 # Causes that leave the run damaged: their consequences fold under them for the rest of
@@ -46,6 +48,21 @@ STICKY = frozenset(
         *CHECK_RUNGS,
     }
 )
+
+# Incidents whose numbers hover about their bound while the cause persists: held
+# ``hold_steps`` once healthy (not ``clear_after``), so one cause stays one incident.
+HELD = frozenset(
+    {
+        K.EXPLODING_GRADIENT,
+        K.UPDATE_RATIO,
+        K.DEAD_ACTIVATIONS,
+        K.SATURATED_ACTIVATIONS,
+    }
+)
+
+# Events whose rule says when a new incident begins (a burst of spikes is one): a
+# finding first seen at another step is another incident, even while one is held.
+EVENTS = frozenset({K.LOSS_SPIKE})
 
 _DAMAGE = (K.EXPLODING_GRADIENT, K.NON_FINITE, K.GRAD_NOT_CLEARED)
 _CONTRACT = (
@@ -73,7 +90,12 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.PARAMS_NOT_IN_OPTIMIZER, overlap=True),
     ),
     K.EXPLODING_GRADIENT: (Fold(K.GRAD_NOT_CLEARED),),
-    K.NON_FINITE: (Fold(K.GRAD_NOT_CLEARED),),
+    K.NON_FINITE: (
+        Fold(K.GRAD_NOT_CLEARED),
+        # gradients that grew until they overflowed: the explosion came first (on the
+        # same step, neither is known to be the other's cause: both stand)
+        Fold(K.EXPLODING_GRADIENT, follows=True),
+    ),
     K.VANISHING_GRADIENT: (
         Fold(K.DEAD_ACTIVATIONS, overlap=True),
         Fold(K.SATURATED_ACTIVATIONS),
@@ -174,8 +196,21 @@ def cause_for(alert: Alert, causes: Mapping[str, Alert]) -> Alert | None:
             continue
         if fold.within and 2 * len(set(alert.layers) & set(cause.layers)) <= len(alert.layers):
             continue
+        if fold.follows and first_step(cause) >= first_step(alert):
+            continue
         return cause
     return None
+
+
+def first_step(alert: Alert) -> int:
+    """The step an alert's condition was first seen at (its evidence's ``first_step`` or
+    ``since_step`` where it says so: a record standing for several steps is raised at its
+    last)."""
+    for name in ("first_step", "since_step"):
+        value = alert.evidence.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return min(value, alert.step)
+    return alert.step
 
 
 def folded_name(alert: Alert) -> str:

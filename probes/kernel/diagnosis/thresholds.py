@@ -119,6 +119,12 @@ class Thresholds:
     update_precision: float = 1e-7
     precision_samples: int = 2
     precision_steps: int = 20
+    # ... but an incident whose numbers cross its bound back and forth while the cause
+    # persists (gradients about the explosion's bound, update ratios about the band's
+    # edge, activations about their fraction: ``incidents.HELD``) clears only after this
+    # many steps without it: a held-out run's one explosion came as four ALERT lines in
+    # 130 steps, each a few dozen steps after the last cleared.
+    hold_steps: int = 100
 
     def with_overrides(self, **overrides: float) -> Thresholds:
         """A copy with some thresholds changed (unknown names raise ``TypeError``)."""

@@ -7,6 +7,8 @@ is the same signal.)
 
 from __future__ import annotations
 
+import math
+
 from probes.kernel.diagnosis.rule import Findings, Rule
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import RecentPast, StepView, weighted_mean
@@ -24,6 +26,18 @@ class FlatLoss(Rule):
         self._flat = False
         self._began: tuple[int, int, float | None] | None = None  # (records, last step, loss)
 
+    def _start_losses(self, view: StepView) -> list[tuple[float, int]]:
+        """(loss, steps) of a record among the first: its steps' own before
+        ``START_STEPS`` where it carries them (as unthinned records would give), else
+        its estimate, counted for the steps it stands for (up to ``START_STEPS``)."""
+        pairs = view.losses_by_step
+        if pairs is not None and view.steps > 1:
+            return [
+                (loss, 1) for step, loss in pairs if step < self.START_STEPS and math.isfinite(loss)
+            ]
+        estimate = view.loss_estimate
+        return [] if estimate is None else [(estimate, min(view.steps, self.START_STEPS))]
+
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.step < self.t.flat_after_steps:
             return None
@@ -34,13 +48,7 @@ class FlatLoss(Rule):
             self._began = (
                 len(first),
                 early[-1].step if early else -1,
-                weighted_mean(
-                    [
-                        (s.loss_estimate, min(s.steps, self.START_STEPS))
-                        for s in early
-                        if s.loss_estimate is not None
-                    ]
-                ),
+                weighted_mean([pair for s in early for pair in self._start_losses(s)]),
             )
         _, early_end, began = self._began
         if began is None:

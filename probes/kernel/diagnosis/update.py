@@ -11,7 +11,7 @@ import math
 import statistics
 from collections import deque
 
-from probes.kernel.diagnosis.alert import Severity
+from probes.kernel.diagnosis.alert import Alert, Severity
 from probes.kernel.diagnosis.rule import (
     Findings,
     Rule,
@@ -321,8 +321,10 @@ class NoUpdates(_UpdateStreak):
 
 
 class LossSpike(Rule):
-    """The loss jumps far above its rolling baseline (the largest loss of a record's
-    span counts; the baseline is the median over the last ``spike_window`` steps)."""
+    """The loss jumps far above its rolling baseline (the median over the last
+    ``spike_window`` steps). A thinned record that carries its steps' losses is judged
+    step by step, as its steps would be unthinned (the same spike at the same step
+    whatever the speed); one that does not is judged by its span's largest loss."""
 
     kind: str = AlertKind.LOSS_SPIKE
 
@@ -332,23 +334,55 @@ class LossSpike(Rule):
         self._values: deque[float] = deque()  # the window's values, in step
         self._start: float | None = None  # the first finite loss: the run's scale
         self._first_step: int | None = None
+        self._held: Alert | None = None  # the burst's first spike, while it lasts
+        self._held_until = -1
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
-        loss = view.loss_max
-        if loss is None:
-            return []
+        steps = view.losses_by_step
+        if steps is None:  # a span's peaks only
+            loss = view.loss_max
+            if loss is None:
+                return []
+            shown = view.loss if view.loss is not None and math.isfinite(view.loss) else loss
+            self._hold(self._judge(view.step, view.first, loss, shown))
+            return self._held_now(view)
+        for step, loss in steps:
+            if self._held is not None and step > self._held_until:
+                self._held = None  # the burst is over: the next spike is a new incident
+            if math.isfinite(loss):
+                self._hold(self._judge(step, step, loss, loss))
+        return self._held_now(view)
+
+    def _hold(self, found: Alert | None) -> None:
+        """Spikes within ``spike_window`` steps of the last are one incident (its first):
+        held until the window after the last has passed, so the same burst is one
+        incident whether its spikes came in one thinned record or in several."""
+        if found is None:
+            return
+        if self._held is None:
+            self._held = found
+        self._held_until = found.step + self.t.spike_window
+
+    def _held_now(self, view: StepView) -> Findings:
+        if self._held is not None and view.first > self._held_until:
+            self._held = None
+        return [] if self._held is None else [self._held]
+
+    def _judge(self, step: int, first: int, loss: float, shown: float) -> Alert | None:
+        """Is ``loss`` (at ``step``; a span's from ``first``) a spike over the window
+        before it? Then ``shown`` joins the window."""
         window = self._window
-        while window and window[0][0] <= view.step - self.t.spike_window:
+        while window and window[0][0] <= step - self.t.spike_window:
             window.popleft()
             self._values.popleft()
         if self._start is None:
             self._start = loss
-            self._first_step = view.first
-        findings = []
+            self._first_step = first
+        found = None
         assert self._first_step is not None
         if (
             window
-            and view.first - self._first_step >= self.t.spike_min_steps
+            and first - self._first_step >= self.t.spike_min_steps
             and (loss > self.t.spike_factor * min(self._values))
         ):
             # (below factor x the window's least, it is below factor x its median too)
@@ -361,14 +395,9 @@ class LossSpike(Rule):
                 and loss - median > self.t.spike_deviations * deviation
                 and loss - median > self.t.spike_min_jump * abs(self._start)
             ):
-                findings.append(
-                    self.alert(
-                        view.step,
-                        "loss",
-                        {"loss": loss, "baseline": median, "times": loss / median},
-                    )
+                found = self.alert(
+                    step, "loss", {"loss": loss, "baseline": median, "times": loss / median}
                 )
-        shown = view.loss if view.loss is not None and math.isfinite(view.loss) else loss
-        window.append((view.step, shown))
+        window.append((step, shown))
         self._values.append(shown)  # the window's values alone, for a min taken in C
-        return findings
+        return found

@@ -27,6 +27,10 @@ __all__ = [
 ]
 
 
+#: Loss entries kept (one a record, or one a step of a thinned record that carries them).
+MAX_LOSS_ENTRIES = 4096
+
+
 def mean(values: Sequence[float]) -> float:
     """The mean of finite floats, without the overflow of their sum near float max."""
     count = len(values)
@@ -42,12 +46,21 @@ class RecentPast:
     first_steps: list[StepView] = field(default_factory=list)  # the run's start, kept
     # (step, loss estimate, steps) of the latest records: the smoothed loss reads them
     # (three numbers a record, not the record: a monitor holds the histories of many runs)
-    _losses: deque[tuple[int, float | None, int]] = field(default_factory=lambda: deque(maxlen=256))
+    # A thinned record that carries its steps' losses adds one entry a step: the
+    # smoothed loss is then that of the steps, however they were thinned.
+    _losses: deque[tuple[int, float | None, int]] = field(
+        default_factory=lambda: deque(maxlen=MAX_LOSS_ENTRIES)
+    )
 
     MIN_RECORDS: ClassVar[int] = 3  # a smoothed loss averages at least this many records
 
     def add_step(self, view: StepView, keep_first: int) -> None:
-        self._losses.append((view.step, view.loss_estimate, view.steps))
+        if view.step_losses is not None and view.steps > 1:
+            self._losses.extend(
+                (step, loss if math.isfinite(loss) else None, 1) for step, loss in view.step_losses
+            )
+        else:
+            self._losses.append((view.step, view.loss_estimate, view.steps))
         if len(self.first_steps) < keep_first:
             self.first_steps.append(view)
 

@@ -99,6 +99,7 @@ class StepRecord(_StepRecordRequired, total=False):
     optimizer_step: bool  # False: optimizer.step() never ran in the step
     not_stepped: list[int]  # layers an update left untouched
     backward_passes: list[int | None]  # per layer, into its gradient since it was cleared
+    step_losses: list[list[float]]  # a thinned record: [step, loss] of each of its steps
     # a thinned record (``probes.kernel.thinning``): the steps it stands for, and their peaks
     span: list[int]  # [first, last]
     grad_norms_max: list[float | None]
@@ -149,6 +150,7 @@ class AnomalyReport(_AnomalyReportRequired, total=False):
 
     state: ControlStateFields  # added by the probe, after the step
     batch: int
+    auto: dict[str, Any]  # a check armed by a non-finite read: armed_by (step), cost
 
 
 class _AckRecordRequired(TypedDict):

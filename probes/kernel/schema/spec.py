@@ -65,6 +65,7 @@ class Merge(Enum):
     EVERY_UPDATE = "true if it was at every step of the span that ran optimizer.step()"
     COMMON_TO_UPDATES = "the indices common to every step of the span that updated"
     SENDER = "set by the sender on what it sends (not merged)"
+    EACH = "every step's own, in step order ([step, value] pairs; dropped past a bound)"
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,8 @@ STEP_FIELDS = (
     _F("first_non_finite_step", _T.INT, "first step with a non-finite number",
        merge=Merge.FIRST_NON_FINITE),
     _F("backward_passes", _T.COUNTS, "passes into the grad since cleared", LAYER, Merge.MAX),
+    _F("step_losses", _T.ANY, "a thinned record's [step, loss] of every step it stands for",
+       merge=Merge.EACH, checked=False, view=None),
 )
 # fmt: on
 
@@ -291,6 +294,13 @@ ANOMALY_FIELDS = (
     ),
     _STATE,
     _F("batch", _T.INT, "the batch", checked=False, view=None),
+    _F(
+        "auto",
+        _T.OBJECT,
+        "armed by a non-finite read: armed_by (its step), cost",
+        checked=False,
+        view=None,
+    ),
 )
 
 #: The last frame of a connection.

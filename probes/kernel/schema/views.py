@@ -151,6 +151,8 @@ class StepView:
     # The spec's per-layer fields that have no attribute above, by name: a field added
     # to the spec is read here with no change to the view (see ``per_layer``).
     more_layers: Mapping[str, Sequence[float | None] | None] = field(default_factory=dict)
+    # A thinned record's (step, loss) of each step it stands for (None: not carried)
+    step_losses: Sequence[tuple[int, float]] | None = None
 
     @property
     def per_layer(self) -> Mapping[str, Sequence[float | None] | None]:
@@ -168,6 +170,16 @@ class StepView:
     def steps(self) -> int:
         """How many steps this record stands for."""
         return self.step - self.first + 1
+
+    @property
+    def losses_by_step(self) -> Sequence[tuple[int, float]] | None:
+        """(step, training loss) of each step this record stands for, in order (None: a
+        thinned record that does not carry them; then only its peaks are known)."""
+        if self.step_losses is not None:
+            return self.step_losses
+        if self.first_step is not None and self.first_step != self.step:
+            return None
+        return () if self.loss is None else ((self.step, self.loss),)
 
     @property
     def sampled(self) -> bool:
@@ -204,9 +216,13 @@ class StepView:
 
     @property
     def loss_estimate(self) -> float | None:
-        """The loss to average this record as: its own for one step, the middle of its
-        span's range for several (None when not finite)."""
+        """The loss to average this record as: its own for one step; for several, the
+        mean of its steps' where it carries them, else the middle of its span's range
+        (None when not finite)."""
         low, high = self.loss_min, self.loss_max
+        finite = [loss for _, loss in self.step_losses or () if math.isfinite(loss)]
+        if self.steps > 1 and finite:
+            return math.fsum(finite) / len(finite)  # every step's: what it stood for
         if self.steps > 1 and low is not None and high is not None:
             return (low + high) / 2
         return self.loss if self.loss is not None and math.isfinite(self.loss) else None
@@ -304,6 +320,16 @@ def _opt_dict(values: Any) -> dict[str, float] | None:
     return {str(k): as_number(v) for k, v in values.items()}
 
 
+def _step_losses(pairs: Any) -> list[tuple[int, float]] | None:
+    """A thinned record's ``[step, loss]`` pairs, leniently (None: absent, or not pairs)."""
+    if not isinstance(pairs, list) or not pairs:
+        return None
+    try:
+        return [(int(step), as_number(loss)) for step, loss in pairs]
+    except (TypeError, ValueError):
+        return None
+
+
 def _expression(spec_field: Field) -> str:
     """How a field of the spec is read, as a Python expression over ``get`` (the
     record's ``get``): its type's parser; a required list or mapping read as empty when
@@ -362,7 +388,15 @@ def _reader(spec: FrameSpec, view: type, derived: str) -> Callable[[type, Record
     return namespace["read"]
 
 
-_PARSERS = ("_opt_int", "_opt_num", "_opt_list", "_opt_counts", "_opt_dict", "_floats")
+_PARSERS = (
+    "_opt_int",
+    "_opt_num",
+    "_opt_list",
+    "_opt_counts",
+    "_opt_dict",
+    "_floats",
+    "_step_losses",
+)
 
 #: The attributes of a ``StepView`` not read from one field of the spec.
 STEP_DERIVED = """
@@ -370,6 +404,7 @@ span = get("span")
 step = int(span[1]) if span else int(get("step", 0))
 first_step = int(span[0]) if span else None
 loss = scalars.get("loss", next(iter(scalars.values()), None))
+step_losses = _step_losses(get("step_losses"))
 """
 _read_step = _reader(STEP, StepView, STEP_DERIVED)
 #: (name, attribute) of each per-layer field with an attribute of its own.
