@@ -259,7 +259,12 @@ def test_thinned_measurements_carry_their_peaks_and_raise_the_same_alerts(socket
         thinned_collector.close()
     merged = [f for f in thinned if f["kind"] == "step" and "span" in f]
     assert merged, "the run was not thinned"
-    assert len([f for f in thinned if f["kind"] == "step"]) < 40
+    # Thinned by wall-clock time, so how many records depends on the machine's speed;
+    # what does not: every step is in exactly one record, in order, none lost.
+    spans = [f.get("span", [f["step"], f["step"]]) for f in thinned if f["kind"] == "step"]
+    covered = [step for first, last in spans for step in range(first, last + 1)]
+    assert covered == list(range(50))
+    assert any(f["span"][1] > f["span"][0] for f in merged)  # a record stood for many
     for frame in merged:
         assert {"grad_norms_max", "scalars_max", "scalars_min", "duration"} <= set(frame)
     expected = diagnosed(unthinned)
