@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from probes.kernel.schema import HelloRecord
+from probes.runtime.evaluation import count_mode_sensitive
 from probes.runtime.job import JobIdentity
 from probes.runtime.layers import LayerMap, count_parameters
 from probes.runtime.options import WatchOptions
-from probes.runtime.sampled import count_mode_sensitive
 
 
 def hello_fields(

@@ -30,10 +30,6 @@ TANH_SATURATED = 0.99  # |tanh(x)| above this: the gradient 1 - y^2 is below 0.0
 SIGMOID_SATURATED = 0.01  # sigmoid below this or above 1 - this
 # Layers whose input is counted for exact zeros (a ReLU written as F.relu before them).
 INPUT_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.modules.conv._ConvNd)
-MODE_SENSITIVE_TYPES: tuple[type[nn.Module], ...] = (
-    nn.modules.dropout._DropoutNd,
-    nn.modules.batchnorm._BatchNorm,
-)
 
 
 def activation_family(module: nn.Module) -> str | None:
@@ -45,11 +41,6 @@ def activation_family(module: nn.Module) -> str | None:
     if isinstance(module, SIGMOID_TYPES):
         return "sigmoid"
     return None
-
-
-def count_mode_sensitive(model: nn.Module) -> int:
-    """Modules that behave differently in train and eval mode (dropout, batch norm)."""
-    return sum(isinstance(m, MODE_SENSITIVE_TYPES) for m in model.modules())
 
 
 def _inputs_known(model: nn.Module, layers: set[str]) -> set[str]:

@@ -257,12 +257,14 @@ CATALOG: dict[AlertKind, Entry] = {
     AlertKind.EVAL_IN_TRAIN_MODE: Entry(
         Rung.EVALUATION,
         (
-            "Validation ran with model.training True: dropout and batch norm behave as in "
-            "training, so the validation numbers are not the model's. It does not say the "
-            "training itself is wrong."
+            "Validation ran with dropout or batch norm in training mode (model.training "
+            "True, or F.dropout called without training=self.training, which model.eval() "
+            "does not switch off), so the validation numbers are not the model's. It does "
+            "not say the training itself is wrong."
         ),
         (
             "Call model.eval() before validation and model.train() after; nothing else.",
+            "Pass training=self.training to every functional dropout (F.dropout(x, p)).",
             "Re-run the same validation both ways and compare the loss.",
             "Check every forward in the eval loop, helpers included, for mode.",
         ),

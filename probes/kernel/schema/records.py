@@ -124,6 +124,8 @@ class EvalRecord(_EvalRecordRequired, total=False):
     """One evaluation, tied to the training step it follows."""
 
     span: list[int]  # in the replay history, evaluations merged: [first, last] step
+    sensitive_train_forwards: int  # forwards in training mode of modules eval() changes
+    dropout_train_calls: int  # F.dropout calls with training=True (p > 0)
 
 
 class _AnomalyReportRequired(TypedDict):

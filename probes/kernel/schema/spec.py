@@ -170,6 +170,12 @@ EVAL_FIELDS = (
     ),
     _F("grad_forwards", _T.INT, "... with gradient recording on", required=True, default=0),
     _F(
+        "sensitive_train_forwards",
+        _T.INT,
+        "forwards in training mode of modules eval() changes (null: not counted)",
+    ),
+    _F("dropout_train_calls", _T.INT, "F.dropout calls with training=True and p > 0"),
+    _F(
         "span",
         _T.SPAN,
         "the evals a thinned record stands for (history)",
@@ -201,7 +207,7 @@ HELLO_FIELDS = (
             ("optimizer", _T.TEXT, "the optimizer's class (null: none)"),
             ("trainable_params", _T.INT, "trainable parameters"),
             ("params", _T.ANY, "parameter names (none_grad_params indexes these)"),
-            ("mode_sensitive_modules", _T.INT, "dropout and batch norm modules"),
+            ("mode_sensitive_modules", _T.INT, "modules eval() changes: dropout, batch norm"),
             ("config", _T.ANY, "every, sample_every, grad_accumulation, update_check"),
         )
     ),

@@ -234,6 +234,8 @@ class EvalView:
     forwards: int
     train_mode_forwards: int
     grad_forwards: int
+    sensitive_train_forwards: int | None = None  # None: an older probe did not count them
+    dropout_train_calls: int | None = None
 
     @classmethod
     def from_record(cls, record: Record) -> EvalView:
