@@ -34,7 +34,7 @@ from torch import nn
 
 from probes.kernel.commands import Command
 from probes.kernel.wire import TOKEN_ENV
-from probes.runtime import clip, lifecycle, structure
+from probes.runtime import clip, lifecycle, structure, torch_warnings
 from probes.runtime.control import Control, ControlState
 from probes.runtime.evaluation import EvalScope
 from probes.runtime.hello import hello_fields
@@ -125,6 +125,7 @@ class Probe:
         )
         clip.install()  # frameworks clip through torch's function: read before it
         lifecycle.register(self)
+        self._torch_warnings = torch_warnings.watch(self)  # torch's own, during steps
         for alert in structure.watch_time_alerts(self.module, real_optimizer, self.layers):
             self.send({"kind": "alert", "step": 0, "alert": alert.to_dict()})
 
@@ -376,6 +377,7 @@ class Probe:
             return
         lifecycle.unregister(self)
         clip.uninstall()
+        self._torch_warnings.remove()
         self._hooks.remove()
         if self._eval is not None:
             self._eval.remove_hooks()

@@ -364,6 +364,19 @@ CATALOG: dict[AlertKind, Entry] = {
             "Compare the steps/s with and without the probe on the same loop.",
         ),
     ),
+    # --- 2. torch's own warnings during a step (raised in the training process) -----------
+    AlertKind.TORCH_WARNING: Entry(
+        Rung.VALUES,
+        (
+            "torch warned during a training step (its words are in the evidence): it saw "
+            "something likely wrong that it will not refuse. It is torch's reading of one "
+            "call, not proof that the numbers are wrong."
+        ),
+        (
+            "Find the line that warns: python -W error::UserWarning on the same script.",
+            "Fix what the message names, alone, and rerun the same steps.",
+        ),
+    ),
 }
 
 # Probe alerts whose condition ends with the run's first measured step: the monitor

@@ -174,6 +174,8 @@ class AlertKind(StrEnum):
     # 7. the probe
     PROBE_OVERHEAD = "probe_overhead"
     STEPS_NOT_MEASURED = "steps_not_measured"
+    # 2. shapes, values and the loss contract: torch's own warnings during a step
+    TORCH_WARNING = "torch_warning"
 
     @property
     def label(self) -> str:
