@@ -103,6 +103,9 @@ class StepMeasurer:
         self._measure_update = False
         self.current: Measurement | None = None
         self.index = -1  # the step under way, measured or not (the probe sets it)
+        # Several optimizers: each one's parameters read at its own step (optimizers.py).
+        self.merge_reads: Callable[[Measurement], None] | None = None
+        self.merge_updates: Callable[[Measurement], None] | None = None
 
     # --- boundaries ------------------------------------------------------------------
 
@@ -174,6 +177,8 @@ class StepMeasurer:
                 if taken is not None:
                     step.update_norms, step.update_order = taken
                     self._update_pending = False
+                    if self.merge_updates is not None:
+                        self.merge_updates(step)
             except Exception as exc:
                 self.on_error(exc)
             step.probe_time += time.perf_counter() - started  # the probe's own time too
@@ -248,6 +253,8 @@ class StepMeasurer:
                 step.grad_norms, step.grad_order = self.norms.norms(grads)
         elif grads:
             step.grad_norms, step.grad_order = self.norms.norms(grads)
+        if self.merge_reads is not None:
+            self.merge_reads(step)
 
     def _param_norms(self) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
         if not self.layers.params:
