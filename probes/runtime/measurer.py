@@ -25,7 +25,14 @@ from torch.utils.hooks import RemovableHandle
 from probes.runtime.guard import GuardTrip, find_non_finite
 from probes.runtime.layers import LayerMap
 from probes.runtime.sampled import ActivationStats, UpdateNorms
-from probes.runtime.stats import CLIP_TOTAL, Measurement, NormReducer, compose_order, to_host
+from probes.runtime.stats import (
+    CLIP_TOTAL,
+    INPUT_RMS,
+    Measurement,
+    NormReducer,
+    compose_order,
+    to_host,
+)
 
 
 class _GradNote(NamedTuple):
@@ -114,7 +121,7 @@ class StepMeasurer:
         self.current = Measurement(self.layers, index, wall_time, sampled)
         if self.optimizer is not None:
             self.current.optimizer_step = False  # until its pre-hook runs
-        if sampled and self.activations.modules:
+        if sampled:  # (the model's input scale too, with or without activation modules)
             self.activations.attach()
         self._measure_update = (sampled or self._update_pending) and self.updates is not None
         if self._measure_update and self._register_post_hook is not None:
@@ -222,6 +229,8 @@ class StepMeasurer:
             step.param_count = len(param_norms)
             values += param_norms
             counts, totals = self.activations.take()
+            if self.activations.input_rms is not None:  # compared across a job's ranks
+                step.tensor_scalars[INPUT_RMS] = self.activations.input_rms
             if counts:
                 step.activation_totals = totals
                 values += counts
@@ -361,6 +370,8 @@ class StepMeasurer:
                     step.lrs[int(name[3:])] = tensor.item()
                 elif name == CLIP_TOTAL:
                     step.clip_total = tensor.item()
+                elif name == INPUT_RMS:
+                    step.input_rms = tensor.item()
                 else:
                     step.float_scalars[name] = tensor.item()
             return ()

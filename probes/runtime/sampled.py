@@ -106,6 +106,11 @@ class ActivationStats:
                 self.modules.append((key, family, module, feeding))
         self._model = model
         self._model_inputs: set[int] = set()  # ids of this step's inputs to the model
+        # The RMS of the model's first floating input this step (a 0-d tensor, unread):
+        # the scale of this rank's data, compared across a job's ranks.
+        self.input_rms: torch.Tensor | None = None
+        self._plain_scale_hook = self._note_input_scale
+        self._eager_scale_hook: Callable[..., None] | None = None
         self._handles: list[RemovableHandle] = []
         self._tallies: list[_Tally] = []
         self._plain_hooks = [
@@ -126,6 +131,13 @@ class ActivationStats:
         self._tallies = [_Tally() for _ in self.modules]
         self._model_inputs.clear()
         hooks, inputs_hook = self._hooks_now()
+        self.input_rms = None
+        scale_hook = self._plain_scale_hook
+        if compiling_possible():
+            if self._eager_scale_hook is None:
+                self._eager_scale_hook = eager(self._plain_scale_hook)
+            scale_hook = self._eager_scale_hook
+        self._handles.append(self._model.register_forward_pre_hook(scale_hook))
         if any(family == "input" for _, family, _, _ in self.modules):
             self._handles.append(self._model.register_forward_pre_hook(inputs_hook))
         for (_, family, module, _), hook in zip(self.modules, hooks, strict=True):
@@ -149,6 +161,23 @@ class ActivationStats:
         """The model's own inputs are data, not activations: their zeros say nothing."""
         if isinstance(args, tuple):
             self._model_inputs.update(id(a) for a in args if isinstance(a, torch.Tensor))
+
+    def _note_input_scale(self, module: nn.Module, args: object) -> None:
+        """The RMS of the first floating input of the step's first forward, on a sample
+        of ``INPUT_SAMPLE`` elements (launched, not read)."""
+        if self.input_rms is not None or not isinstance(args, tuple):
+            return
+        try:
+            first = next(
+                (a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None
+            )
+            if first is not None and first.numel():
+                with torch.no_grad():
+                    sample = first.detach().reshape(-1)[:INPUT_SAMPLE].float()
+                    self.input_rms = sample.square().mean().sqrt()
+        except Exception as exc:  # never into the user's forward
+            if self.on_error is not None:
+                self.on_error(exc)
 
     def detach(self) -> None:
         """Remove every hook (idempotent)."""
@@ -206,6 +235,7 @@ class ActivationStats:
         return count_input if family == "input" else count
 
 
+INPUT_SAMPLE = 4096  # elements of the model's input its scale is taken on
 UPDATE_SAMPLE = 4096  # elements per parameter the update/weight ratio is estimated on
 
 

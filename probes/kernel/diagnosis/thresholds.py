@@ -112,6 +112,10 @@ class Thresholds:
     consequence_grace_steps: int = 5
     # hysteresis: an alert clears after its condition has been absent this many steps.
     clear_after: int = 3
+    # One rank's inputs (their RMS on sampled steps) this many times above (or below) the
+    # median of the other ranks': that rank's shard stands apart (DDP ranks read shards
+    # of one dataset: their input scales agree within noise).
+    rank_input_factor: float = 4.0
 
     def with_overrides(self, **overrides: float) -> Thresholds:
         """A copy with some thresholds changed (unknown names raise ``TypeError``)."""

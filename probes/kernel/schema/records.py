@@ -99,6 +99,7 @@ class StepRecord(_StepRecordRequired, total=False):
     optimizer_step: bool  # False: optimizer.step() never ran in the step
     not_stepped: list[int]  # layers an update left untouched
     backward_passes: list[int | None]  # per layer, into its gradient since it was cleared
+    input_rms: float  # RMS of the model's input, on sampled steps (compared across ranks)
     # a thinned record (``probes.kernel.thinning``): the steps it stands for, and their peaks
     span: list[int]  # [first, last]
     grad_norms_max: list[float | None]

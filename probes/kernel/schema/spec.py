@@ -146,6 +146,7 @@ STEP_FIELDS = (
     _F("first_non_finite_step", _T.INT, "first step with a non-finite number",
        merge=Merge.FIRST_NON_FINITE),
     _F("backward_passes", _T.COUNTS, "passes into the grad since cleared", LAYER, Merge.MAX),
+    _F("input_rms", _T.NUMBER, "RMS of the model's input (sampled steps)", checked=False),
 )
 # fmt: on
 
