@@ -299,9 +299,10 @@ CATALOG: dict[AlertKind, Entry] = {
     AlertKind.RANK_OUTLIER: Entry(
         Rung.DATA,
         (
-            "One rank's numbers (its loss, or a non-finite value) stand far from every other "
-            "rank's at the same step, while the others are fine: that rank's data shard or its "
-            "host is the first suspect. It does not prove which of the two."
+            "One rank's numbers (its loss, a non-finite value, or the scale of its inputs) "
+            "stand far from every other rank's at the same step, while the others are fine: "
+            "that rank's data shard or its host is the first suspect. It does not prove which "
+            "of the two."
         ),
         (
             "Inspect that rank's batch at this step (its shard, its data loader's worker).",
