@@ -43,8 +43,9 @@ DROPOUT_CARRIERS: tuple[type[nn.Module], ...] = (
     nn.TransformerEncoderLayer,
     nn.TransformerDecoderLayer,
 )
-#: The functions of ``torch.nn.functional`` that drop out when ``training`` is True.
-DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout")
+#: The functions of ``torch.nn.functional`` whose ``training`` defaults to True (the
+#: alpha dropouts default to False: a True there is written on purpose).
+DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d")
 
 
 def is_mode_sensitive(module: nn.Module) -> bool:
