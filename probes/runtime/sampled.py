@@ -109,8 +109,7 @@ class ActivationStats:
         # The RMS of the model's first floating input this step (a 0-d tensor, unread):
         # the scale of this rank's data, compared across a job's ranks.
         self.input_rms: torch.Tensor | None = None
-        self._plain_scale_hook = self._note_input_scale
-        self._eager_scale_hook: Callable[..., None] | None = None
+        self._count_model_inputs = False
         self._handles: list[RemovableHandle] = []
         self._tallies: list[_Tally] = []
         self._plain_hooks = [
@@ -132,14 +131,10 @@ class ActivationStats:
         self._model_inputs.clear()
         hooks, inputs_hook = self._hooks_now()
         self.input_rms = None
-        scale_hook = self._plain_scale_hook
-        if compiling_possible():
-            if self._eager_scale_hook is None:
-                self._eager_scale_hook = eager(self._plain_scale_hook)
-            scale_hook = self._eager_scale_hook
-        self._handles.append(self._model.register_forward_pre_hook(scale_hook))
-        if any(family == "input" for _, family, _, _ in self.modules):
-            self._handles.append(self._model.register_forward_pre_hook(inputs_hook))
+        # One hook on the model: its input's scale, and (when layer inputs are counted)
+        # which tensors are its inputs.
+        self._count_model_inputs = any(family == "input" for _, family, _, _ in self.modules)
+        self._handles.append(self._model.register_forward_pre_hook(inputs_hook))
         for (_, family, module, _), hook in zip(self.modules, hooks, strict=True):
             register = (
                 module.register_forward_pre_hook
@@ -158,8 +153,10 @@ class ActivationStats:
         return self._plain_hooks, self._plain_inputs_hook
 
     def _note_model_inputs(self, module: nn.Module, args: object) -> None:
-        """The model's own inputs are data, not activations: their zeros say nothing."""
-        if isinstance(args, tuple):
+        """The model's own inputs are data, not activations: their zeros say nothing.
+        Their scale is this rank's data's (``input_rms``)."""
+        self._note_input_scale(module, args)
+        if self._count_model_inputs and isinstance(args, tuple):
             self._model_inputs.update(id(a) for a in args if isinstance(a, torch.Tensor))
 
     def _note_input_scale(self, module: nn.Module, args: object) -> None:
