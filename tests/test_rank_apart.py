@@ -77,6 +77,15 @@ def test_two_ranks_apart_from_the_start_name_neither() -> None:
     assert run_job(checks, {0: [1.0, 1.0, 1.0], 1: [10.0, 10.0, 10.0]}) == []
 
 
+def test_jobs_not_known_to_be_data_parallel_compare_no_inputs() -> None:
+    """A pipeline's stages (sync unknown) feed each other inputs of their own scales."""
+    checks = JobChecks(LAYERS, "unknown")
+    assert run_job(checks, {0: [1.0, 1.0], 1: [1.0, 30.0], 2: [1.0, 1.0]}) == []
+    fsdp = JobChecks(LAYERS, "fsdp")
+    [alert] = run_job(fsdp, {0: [1.0, 1.0], 1: [1.0, 30.0], 2: [1.0, 1.0]})
+    assert alert.evidence["rank"] == 1
+
+
 def test_records_without_the_scale_compare_as_before() -> None:
     checks = JobChecks(LAYERS, "ddp")
     assert checks.observe(0, view(0)) == [] and checks.observe(1, view(0)) == []

@@ -45,6 +45,9 @@ from probes.kernel.diagnosis.vocabulary import AlertKind
 # within a flush or two of each other (64 steps at rank 0's 60 records a second is a
 # second), and each kept step holds every rank's per-layer norms.
 KEPT_STEPS = 64
+# Jobs whose ranks read shards of one dataset (a pipeline's stages, under "unknown",
+# feed each other activations of their own scales).
+DATA_PARALLEL = frozenset({"ddp", "fsdp"})
 
 
 @dataclass(frozen=True)
@@ -174,8 +177,8 @@ class JobChecks:
     def _inputs(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
         """The rank whose inputs' scale stands ``rank_input_factor`` apart from the
         others' at this step (a sampled step every rank shows)."""
-        if AlertKind.RANK_OUTLIER in self.found:
-            return None  # one incident: a rank already stands apart
+        if AlertKind.RANK_OUTLIER in self.found or self.sync not in DATA_PARALLEL:
+            return None  # one incident: a rank already stands apart (or not data parallel)
         scales = {r: p.input_rms for r, p in peers.items() if p.input_rms is not None}
         factor = self.thresholds.rank_input_factor
         if len(scales) < 2 or max(scales.values()) <= factor * min(scales.values()):
