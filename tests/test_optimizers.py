@@ -125,3 +125,22 @@ def test_the_optimizer_argument() -> None:
         optimizer_of(list(model.parameters()))  # parameters where the optimizer goes
     with pytest.raises(TypeError):
         both.step()
+
+
+def test_a_failure_in_the_per_optimizer_hooks_never_reaches_training(
+    collector: FrameCollector, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gan = Gan()
+    opt_g = torch.optim.SGD(gan.g.parameters(), lr=1e-3)
+    opt_d = torch.optim.SGD(gan.d.parameters(), lr=1e-3)
+    probe = watch_unthinned(gan, [opt_g, opt_d], collector)
+
+    def broken(index: int) -> None:
+        raise RuntimeError("broken hook")
+
+    probe._per_optimizer._keep = broken  # type: ignore[union-attr]
+    train_gan(probe, gan, opt_g, opt_d, 2)  # trains on: nothing raised into step()
+    frames = frames_of(probe, collector)
+    errors = [f for f in frames if f["kind"] == "event" and f["name"] == "probe_error"]
+    assert len(errors) == 1 and "broken hook" in errors[0]["message"]
+    assert "probe switched off" in capsys.readouterr().err

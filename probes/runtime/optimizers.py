@@ -126,6 +126,8 @@ class PerOptimizerReads:
         optimizers: the set's optimizers.
         layers: the model's layers and trainable parameters.
         current: the step being measured, if any (the measurer's ``current``).
+        on_error: called with an exception raised in a hook of ours (the probe's
+            switch-off); nothing is raised into ``optimizer.step()``.
     """
 
     def __init__(
@@ -133,7 +135,10 @@ class PerOptimizerReads:
         optimizers: Sequence[torch.optim.Optimizer],
         layers: LayerMap,
         current: Callable[[], Measurement | None],
+        on_error: Callable[[Exception], None] = lambda exc: None,
     ) -> None:
+        self._on_error = on_error  # nothing of ours raises into optimizer.step()
+        self._failed: Exception | None = None  # raised in a post-hook, not said yet
         owners: dict[int, int] = {}
         for index, optimizer in enumerate(optimizers):
             for group in optimizer.param_groups:
@@ -177,32 +182,48 @@ class PerOptimizerReads:
 
     def _before(self, index: int) -> Callable[..., None]:
         def before(optimizer: Any, args: Any, kwargs: Any) -> None:
-            self._stepping = index
-            step = self._current()
-            if step is not None:
-                self._of(step)
-            self._count_passes(index)
-            if self._check_clearing and self._not_cleared(index) and step is not None:
-                step.not_cleared = True
+            if self._failed is not None:  # (said here, not where torch iterates post-hooks)
+                failed, self._failed = self._failed, None
+                self._on_error(failed)
+            try:
+                self._stepping = index
+                step = self._current()
+                if step is not None:
+                    self._of(step)
+                self._count_passes(index)
+                if self._check_clearing and self._not_cleared(index) and step is not None:
+                    step.not_cleared = True
+            except Exception as exc:
+                self._on_error(exc)
 
         return before
 
     def _after(self, index: int) -> Callable[..., None]:
         def after(optimizer: Any, args: Any, kwargs: Any) -> None:
-            step = self._current()
-            if step is None:
-                return
-            self._of(step)
-            self._write_passes(step)
-            if not step.grads_read:
-                return
-            owner = self.owner
-            for param, norm in zip(self._indices(step), step.grad_norms, strict=True):
-                if owner[param] == index:
-                    self._grads[param] = norm
-            step.grads_read = False  # the next optimizer's are read where they are final
+            try:
+                self._keep(index)
+            except Exception as exc:
+                # Switching off removes post-hooks, and torch is iterating them now:
+                # the next optimizer step says it.
+                self._failed = exc
 
         return after
+
+    def _keep(self, index: int) -> None:
+        """Optimizer ``index`` stepped: keep its parameters' norms and passes; the next
+        optimizer's gradients are read afresh, where they are final."""
+        step = self._current()
+        if step is None:
+            return
+        self._of(step)
+        self._write_passes(step)
+        if not step.grads_read:
+            return
+        owner = self.owner
+        for param, norm in zip(self._indices(step), step.grad_norms, strict=True):
+            if owner[param] == index:
+                self._grads[param] = norm
+        step.grads_read = False
 
     def _not_cleared(self, index: int) -> bool:
         """Does optimizer ``index`` hold the very gradient of its last step, grown by one
@@ -291,13 +312,16 @@ class MergingMeasurer(Protocol):
 
 
 def attach(
-    optimizer: torch.optim.Optimizer | None, layers: LayerMap, measurer: MergingMeasurer
+    optimizer: torch.optim.Optimizer | None,
+    layers: LayerMap,
+    measurer: MergingMeasurer,
+    on_error: Callable[[Exception], None],
 ) -> PerOptimizerReads | None:
     """Under an ``OptimizerSet``, read each optimizer's parameters at its own step (the
     measurer calls the merges); None for one optimizer or none."""
     if not isinstance(optimizer, OptimizerSet) or not layers.params:
         return None
-    reads = PerOptimizerReads(optimizer.optimizers, layers, lambda: measurer.current)
+    reads = PerOptimizerReads(optimizer.optimizers, layers, lambda: measurer.current, on_error)
     measurer.merge_reads, measurer.merge_updates = reads.merge_reads, reads.merge_updates
     # One note for the whole step would compare one optimizer's gradient with another's
     # step (a GAN's generator backward adds into the discriminator's after it stepped).

@@ -61,7 +61,7 @@ class Probe:
 
     Args:
         model: the model being trained.
-        optimizer: its optimizer, or a wrapper that holds one.
+        optimizer: its optimizer, a wrapper that holds one, or a list of them.
         options: how to watch (``WatchOptions``; ``watch`` builds them from keywords).
     """
 
@@ -88,7 +88,7 @@ class Probe:
         self._eval: EvalScope | None = None
         self._scalars = ScalarFiler()
         self._hooks = OptimizerHooks(real_optimizer, on_error=self._fail)
-        self._measurer = StepMeasurer(
+        self._measurer = measurer = StepMeasurer(
             self.module,
             self.layers,
             real_optimizer,
@@ -97,7 +97,7 @@ class Probe:
             sample_every=options.sample_every,
             register_post_hook=self._hooks.add_post_hook,
         )
-        self._per_optimizer = optimizers.attach(real_optimizer, self.layers, self._measurer)
+        self._per_optimizer = optimizers.attach(real_optimizer, self.layers, measurer, self._fail)
         if options.guard and real_optimizer is None:
             warn("guard=True needs the optimizer: pass it to probes.watch")
         if not self.layers.params:
