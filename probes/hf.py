@@ -10,7 +10,9 @@ What is read where (transformers 4.4x to 5.x):
   logged loss is an average over ``logging_steps`` and turns NaN into the mean so far);
 - gradients: before the Trainer's clipping (``max_grad_norm``, through accelerate and
   ``torch.nn.utils.clip_grad_norm_``), else in ``optimizer.step()``;
-- learning rates: the optimizer's, as ``optimizer.step()`` runs;
+- learning rates: the optimizer's, as ``optimizer.step()`` runs (the Trainer steps one
+  optimizer, ``trainer.optimizer``, accelerate's wrapper unwrapped: every optimizer it
+  has is watched; a plain loop with several passes them all to ``probes.watch``);
 - evaluation: each ``Trainer.evaluate()`` is an eval record of its metrics
   (``eval_loss`` is the validation loss) with the eval-mode checks, at the step the
   Trainer logs it at (``state.global_step``: the updates done);

@@ -17,7 +17,12 @@ What is read where (Lightning 2.x, ``pytorch_lightning`` or ``lightning.pytorch`
   logs it at (``trainer.global_step``: the updates done);
 - the run's end: the end of ``fit``, or the exception that stopped it.
 
-Only the first optimizer is watched (``trainer.optimizers[0]``).
+Every optimizer is watched (``trainer.optimizers``: a GAN's two under manual
+optimization, each one's parameters read at its own ``step()``). Under manual
+optimization (``self.automatic_optimization = False``) a probe step is one training
+batch, whatever optimizer steps it takes (Lightning's ``global_step`` counts each
+optimizer's: with several, the probe numbers the batches itself), and its loss is what
+``training_step`` returned, else the sum of what ``manual_backward`` was given.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ from typing import Any
 import torch
 
 from probes.runtime.probe import Probe, watch
-from probes.runtime.sender import warn
 
 _BASES: list[type] = []
 try:
@@ -70,11 +74,13 @@ class TraintopCallback(*_BASES):  # type: ignore[misc]
         self._loss: torch.Tensor | None = None
         self._global_step_at_begin = 0
         self._metrics_before: dict[str, Any] = {}
+        self._several = False  # several optimizers: the probe numbers the steps itself
+        self._manual_losses: list[torch.Tensor] = []  # manual_backward's, this step
+        self._wrapped_module: Any = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = list(getattr(trainer, "optimizers", []) or [])
-        if len(optimizers) > 1:
-            warn(f"TraintopCallback: {len(optimizers)} optimizers; only the first is watched")
+        self._several = len(optimizers) > 1
         if self.probe is not None and not self.probe.closed:
             self.probe.close()
         options = dict(self.watch_options)
@@ -85,10 +91,32 @@ class TraintopCallback(*_BASES):  # type: ignore[misc]
             options.setdefault("data_parallel", "ddp")
         self.probe = watch(
             pl_module,
-            optimizers[0] if optimizers else None,
+            optimizers if self._several else (optimizers[0] if optimizers else None),
             run=self.run or type(pl_module).__name__,
             **options,
         )
+        if not getattr(pl_module, "automatic_optimization", True):
+            self._wrap_manual_backward(pl_module)
+
+    def _wrap_manual_backward(self, pl_module: Any) -> None:
+        """Note each loss ``manual_backward`` is given (detached, not read): the step's
+        loss when ``training_step`` returns none."""
+        self._unwrap_manual_backward()
+        backward = pl_module.manual_backward
+        losses = self._manual_losses
+
+        def manual_backward(loss: Any, *args: Any, **kwargs: Any) -> None:
+            if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                losses.append(loss.detach())
+            return backward(loss, *args, **kwargs)
+
+        pl_module.manual_backward = manual_backward
+        self._wrapped_module = pl_module
+
+    def _unwrap_manual_backward(self) -> None:
+        module, self._wrapped_module = self._wrapped_module, None
+        if module is not None and "manual_backward" in vars(module):
+            del module.manual_backward  # the class's own again
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -96,8 +124,9 @@ class TraintopCallback(*_BASES):  # type: ignore[misc]
         probe = self.probe
         if probe is not None and not probe.in_step:
             self._loss = None
+            self._manual_losses.clear()
             self._global_step_at_begin = int(trainer.global_step)
-            probe.begin_step(self._global_step_at_begin)
+            probe.begin_step(None if self._several else self._global_step_at_begin)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self.probe is not None:
@@ -110,6 +139,9 @@ class TraintopCallback(*_BASES):  # type: ignore[misc]
         if probe is None or not probe.in_step:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1) and self._manual_losses:
+            loss = torch.stack([x.reshape(()) for x in self._manual_losses]).sum()  # manual's
+        self._manual_losses.clear()
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             loss = loss.detach()
             self._loss = loss if self._loss is None else self._loss + loss
@@ -141,10 +173,13 @@ class TraintopCallback(*_BASES):  # type: ignore[misc]
         probe.end_evaluation(**_numbers(logged))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._unwrap_manual_backward()
         if self.probe is not None:
             self.probe.close(exception)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            self._unwrap_manual_backward()
         if self.probe is not None and stage == "fit":
             self.probe.close()
 

@@ -220,3 +220,66 @@ def test_an_exception_in_training_is_the_runs_end(collector: FrameCollector) -> 
         fit(Failing(), collector, limit_val_batches=0)
     wait_for_bye(collector)
     assert kinds(list(collector.frames), "bye")[0]["reason"] == "error: ValueError: bad batch"
+
+
+# --- several optimizers under manual optimization (issue 18 item 8) ---------------------
+
+
+class ManualGan(pl.LightningModule):
+    """A GAN under manual optimization: two optimizers, toggled, training_step returns
+    nothing (its loss is what manual_backward was given)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.automatic_optimization = False
+        self.g = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+        self.d = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        self.losses: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        real = batch[0].float()[:, :4] / VOCAB
+        opt_g, opt_d = self.optimizers()
+        bce = nn.functional.binary_cross_entropy_with_logits
+        ones, zeros = torch.ones(len(real), 1), torch.zeros(len(real), 1)
+        fake = self.g(torch.randn_like(real))
+        self.toggle_optimizer(opt_g)
+        g_loss = bce(self.d(fake), ones)
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+        self.untoggle_optimizer(opt_g)
+        self.toggle_optimizer(opt_d)
+        d_loss = bce(self.d(real), ones) + bce(self.d(fake.detach()), zeros)
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        self.untoggle_optimizer(opt_d)
+        self.losses.append(g_loss.item() + d_loss.item())
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [
+            torch.optim.Adam(self.g.parameters(), lr=1e-3),
+            torch.optim.Adam(self.d.parameters(), lr=1e-3),
+        ]
+
+
+def test_a_manual_optimization_gan_is_watched_with_both_optimizers_and_its_loss(
+    collector: FrameCollector,
+) -> None:
+    module = ManualGan()
+    fit(module, collector, max_steps=8)  # 4 batches: 2 optimizer steps each
+    frames = list(collector.frames)
+    hello = kinds(frames, "hello")[0]
+    assert hello["optimizer"] == "Adam"  # both
+    assert kinds(frames, "alert") == []  # no params_not_in_optimizer on D's
+    steps = kinds(frames, "step")
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]  # one a batch
+    assert [s["scalars"]["loss"] for s in steps] == pytest.approx(module.losses, rel=REL_TOL)
+    for record in steps:
+        assert all(g is not None and g > 0 for g in record["grad_norms"])  # G's and D's
+        assert len(record["lr"]) == 2
+    assert not [a for a in raised_alerts(frames) if a.kind == "exploding_gradient"]

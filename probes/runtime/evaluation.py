@@ -6,27 +6,131 @@ They hook the model itself and every layer, so a validation step that calls a
 submodule (``model.encoder(x)``) is checked too; a module counts once per call and
 the record takes, for each count, the largest over the hooked modules: the number of
 forward passes that ran so, whichever entry point they used.
+
+Training mode only matters where a module behaves differently in it
+(``is_mode_sensitive``: dropout, batch norm and instance norm with running
+statistics, recurrent and attention layers with dropout): those are hooked too, and
+``sensitive_train_forwards`` counts their forwards in training mode. Dropout called as
+a function (``F.dropout(x, p)``, whose ``training`` defaults to True) survives
+``model.eval()``: while an evaluation is open, the dropout functions of
+``torch.nn.functional`` are wrapped (the same wrappers each time, so a compiled
+evaluation is not recompiled) and count their calls with ``training=True`` and
+``p > 0`` (``dropout_train_calls``).
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional
 from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.schema import EvalRecord
 from probes.runtime.hooks import eager
+
+#: Modules that behave differently in training mode whatever their settings.
+ALWAYS_SENSITIVE: tuple[type[nn.Module], ...] = (nn.modules.dropout._DropoutNd,)
+#: Modules that do when they carry dropout (``dropout`` > 0, as an attribute).
+DROPOUT_CARRIERS: tuple[type[nn.Module], ...] = (
+    nn.RNNBase,
+    nn.MultiheadAttention,
+    nn.TransformerEncoderLayer,
+    nn.TransformerDecoderLayer,
+)
+#: The functions of ``torch.nn.functional`` whose ``training`` defaults to True (the
+#: alpha dropouts default to False: a True there is written on purpose).
+DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d")
+
+
+def is_mode_sensitive(module: nn.Module) -> bool:
+    """Would ``module.eval()`` change what ``module`` computes? Dropout; batch norm and
+    instance norm that keep running statistics; recurrent, attention and transformer
+    layers with a dropout above 0 (``nn.LSTM(dropout=0.2)``)."""
+    if isinstance(module, ALWAYS_SENSITIVE):
+        return True
+    if isinstance(module, nn.modules.batchnorm._NormBase):  # batch and instance norm
+        return bool(module.track_running_stats)
+    if isinstance(module, DROPOUT_CARRIERS):
+        rate = getattr(module, "dropout", 0.0)
+        if isinstance(rate, nn.Module):  # transformer layers keep nn.Dropout modules
+            rate = getattr(rate, "p", 0.0)
+        return isinstance(rate, int | float) and rate > 0
+    return False
+
+
+def count_mode_sensitive(model: nn.Module) -> int:
+    """Modules of ``model`` that behave differently in train and eval mode."""
+    return sum(map(is_mode_sensitive, model.modules()))
+
+
+class _DropoutCalls:
+    """The dropout functions of ``torch.nn.functional``, wrapped while any evaluation
+    is open (one install for all open scopes, across probes and threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._originals: dict[str, Callable[..., torch.Tensor]] = {}
+        self._wrappers: dict[str, Callable[..., torch.Tensor]] = {}
+        self._open: list[EvalScope] = []
+
+    def open(self, scope: EvalScope) -> None:
+        with self._lock:
+            self._open.append(scope)
+            if len(self._open) == 1:
+                for name in DROPOUT_FUNCTIONS:
+                    original = getattr(functional, name, None)
+                    if original is None:
+                        continue
+                    self._originals[name] = original
+                    wrapper = self._wrappers.get(name)
+                    if wrapper is None:
+                        wrapper = self._wrappers[name] = self._wrap(original)
+                    setattr(functional, name, wrapper)
+
+    def close(self, scope: EvalScope) -> None:
+        with self._lock:
+            if scope not in self._open:
+                return
+            self._open.remove(scope)
+            if not self._open:
+                for name, original in self._originals.items():
+                    if getattr(functional, name, None) is self._wrappers.get(name):
+                        setattr(functional, name, original)
+                self._originals.clear()
+
+    def _wrap(self, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        note = eager(self._note)  # a count, never traced into a compiled graph
+
+        @functools.wraps(original)
+        def counting(
+            input: torch.Tensor, p: float = 0.5, training: bool = True, *args: Any, **kwargs: Any
+        ) -> torch.Tensor:
+            if training and p > 0:
+                note()
+            return original(input, p, training, *args, **kwargs)
+
+        return counting
+
+    def _note(self) -> None:
+        for scope in self._open:
+            scope.dropout_train_calls += 1
+
+
+DROPOUT_CALLS = _DropoutCalls()
 
 
 class EvalScope:
     """The scalars of one evaluation and its forward counts; ``record`` makes the record.
 
     Args:
-        modules: the modules to watch (the model and its layers).
+        modules: the modules to watch (the model and its layers); the first is the
+            model, whose mode-sensitive modules are watched too.
         step: the step it is tagged with: the number of steps completed before it
             (the index of the next step), or the open step's index when it runs inside
             one (``Probe.evaluate``).
@@ -43,6 +147,13 @@ class EvalScope:
             module.register_forward_pre_hook(eager(self._counter(i)))
             for i, module in enumerate(modules)
         ]
+        self.sensitive_train_forwards = 0
+        self.dropout_train_calls = 0
+        sensitive = [m for m in modules[0].modules() if is_mode_sensitive(m)] if modules else []
+        self._handles += [
+            module.register_forward_pre_hook(eager(self._count_sensitive)) for module in sensitive
+        ]
+        DROPOUT_CALLS.open(self)
 
     def _counter(self, index: int) -> Callable[[nn.Module, Any], None]:
         counts = self._counts[index]
@@ -55,11 +166,15 @@ class EvalScope:
 
         return count
 
+    def _count_sensitive(self, module: nn.Module, args: Any) -> None:
+        self.sensitive_train_forwards += int(module.training)
+
     def remove_hooks(self) -> None:
-        """Remove every hook (idempotent)."""
+        """Remove every hook and the dropout functions' wrappers (idempotent)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        DROPOUT_CALLS.close(self)
 
     def record(self) -> EvalRecord:
         """The eval record: scalars (tensors read now: evaluation is over) and counts."""
@@ -73,4 +188,6 @@ class EvalScope:
             "forwards": max((c[0] for c in self._counts), default=0),
             "train_mode_forwards": max((c[1] for c in self._counts), default=0),
             "grad_forwards": max((c[2] for c in self._counts), default=0),
+            "sensitive_train_forwards": self.sensitive_train_forwards,
+            "dropout_train_calls": self.dropout_train_calls,
         }

@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from probes.kernel.schema import HelloRecord
+from probes.runtime.evaluation import count_mode_sensitive
 from probes.runtime.job import JobIdentity
 from probes.runtime.layers import LayerMap, count_parameters
+from probes.runtime.optimizers import optimizer_name
 from probes.runtime.options import WatchOptions
-from probes.runtime.sampled import count_mode_sensitive
 
 
 def hello_fields(
@@ -45,7 +46,7 @@ def hello_fields(
         "started": time.time(),
         "argv": sys.argv[:8],
         "model": type(module).__name__,
-        "optimizer": type(optimizer).__name__ if optimizer else None,
+        "optimizer": optimizer_name(optimizer),
         "layers": list(layers.names),
         "param_counts": list(layers.param_counts),
         "trainable_params": count_parameters(model),

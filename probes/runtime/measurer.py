@@ -23,7 +23,14 @@ from probes.runtime.clearing import ClearingWatch
 from probes.runtime.guard import GuardTrip, find_non_finite
 from probes.runtime.layers import LayerMap
 from probes.runtime.sampled import ActivationStats, UpdateNorms
-from probes.runtime.stats import CLIP_TOTAL, Measurement, NormReducer, compose_order, to_host
+from probes.runtime.stats import (
+    CLIP_TOTAL,
+    INPUT_RMS,
+    Measurement,
+    NormReducer,
+    compose_order,
+    to_host,
+)
 
 
 class StepMeasurer:
@@ -82,6 +89,9 @@ class StepMeasurer:
         self._measure_update = False
         self.current: Measurement | None = None
         self.index = -1  # the step under way, measured or not (the probe sets it)
+        # Several optimizers: each one's parameters read at its own step (optimizers.py).
+        self.merge_reads: Callable[[Measurement], None] | None = None
+        self.merge_updates: Callable[[Measurement], None] | None = None
 
     # --- boundaries ------------------------------------------------------------------
 
@@ -90,7 +100,7 @@ class StepMeasurer:
         self.current = Measurement(self.layers, index, wall_time, sampled)
         if self.optimizer is not None:
             self.current.optimizer_step = False  # until its pre-hook runs
-        if sampled and self.activations.modules:
+        if sampled:  # (the model's input scale too, with or without activation modules)
             self.activations.attach()
         self._measure_update = (sampled or self._update_pending) and self.updates is not None
         if self._measure_update and self.optimizer is None and self.updates is not None:
@@ -151,6 +161,8 @@ class StepMeasurer:
                 if taken is not None:
                     step.update_norms, step.update_order = taken
                     self._update_pending = False
+                    if self.merge_updates is not None:
+                        self.merge_updates(step)
             except Exception as exc:
                 self.on_error(exc)
             step.probe_time += time.perf_counter() - started  # the probe's own time too
@@ -201,6 +213,8 @@ class StepMeasurer:
             step.param_count = len(param_norms)
             values += param_norms
             counts, totals = self.activations.take()
+            if self.activations.input_rms is not None:  # compared across a job's ranks
+                step.tensor_scalars[INPUT_RMS] = self.activations.input_rms
             if counts:
                 step.activation_totals = totals
                 values += counts
@@ -232,6 +246,8 @@ class StepMeasurer:
                 step.grad_norms, step.grad_order = self.norms.norms(grads)
         elif grads:
             step.grad_norms, step.grad_order = self.norms.norms(grads)
+        if self.merge_reads is not None:
+            self.merge_reads(step)
 
     def _param_norms(self) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
         if not self.layers.params:
@@ -270,6 +286,8 @@ class StepMeasurer:
                     step.lrs[int(name[3:])] = tensor.item()
                 elif name == CLIP_TOTAL:
                     step.clip_total = tensor.item()
+                elif name == INPUT_RMS:
+                    step.input_rms = tensor.item()
                 else:
                     step.float_scalars[name] = tensor.item()
             return ()

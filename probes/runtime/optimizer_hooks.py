@@ -53,6 +53,7 @@ class OptimizerHooks:
         self._measurer: CurrentStep | None = None
         self._updated: Callable[[], None] | None = None
         self._check_spent = 0.0  # the pre-hook's check seconds, added to probe_time after
+        self._checked: Measurement | None = None  # the step the last update check was of
 
     def install(
         self,
@@ -112,6 +113,11 @@ class OptimizerHooks:
             if self._updated is not None:
                 self._updated()  # every update, measured or not
             if step is not None:
+                if untouched is not None and self._checked is step:
+                    # another optimizer of the step already ran: untouched by all of them
+                    untouched = [i for i in untouched if i in (step.not_stepped or ())]
+                    step.not_stepped = None
+                self._checked = step
                 if untouched:
                     step.not_stepped = untouched
                 # the probe's own time on the training thread, as the rest of it counts

@@ -34,11 +34,11 @@ from torch import nn
 
 from probes.kernel.commands import Command
 from probes.kernel.wire import TOKEN_ENV
-from probes.runtime import clip, lifecycle
+from probes.runtime import clip, lifecycle, optimizers, torch_warnings
 from probes.runtime.control import Control, ControlState
 from probes.runtime.evaluation import EvalScope
 from probes.runtime.hello import hello_fields
-from probes.runtime.hooks import unwrap, unwrap_optimizer
+from probes.runtime.hooks import unwrap
 from probes.runtime.job import job_identity, sync_of
 from probes.runtime.layers import LayerMap, map_layers
 from probes.runtime.link import command_token, monitor_address
@@ -61,7 +61,7 @@ class Probe:
 
     Args:
         model: the model being trained.
-        optimizer: its optimizer, or a wrapper that holds one.
+        optimizer: its optimizer, a wrapper that holds one, or a list of them.
         options: how to watch (``WatchOptions``; ``watch`` builds them from keywords).
     """
 
@@ -75,7 +75,7 @@ class Probe:
             raise TypeError(f"watch() needs an nn.Module, got {type(model).__name__}")
         self.options = options = options or WatchOptions()
         # The optimizer inside accelerate's or Lightning's wrapper (TypeError otherwise).
-        self.optimizer = real_optimizer = unwrap_optimizer(optimizer)
+        self.optimizer = real_optimizer = optimizers.optimizer_of(optimizer)  # (or several)
         self.model = model
         self.module = unwrap(model)  # inside torch.compile / DDP wrappers: plain names
         self.layers: LayerMap = map_layers(self.module)
@@ -88,7 +88,7 @@ class Probe:
         self._eval: EvalScope | None = None
         self._scalars = ScalarFiler()
         self._hooks = OptimizerHooks(real_optimizer, on_error=self._fail)
-        self._measurer = StepMeasurer(
+        self._measurer = measurer = StepMeasurer(
             self.module,
             self.layers,
             real_optimizer,
@@ -97,6 +97,7 @@ class Probe:
             sample_every=options.sample_every,
             register_post_hook=self._hooks.add_post_hook,
         )
+        self._per_optimizer = optimizers.attach(real_optimizer, self.layers, measurer, self._fail)
         if options.guard and real_optimizer is None:
             warn("guard=True needs the optimizer: pass it to probes.watch")
         if not self.layers.params:
@@ -127,6 +128,7 @@ class Probe:
         )
         clip.install()  # frameworks clip through torch's function: read before it
         lifecycle.register(self)
+        self._torch_warnings = torch_warnings.watch(self)  # torch's own, during steps
         for alert in self._boundary.wiring.first_alerts(self.layers):  # (and again later)
             self.send({"kind": "alert", "step": 0, "alert": alert.to_dict()})
 
@@ -378,6 +380,8 @@ class Probe:
             return
         lifecycle.unregister(self)
         clip.uninstall()
+        self._torch_warnings.remove()
+        optimizers.detach(self._per_optimizer)
         self._hooks.remove()
         self._measurer.clearing.remove()
         if self._eval is not None:
@@ -464,9 +468,10 @@ def watch(
 
     Args:
         model: the model being trained.
-        optimizer: its optimizer, or a wrapper that holds one (accelerate's, Lightning's);
-            gradients are read in ``optimizer.step()`` (after a closure's backward),
-            or before a ``torch.nn.utils.clip_grad_norm_``, whichever comes first.
+        optimizer: its optimizer, or a wrapper that holds one (accelerate's, Lightning's),
+            or a list of them (a GAN's ``[opt_g, opt_d]``: each one's parameters read at
+            its own ``step()``); gradients are read in ``optimizer.step()`` (after a
+            closure's backward) or before a ``clip_grad_norm_``, whichever comes first.
         **options: any of ``WatchOptions`` (its docstring says what each does): ``run``,
             ``address``, ``every``, ``sample_every``, ``grad_accumulation``, ``guard``,
             ``on_anomaly``, ``pause_grace_s``, ``queue_size``, ``history``,

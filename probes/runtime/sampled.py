@@ -31,10 +31,6 @@ TANH_SATURATED = 0.99  # |tanh(x)| above this: the gradient 1 - y^2 is below 0.0
 SIGMOID_SATURATED = 0.01  # sigmoid below this or above 1 - this
 # Layers whose input is counted for exact zeros (a ReLU written as F.relu before them).
 INPUT_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.modules.conv._ConvNd)
-MODE_SENSITIVE_TYPES: tuple[type[nn.Module], ...] = (
-    nn.modules.dropout._DropoutNd,
-    nn.modules.batchnorm._BatchNorm,
-)
 
 
 def activation_family(module: nn.Module) -> str | None:
@@ -46,11 +42,6 @@ def activation_family(module: nn.Module) -> str | None:
     if isinstance(module, SIGMOID_TYPES):
         return "sigmoid"
     return None
-
-
-def count_mode_sensitive(model: nn.Module) -> int:
-    """Modules that behave differently in train and eval mode (dropout, batch norm)."""
-    return sum(isinstance(m, MODE_SENSITIVE_TYPES) for m in model.modules())
 
 
 def _inputs_known(model: nn.Module, layers: set[str]) -> set[str]:
@@ -116,6 +107,10 @@ class ActivationStats:
                 self.modules.append((key, family, module, feeding))
         self._model = model
         self._model_inputs: set[int] = set()  # ids of this step's inputs to the model
+        # The RMS of the model's first floating input this step (a 0-d tensor, unread):
+        # the scale of this rank's data, compared across a job's ranks.
+        self.input_rms: torch.Tensor | None = None
+        self._count_model_inputs = False
         self._handles: list[RemovableHandle] = []
         self._tallies: list[_Tally] = []
         self._plain_hooks = [
@@ -136,8 +131,11 @@ class ActivationStats:
         self._tallies = [_Tally() for _ in self.modules]
         self._model_inputs.clear()
         hooks, inputs_hook = self._hooks_now()
-        if any(family == "input" for _, family, _, _ in self.modules):
-            self._handles.append(self._model.register_forward_pre_hook(inputs_hook))
+        self.input_rms = None
+        # One hook on the model: its input's scale, and (when layer inputs are counted)
+        # which tensors are its inputs.
+        self._count_model_inputs = any(family == "input" for _, family, _, _ in self.modules)
+        self._handles.append(self._model.register_forward_pre_hook(inputs_hook))
         for (_, family, module, _), hook in zip(self.modules, hooks, strict=True):
             register = (
                 module.register_forward_pre_hook
@@ -156,9 +154,28 @@ class ActivationStats:
         return self._plain_hooks, self._plain_inputs_hook
 
     def _note_model_inputs(self, module: nn.Module, args: object) -> None:
-        """The model's own inputs are data, not activations: their zeros say nothing."""
-        if isinstance(args, tuple):
+        """The model's own inputs are data, not activations: their zeros say nothing.
+        Their scale is this rank's data's (``input_rms``)."""
+        self._note_input_scale(module, args)
+        if self._count_model_inputs and isinstance(args, tuple):
             self._model_inputs.update(id(a) for a in args if isinstance(a, torch.Tensor))
+
+    def _note_input_scale(self, module: nn.Module, args: object) -> None:
+        """The RMS of the first floating input of the step's first forward, on a sample
+        of ``INPUT_SAMPLE`` elements (launched, not read)."""
+        if self.input_rms is not None or not isinstance(args, tuple):
+            return
+        try:
+            first = next(
+                (a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None
+            )
+            if first is not None and first.numel():
+                with torch.no_grad():
+                    sample = first.detach().reshape(-1)[:INPUT_SAMPLE].float()
+                    self.input_rms = sample.square().mean().sqrt()
+        except Exception as exc:  # never into the user's forward
+            if self.on_error is not None:
+                self.on_error(exc)
 
     def detach(self) -> None:
         """Remove every hook (idempotent)."""
@@ -219,6 +236,7 @@ class ActivationStats:
         return count_input if family == "input" else count
 
 
+INPUT_SAMPLE = 4096  # elements of the model's input its scale is taken on
 UPDATE_SAMPLE = 4096  # elements per parameter the update/weight ratio is estimated on
 
 

@@ -22,6 +22,8 @@ from probes.runtime.layers import LayerMap, combine_layer_norms
 #: The name a clip's total norm (torch's, before clipping) travels under among a step's
 #: tensor scalars, to the host with the rest; it becomes the record's ``clip`` field.
 CLIP_TOTAL = "clip/total"
+#: ... and the RMS of the model's input on a sampled step (the record's ``input_rms``).
+INPUT_RMS = "input/rms"
 
 
 class Measurement:
@@ -46,6 +48,7 @@ class Measurement:
         "grad_order",
         "grad_present",
         "grads_read",
+        "input_rms",
         "late_scalars",
         "layer_map",
         "layer_values",
@@ -87,6 +90,7 @@ class Measurement:
         self.clipped: float | None = None  # max_norm of a clip_grad_norm_ in the step
         self.clip_norm_type = 2.0
         self.clip_total: float | None = None  # torch's total norm before the clip (CPU)
+        self.input_rms: float | None = None  # the model's input scale, sampled steps (CPU)
         # Did optimizer.step() run? None: no optimizer watched. False: AMP's GradScaler
         # skipped it (non-finite gradients), or the loop accumulates this step.
         self.optimizer_step: bool | None = None
@@ -179,6 +183,9 @@ class Measurement:
             record["optimizer_step"] = False
         if self.not_stepped:
             record["not_stepped"] = self.not_stepped
+        input_rms = self._input_rms(values[at:])
+        if input_rms is not None:
+            record["input_rms"] = input_rms
         if self.span is not None:
             record["span"] = list(self.span)
         plain = cast(dict[str, Any], record)  # (the sender adds its own fields: seq, ...)
@@ -255,11 +262,17 @@ class Measurement:
             "total_after": after,
         }
 
+    def _input_rms(self, tail: list[float]) -> float | None:
+        for name, value in zip(self.tensor_scalar_names, tail, strict=True):
+            if name == INPUT_RMS:
+                return value
+        return self.input_rms
+
     def _scalars(self, tail: list[float]) -> dict[str, float]:
         scalars = {
             name: value
             for name, value in zip(self.tensor_scalar_names, tail, strict=True)
-            if not name.startswith(("lr/", "clip/"))
+            if not name.startswith(("lr/", "clip/", "input/"))
         }
         scalars.update(self.float_scalars)
         scalars.update({name: float(t) for name, t in self.late_scalars.items()})

@@ -259,12 +259,14 @@ CATALOG: dict[AlertKind, Entry] = {
     AlertKind.EVAL_IN_TRAIN_MODE: Entry(
         Rung.EVALUATION,
         (
-            "Validation ran with model.training True: dropout and batch norm behave as in "
-            "training, so the validation numbers are not the model's. It does not say the "
-            "training itself is wrong."
+            "Validation ran with dropout or batch norm in training mode (model.training "
+            "True, or F.dropout called without training=self.training, which model.eval() "
+            "does not switch off), so the validation numbers are not the model's. It does "
+            "not say the training itself is wrong."
         ),
         (
             "Call model.eval() before validation and model.train() after; nothing else.",
+            "Pass training=self.training to every functional dropout (F.dropout(x, p)).",
             "Re-run the same validation both ways and compare the loss.",
             "Check every forward in the eval loop, helpers included, for mode.",
         ),
@@ -299,9 +301,10 @@ CATALOG: dict[AlertKind, Entry] = {
     AlertKind.RANK_OUTLIER: Entry(
         Rung.DATA,
         (
-            "One rank's numbers (its loss, or a non-finite value) stand far from every other "
-            "rank's at the same step, while the others are fine: that rank's data shard or its "
-            "host is the first suspect. It does not prove which of the two."
+            "One rank's numbers (its loss, a non-finite value, or the scale of its inputs) "
+            "stand far from every other rank's at the same step, while the others are fine: "
+            "that rank's data shard or its host is the first suspect. It does not prove which "
+            "of the two."
         ),
         (
             "Inspect that rank's batch at this step (its shard, its data loader's worker).",
@@ -380,6 +383,19 @@ CATALOG: dict[AlertKind, Entry] = {
             "counted in epochs, once per batch for schedules counted in steps.",
             "Restart from the last checkpoint at the schedule's intended rate, nothing else "
             "changed, and compare a weight before and after one optimizer.step().",
+        ),
+    ),
+    # --- 2. torch's own warnings during a step (raised in the training process) -----------
+    AlertKind.TORCH_WARNING: Entry(
+        Rung.VALUES,
+        (
+            "torch warned during a training step (its words are in the evidence): it saw "
+            "something likely wrong that it will not refuse. It is torch's reading of one "
+            "call, not proof that the numbers are wrong."
+        ),
+        (
+            "Find the line that warns: python -W error::UserWarning on the same script.",
+            "Fix what the message names, alone, and rerun the same steps.",
         ),
     ),
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from probes.kernel.diagnosis.alert import Alert
 from probes.kernel.diagnosis.rule import Findings, Rule
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import EvalView, RecentPast
@@ -13,27 +14,22 @@ from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 
 class EvalMode(Rule):
     """Validation run in training mode, or with gradient recording on: two alerts,
-    because ``model.eval()`` and ``torch.inference_mode()`` are orthogonal controls."""
+    because ``model.eval()`` and ``torch.inference_mode()`` are orthogonal controls.
+
+    Training mode is raised only where it changes the numbers: a module that behaves
+    differently in it ran so (the probe counts them: ``sensitive_train_forwards``), or
+    dropout was called as a function with ``training=True`` (``F.dropout(x, p)``
+    survives ``model.eval()``). A record from an older probe, without those counts,
+    is judged as before: an error with mode-sensitive modules, a warning without."""
 
     kind: str = AlertKind.EVAL_IN_TRAIN_MODE
     kinds = (AlertKind.EVAL_IN_TRAIN_MODE, AlertKind.EVAL_WITH_GRAD)
 
     def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
         findings = []
-        if view.train_mode_forwards:
-            sensitive = history.info.mode_sensitive
-            findings.append(
-                self.alert(
-                    view.step,
-                    "",
-                    {
-                        "forwards_in_train_mode": view.train_mode_forwards,
-                        "forwards": view.forwards,
-                        "dropout_or_batchnorm_modules": sensitive,
-                    },
-                    severity=Severity.ERROR if sensitive else Severity.WARNING,
-                )
-            )
+        training_mode = self._training_mode(history, view)
+        if training_mode is not None:
+            findings.append(training_mode)
         if view.grad_forwards:
             findings.append(
                 self.alert(
@@ -44,6 +40,37 @@ class EvalMode(Rule):
                 )
             )
         return findings
+
+    def _training_mode(self, history: RecentPast, view: EvalView) -> Alert | None:
+        sensitive = history.info.mode_sensitive
+        if view.sensitive_train_forwards is None:  # an older probe's record
+            if not view.train_mode_forwards:
+                return None
+            evidence: dict[str, object] = {
+                "forwards_in_train_mode": view.train_mode_forwards,
+                "forwards": view.forwards,
+                "dropout_or_batchnorm_modules": sensitive,
+            }
+            return self.alert(
+                view.step,
+                "",
+                evidence,
+                severity=Severity.ERROR if sensitive else Severity.WARNING,
+            )
+        functional = view.dropout_train_calls or 0
+        if not view.sensitive_train_forwards and not functional:
+            return None  # eval() would change nothing that ran
+        evidence = {
+            "forwards_in_train_mode": view.train_mode_forwards,
+            "forwards": view.forwards,
+            "dropout_or_batchnorm_modules": sensitive,
+            "sensitive_forwards_in_train_mode": view.sensitive_train_forwards,
+        }
+        if functional and not view.sensitive_train_forwards:
+            # every dropout call then came from a function, not a module in train mode
+            evidence["functional_dropout_calls"] = functional
+            evidence["fix"] = "F.dropout(x, p, training=self.training)"
+        return self.alert(view.step, "", evidence, severity=Severity.ERROR)
 
 
 class OverfittingSignal(Rule):

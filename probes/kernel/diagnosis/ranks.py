@@ -8,7 +8,12 @@ across them at the same step, and what that shows when it does not:
 - ``replicas_diverged``: the parameter norms of the sampled steps are the same on every
   rank (DDP: the same update on the same weights);
 - ``rank_outlier``: one rank's loss far above the others' at the same step (or
-  non-finite while theirs is finite): its shard or its host;
+  non-finite while theirs is finite): its shard or its host; or one rank's inputs (their
+  RMS, which every rank measures on its sampled steps, before anything is all-reduced)
+  standing apart from the others' (``subject=inputs``, ``rank=R``): a bad shard whose
+  loss looks normal (a saturating layer keeps it near the others') while the all-reduced
+  gradients explode on every rank. With two ranks the one apart is the one whose scale
+  left its own first; with more, the one farthest from the others' median;
 - ``rank_stalled``: a rank stopped sending (its connection ended without a clean end, or
   it went quiet while another rank went on past it).
 
@@ -40,6 +45,9 @@ from probes.kernel.diagnosis.vocabulary import AlertKind
 # within a flush or two of each other (64 steps at rank 0's 60 records a second is a
 # second), and each kept step holds every rank's per-layer norms.
 KEPT_STEPS = 64
+# Jobs whose ranks read shards of one dataset (a pipeline's stages, under "unknown",
+# feed each other activations of their own scales).
+DATA_PARALLEL = frozenset({"ddp", "fsdp"})
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class Shown:
     grads: Sequence[float | None]
     params: Sequence[float | None] | None
     stepped: bool
+    input_rms: float | None = None  # the scale of its inputs (sampled steps)
 
 
 @dataclass
@@ -75,6 +84,7 @@ class JobChecks:
     # step -> the lowest and highest finite loss of its ranks, and whether one was not
     _range: dict[int, tuple[float, float, bool]] = field(default_factory=dict)
     _start_loss: float | None = None  # the job's first finite loss: its scale
+    _first_inputs: dict[int, float] = field(default_factory=dict)  # rank -> first input RMS
 
     def observe(self, rank: int, view: StepView) -> list[Alert]:
         """Take rank ``rank``'s step record; the job incidents it newly shows."""
@@ -91,7 +101,10 @@ class JobChecks:
             view.grad_norms if layered else (),
             view.param_norms if layered else None,
             view.optimizer_stepped,
+            _positive(view.input_rms),
         )
+        if shown.input_rms is not None:
+            self._first_inputs.setdefault(rank, shown.input_rms)
         peers = self._shown.get(view.step)
         if peers is None:
             peers = self._shown[view.step] = {}
@@ -119,6 +132,7 @@ class JobChecks:
             alert
             for alert in (
                 self._outlier(view.step, peers) if suspicious else None,
+                self._inputs(view.step, peers) if shown.input_rms is not None else None,
                 self._grads(view.step, reference, shown),
                 self._params(view.step, reference, shown),
             )
@@ -159,6 +173,38 @@ class JobChecks:
             evidence["times"] = loss / median
         evidence.update(other_ranks=len(others), others="fine")
         return self._raise(AlertKind.RANK_OUTLIER, step, "loss", evidence)
+
+    def _inputs(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
+        """The rank whose inputs' scale stands ``rank_input_factor`` apart from the
+        others' at this step (a sampled step every rank shows)."""
+        if AlertKind.RANK_OUTLIER in self.found or self.sync not in DATA_PARALLEL:
+            return None  # one incident: a rank already stands apart (or not data parallel)
+        scales = {r: p.input_rms for r, p in peers.items() if p.input_rms is not None}
+        factor = self.thresholds.rank_input_factor
+        if len(scales) < 2 or max(scales.values()) <= factor * min(scales.values()):
+            return None  # (the common case: they agree)
+        if len(scales) == 2:  # which one moved: the one farther from its own first scale
+            drift = {r: abs(math.log(v / self._first_inputs.get(r, v))) for r, v in scales.items()}
+            suspect = max(drift, key=drift.__getitem__)
+            if drift[suspect] <= math.log(factor):
+                return None  # apart from the start: which one is the odd one is not known
+        else:
+            suspect = max(
+                scales, key=lambda r: abs(math.log(scales[r] / _median_of_others(scales, r)))
+            )
+        median = _median_of_others(scales, suspect)
+        times = scales[suspect] / median
+        if max(times, 1 / times) <= factor:
+            return None
+        evidence: dict[str, Any] = {
+            "rank": suspect,
+            "input_rms": scales[suspect],
+            "other_ranks_median": median,
+            "times": times,
+            "its_first_input_rms": self._first_inputs.get(suspect),
+            "other_ranks": len(scales) - 1,
+        }
+        return self._raise(AlertKind.RANK_OUTLIER, step, "inputs", evidence)
 
     def _grads(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
         """Under DDP, each layer's gradient norm agrees across ranks at a step."""
@@ -310,3 +356,16 @@ def _apart(values: list[float | None], tolerance: float) -> tuple[float, float] 
     if high <= 0 or (high - low) <= tolerance * high:
         return None
     return low, high
+
+
+def _positive(value: float | None) -> float | None:
+    """A scale to compare: finite and above zero, else None."""
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def _median_of_others(scales: Mapping[int, float], rank: int) -> float:
+    return statistics.median(v for r, v in scales.items() if r != rank)
+
+
+def _log_distance(scales: Mapping[int, float], rank: int) -> float:
+    return abs(math.log(scales[rank] / _median_of_others(scales, rank)))

@@ -125,6 +125,10 @@ class Thresholds:
     # many steps without it: a held-out run's one explosion came as four ALERT lines in
     # 130 steps, each a few dozen steps after the last cleared.
     hold_steps: int = 100
+    # One rank's inputs (their RMS on sampled steps) this many times above (or below) the
+    # median of the other ranks': that rank's shard stands apart (DDP ranks read shards
+    # of one dataset: their input scales agree within noise).
+    rank_input_factor: float = 4.0
 
     def with_overrides(self, **overrides: float) -> Thresholds:
         """A copy with some thresholds changed (unknown names raise ``TypeError``)."""

@@ -100,6 +100,7 @@ class StepRecord(_StepRecordRequired, total=False):
     not_stepped: list[int]  # layers an update left untouched
     backward_passes: list[int | None]  # per layer, into its gradient since it was cleared
     step_losses: list[list[float]]  # a thinned record: [step, loss] of each of its steps
+    input_rms: float  # RMS of the model's input, on sampled steps (compared across ranks)
     # a thinned record (``probes.kernel.thinning``): the steps it stands for, and their peaks
     span: list[int]  # [first, last]
     grad_norms_max: list[float | None]
@@ -125,6 +126,8 @@ class EvalRecord(_EvalRecordRequired, total=False):
     """One evaluation, tied to the training step it follows."""
 
     span: list[int]  # in the replay history, evaluations merged: [first, last] step
+    sensitive_train_forwards: int  # forwards in training mode of modules eval() changes
+    dropout_train_calls: int  # F.dropout calls with training=True (p > 0)
 
 
 class _AnomalyReportRequired(TypedDict):

@@ -149,6 +149,7 @@ STEP_FIELDS = (
     _F("backward_passes", _T.COUNTS, "passes into the grad since cleared", LAYER, Merge.MAX),
     _F("step_losses", _T.ANY, "a thinned record's [step, loss] of every step it stands for",
        merge=Merge.EACH, checked=False, view=None),
+    _F("input_rms", _T.NUMBER, "RMS of the model's input (sampled steps)", checked=False),
 )
 # fmt: on
 
@@ -172,6 +173,12 @@ EVAL_FIELDS = (
         default=0,
     ),
     _F("grad_forwards", _T.INT, "... with gradient recording on", required=True, default=0),
+    _F(
+        "sensitive_train_forwards",
+        _T.INT,
+        "forwards in training mode of modules eval() changes (null: not counted)",
+    ),
+    _F("dropout_train_calls", _T.INT, "F.dropout calls with training=True and p > 0"),
     _F(
         "span",
         _T.SPAN,
@@ -204,7 +211,7 @@ HELLO_FIELDS = (
             ("optimizer", _T.TEXT, "the optimizer's class (null: none)"),
             ("trainable_params", _T.INT, "trainable parameters"),
             ("params", _T.ANY, "parameter names (none_grad_params indexes these)"),
-            ("mode_sensitive_modules", _T.INT, "dropout and batch norm modules"),
+            ("mode_sensitive_modules", _T.INT, "modules eval() changes: dropout, batch norm"),
             ("config", _T.ANY, "every, sample_every, grad_accumulation, update_check"),
         )
     ),

@@ -148,6 +148,7 @@ class StepView:
     time: float = 0.0  # wall time at the step's start (the run's clock)
     dropped: int = 0  # records the probe's queue dropped so far
     none_grads: int = 0  # parameters without a gradient
+    input_rms: float | None = None  # the model's input scale, on sampled steps
     # The spec's per-layer fields that have no attribute above, by name: a field added
     # to the spec is read here with no change to the view (see ``per_layer``).
     more_layers: Mapping[str, Sequence[float | None] | None] = field(default_factory=dict)
@@ -250,6 +251,8 @@ class EvalView:
     forwards: int
     train_mode_forwards: int
     grad_forwards: int
+    sensitive_train_forwards: int | None = None  # None: an older probe did not count them
+    dropout_train_calls: int | None = None
 
     @classmethod
     def from_record(cls, record: Record) -> EvalView:
