@@ -261,7 +261,8 @@ class StepMeasurer:
         uncleared = self.clearing.take_uncleared()
         passes = self.clearing.count_passes()
         if step is not None:
-            step.not_cleared = uncleared and self.check_clearing
+            if self.check_clearing:  # (off: several optimizers check their own)
+                step.not_cleared = uncleared
             step.layer_values["backward_passes"] = passes
 
     def _append_tensor_scalars(
