@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from probes.kernel.schema import HelloRecord
+from probes.runtime.hooks import unwrap_optimizer
 from probes.runtime.job import JobIdentity
 from probes.runtime.layers import LayerMap, count_parameters
 from probes.runtime.options import WatchOptions
@@ -45,7 +46,9 @@ def hello_fields(
         "started": time.time(),
         "argv": sys.argv[:8],
         "model": type(module).__name__,
-        "optimizer": type(optimizer).__name__ if optimizer else None,
+        # the real optimizer's class (an accelerate or Lightning wrapper's inner one):
+        # the monitor's update-ratio band depends on it (adaptive optimizers differ)
+        "optimizer": type(unwrap_optimizer(optimizer)).__name__ if optimizer else None,
         "layers": list(layers.names),
         "param_counts": list(layers.param_counts),
         "trainable_params": count_parameters(model),

@@ -9,6 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 from probes.kernel.diagnosis.alert import Alert, AlertChange
+from probes.kernel.diagnosis.clipping import ClipAlwaysActive, GradsStillScaled
+from probes.kernel.diagnosis.divergence import LossDiverged
 from probes.kernel.diagnosis.evaluation import EvalMode, OverfittingSignal
 from probes.kernel.diagnosis.gradient_path import (
     Activations,
@@ -18,6 +20,7 @@ from probes.kernel.diagnosis.gradient_path import (
 )
 from probes.kernel.diagnosis.incidents import STICKY, WAIT_FOR_CAUSE, cause_for, depth, folded_name
 from probes.kernel.diagnosis.overhead import ProbeOverhead
+from probes.kernel.diagnosis.reductions import LossReductionMismatch
 from probes.kernel.diagnosis.rule import Findings, Rule, respread
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.tiny_batch import FlatLoss
@@ -68,6 +71,10 @@ RULES: tuple[type[Rule], ...] = (
     EvalMode,
     OverfittingSignal,
     ProbeOverhead,
+    LossDiverged,
+    ClipAlwaysActive,
+    GradsStillScaled,
+    LossReductionMismatch,
 )
 
 

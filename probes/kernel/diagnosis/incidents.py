@@ -72,13 +72,14 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.OPTIMIZER_NOT_FOR_MODEL),
         Fold(K.PARAMS_NOT_IN_OPTIMIZER, overlap=True),
     ),
-    K.EXPLODING_GRADIENT: (Fold(K.GRAD_NOT_CLEARED),),
+    K.EXPLODING_GRADIENT: (Fold(K.GRAD_NOT_CLEARED), Fold(K.GRADS_STILL_SCALED)),
     K.NON_FINITE: (Fold(K.GRAD_NOT_CLEARED),),
     K.VANISHING_GRADIENT: (
         Fold(K.DEAD_ACTIVATIONS, overlap=True),
         Fold(K.SATURATED_ACTIVATIONS),
         Fold(K.EXPLODING_GRADIENT),
         Fold(K.NON_FINITE),
+        Fold(K.LOSS_DIVERGED),  # a loss that jumped and stayed: its consequence
     ),
     K.DEAD_ACTIVATIONS: (Fold(K.EXPLODING_GRADIENT), Fold(K.NON_FINITE)),
     K.SATURATED_ACTIVATIONS: (Fold(K.EXPLODING_GRADIENT), Fold(K.NON_FINITE)),
@@ -99,8 +100,14 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.OPTIMIZER_NOT_FOR_MODEL),
         Fold(K.MOSTLY_FROZEN, side="low"),
         Fold(K.NO_UPDATES),
+        Fold(K.LOSS_DIVERGED, side="high"),  # (one incident for a rate far too high)
+        Fold(K.GRADS_STILL_SCALED),  # clipped while scaled, then unscaled: tiny updates
     ),
-    K.LOSS_SPIKE: (*(Fold(kind) for kind in _DAMAGE), Fold(K.SKIPPED_UPDATES)),
+    K.LOSS_SPIKE: (
+        *(Fold(kind) for kind in _DAMAGE),
+        Fold(K.SKIPPED_UPDATES),
+        Fold(K.LOSS_DIVERGED),
+    ),
     K.OVERFITTING_SIGNAL: (*(Fold(kind) for kind in _DAMAGE), Fold(K.EVAL_IN_TRAIN_MODE)),
     K.FLAT_LOSS: (
         *(Fold(kind) for kind in (*_DAMAGE, *_CONTRACT, *_FROZEN)),
@@ -109,6 +116,17 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.SATURATED_ACTIVATIONS),
         Fold(K.NONE_GRADIENTS),
         Fold(K.UPDATE_RATIO, side="low"),
+        Fold(K.LOSS_DIVERGED),
+        Fold(K.GRADS_STILL_SCALED),
+    ),
+    # (issue 18's first steps: a divergence after an explosion is the explosion's; the
+    # clip cutting every step follows from what makes the gradients large)
+    K.LOSS_DIVERGED: (*(Fold(kind) for kind in _DAMAGE), Fold(K.GRADS_STILL_SCALED)),
+    K.CLIP_ALWAYS_ACTIVE: (
+        *(Fold(kind) for kind in _DAMAGE),
+        Fold(K.LOSS_DIVERGED),
+        Fold(K.GRADS_STILL_SCALED),
+        Fold(K.LOSS_REDUCTION_MISMATCH),
     ),
 }
 
@@ -121,6 +139,8 @@ WAIT_FOR_CAUSE = frozenset(
         K.UPDATE_RATIO,
         K.VANISHING_GRADIENT,
         K.UPDATES_NOT_APPLIED,
+        K.LOSS_DIVERGED,
+        K.CLIP_ALWAYS_ACTIVE,
     }
 )
 

@@ -174,6 +174,11 @@ class AlertKind(StrEnum):
     # 7. the probe
     PROBE_OVERHEAD = "probe_overhead"
     STEPS_NOT_MEASURED = "steps_not_measured"
+    # the first steps and the run's own scale (issue 18: rungs 4 to 6)
+    LOSS_DIVERGED = "loss_diverged"
+    CLIP_ALWAYS_ACTIVE = "clip_always_active"
+    GRADS_STILL_SCALED = "grads_still_scaled"
+    LOSS_REDUCTION_MISMATCH = "loss_reduction_mismatch"
 
     @property
     def label(self) -> str:

@@ -146,6 +146,11 @@ STEP_FIELDS = (
     _F("first_non_finite_step", _T.INT, "first step with a non-finite number",
        merge=Merge.FIRST_NON_FINITE),
     _F("backward_passes", _T.COUNTS, "passes into the grad since cleared", LAYER, Merge.MAX),
+    _F("clip_steps", _T.INT, "steps that clipped (clip_grad_norm_)", merge=SUM, default=0),
+    _F("clip_active_steps", _T.INT, "... whose unclipped total was above max_norm", merge=SUM,
+       default=0),
+    _F("grads_scaled", _T.NUMBER, "a GradScaler's scale still in the grads when clipped or read",
+       merge=Merge.MAX),
 )
 # fmt: on
 
