@@ -131,14 +131,16 @@ class ExplodingGradient(Rule):
         for i in self._start_over:
             peak = self._start[i]
             if peak is not None:
-                self._crossed.setdefault(i, (self._start_step, peak, 1.0))
-        self._start_over = []
+                self._crossed[i] = (self._start_step, peak, 1.0)
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.grads_scaled is not None:
             return []  # norms times a GradScaler's scale: not this rule's to read
         undecided = self._own_scale is None
         self._note_scale(history, view)
+        judged = undecided and self._own_scale is False  # held to the bound from now
+        if judged:
+            self._held_since_start()
         start = self._start
         # Growth matters only above its floor (and the bound alone above that): most
         # norms are below both, and need no look at the window.
@@ -164,8 +166,9 @@ class ExplodingGradient(Rule):
                 self._crossed.setdefault(i, (view.step, peak, growth))
             else:
                 self._crossed.pop(i, None)
-        if undecided and self._own_scale is False:
+        if judged:  # (even those back below the floor now: over it since the start)
             self._held_since_start()
+            self._start_over = []
         self._recent.append((view.step, peaks, view.grad_norms))
         total = view.peak_total
         total_growth = 1.0
