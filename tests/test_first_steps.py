@@ -118,6 +118,17 @@ def test_near_miss_adam_first_steps_at_its_usual_rate_raise_nothing() -> None:
     assert Run(records, info("SGD")).first("update_ratio")[1].severity == "error"
 
 
+def test_near_miss_zero_initialised_layers_move_by_their_whole_weight() -> None:
+    """Weights all zero before the first update (the flat-loss demo's one layer, a LoRA
+    B, a zero-initialised head): |dw|/|w_after| is exactly 1, whatever the rate."""
+    records = gpt_run(60, [1e-3, 2e-3, 1e-3, 3e-3])
+    records[0] = sampled(0, [1.0, 1.0, 1.0, 2e-3], loss=4.9)
+    assert Run(records, info("Adam")).kinds() == []
+    records[0] = sampled(0, [1.0, 1.0, 0.97, 0.99], loss=4.9)  # two zero, two far too high
+    _, alert = Run(records, info("Adam")).first("update_ratio")
+    assert (alert.severity, alert.subject, alert.layers) == ("error", "h.0.mlp", tuple(LAYERS[2:]))
+
+
 def test_adaptive_optimizers_have_their_own_band() -> None:
     """A healthy CNN under Adadelta at lr 1.0 sits at 0.14: silent; the same under SGD
     is high for SGD's band (a warning after its streak)."""

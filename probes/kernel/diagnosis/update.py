@@ -119,7 +119,8 @@ class UpdateRatio(Rule):
         far = self.t.update_far_too_high_adaptive if adaptive else self.t.update_far_too_high
         high = self.t.update_high_adaptive if adaptive else self.t.update_high
         finite = [r for r in view.update_ratios if r is not None and math.isfinite(r)]
-        if finite and 2 * sum(1 for r in finite if r >= far) > len(finite):
+        judged = [r for r in finite if not _from_zero(r)]
+        if judged and 2 * sum(1 for r in judged if r >= far) > len(judged):
             return [self._far_too_high(history, view, far, high)]
         low_counts = self._low_counts(view, finite) and not self._converged(history, view)
         found: dict[int, float] = {}
@@ -173,8 +174,14 @@ class UpdateRatio(Rule):
         learning rate is far too high, an error from this step on (no streak: the
         first step can show it, and the loss is gone by the time a streak would be)."""
         ratios = view.update_ratios or ()
-        over = [i for i, r in enumerate(ratios) if r is not None and math.isfinite(r) and r >= far]
-        measured = sum(1 for r in ratios if r is not None and math.isfinite(r))
+        over = [
+            i
+            for i, r in enumerate(ratios)
+            if r is not None and math.isfinite(r) and r >= far and not _from_zero(r)
+        ]
+        measured = sum(
+            1 for r in ratios if r is not None and math.isfinite(r) and not _from_zero(r)
+        )
         names = [history.info.layer(i) for i in over]  # one step: model order
         first = over[0]
         for i in over:  # the streaks of the band's rule start again after it
@@ -195,6 +202,14 @@ class UpdateRatio(Rule):
             severity=Severity.ERROR,
             layers=names,
         )
+
+
+def _from_zero(ratio: float) -> bool:
+    """A ratio of exactly 1: |w_before - w_after| is |w_after| to the last bit, so the
+    weights were all zero before this update (a zero-initialised layer, a LoRA ``B``):
+    it says nothing of the learning rate. (A rate far too high leaves the old weights
+    in the sum: 0.93 to 1.01, not 1 to six places.)"""
+    return abs(ratio - 1.0) < 1e-6
 
 
 #: Optimizers whose updates adapt to each weight's gradient history (their healthy
