@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from probes.kernel.diagnosis import Alert, Diagnoser, RunInfo, Thresholds
+from tests.frames import thinned_as_sent
 
 Record = dict[str, Any]
 LAYERS = ["wte", "h.0.attn", "h.0.mlp", "lm_head"]
@@ -230,6 +231,17 @@ def test_the_clip_count_holds_for_thinned_records() -> None:
     assert alert.evidence["clipped_steps"] >= 45
 
 
+def test_the_thinning_policy_sums_the_clip_counts() -> None:
+    """As a 3,000 steps/s run is sent: 50 steps a record, the counts summed (the spec)."""
+    sent = thinned_as_sent(clipped_run(300, [n % 4 != 0 for n in range(300)]), 50)
+    assert len(sent) < 10
+    assert sum(r.get("clip_steps", 0) for r in sent) == 300
+    assert sum(r.get("clip_active_steps", 0) for r in sent) == 225
+    assert Run(sent).kinds() == []  # 75% active: a near miss, at any speed
+    sent = thinned_as_sent(clipped_run(300, [True] * 300), 50)
+    assert Run(sent).kinds() == ["clip_always_active"]
+
+
 def test_near_miss_the_healthy_run_clips_now_and_then() -> None:
     """The healthy GPT: 36 of 251 steps clipped by a norm above max_norm."""
     rng = random.Random(1)
@@ -290,3 +302,66 @@ def test_near_miss_a_ratio_that_is_not_steady() -> None:
     curve = lambda n: 2.0 * 0.99**n + 0.3  # noqa: E731
     run = Run(train_and_val(250, curve, lambda n: curve(n) / ratios.get(n, 1.0)))
     assert "loss_reduction_mismatch" not in run.kinds()
+
+
+# --- the measured case, in a real loop: accumulation without dividing the loss ---------------
+
+
+def accumulating_run(collector: Any, divide: bool, steps: int = 60) -> list[Record]:
+    """Four micro-batches an update, the clip at 1.0, an evaluation every 15 steps; the
+    bug leaves each micro-batch's loss undivided (the update sees 4x the loss)."""
+    import torch
+    from torch import nn
+
+    from tests.collector import wait_for_bye, watch_unthinned
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    teacher = torch.randn(16, 4)
+    x, xv = torch.randn(4096, 16), torch.randn(512, 16)
+    y, yv = (x @ teacher).argmax(1), (xv @ teacher).argmax(1)
+    with watch_unthinned(model, optimizer, collector) as probe:
+        for i in range(steps):
+            with probe.step():
+                optimizer.zero_grad(set_to_none=True)
+                total = torch.zeros(())
+                for k in range(4):
+                    at = (i * 4 + k) * 16 % 4096
+                    loss = nn.functional.cross_entropy(model(x[at : at + 16]), y[at : at + 16])
+                    loss = loss / 4 if divide else loss
+                    loss.backward()
+                    total = total + loss.detach()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                probe.log(loss=total)
+            if i % 15 == 14:
+                with probe.evaluate():
+                    model.eval()
+                    with torch.inference_mode():
+                        probe.log(val_loss=nn.functional.cross_entropy(model(xv), yv))
+                    model.train()
+    wait_for_bye(collector)
+    return [f for f in collector.frames if f["kind"] in ("hello", "step", "eval")]
+
+
+def test_an_undivided_accumulated_loss_is_a_reduction_mismatch_the_clip_under_it(
+    collector: Any,
+) -> None:
+    frames = accumulating_run(collector, divide=False)
+    steps = [f for f in frames if f["kind"] == "step"]
+    assert sum(f.get("clip_active_steps", 0) for f in steps) >= 57  # of 60 clipped
+    run = Run([f for f in frames if f["kind"] != "hello"], RunInfo.from_hello(frames[0]))
+    # the reduction, seen at the third evaluation, explains the clip cutting every step
+    assert run.kinds() == ["loss_reduction_mismatch"]
+    _, alert = run.first("loss_reduction_mismatch")
+    assert alert.step == 45 and alert.evidence["train_over_val"] > 3
+    assert "clip_always_active@49" in run.folded()
+
+
+def test_near_miss_the_same_loop_dividing_the_loss(collector: Any) -> None:
+    frames = accumulating_run(collector, divide=True)
+    steps = [f for f in frames if f["kind"] == "step"]
+    assert sum(f.get("clip_steps", 0) for f in steps) == 60
+    run = Run([f for f in frames if f["kind"] != "hello"], RunInfo.from_hello(frames[0]))
+    assert run.kinds() == []
