@@ -219,16 +219,28 @@ def test_a_clip_active_on_every_step_is_a_signal_after_its_window() -> None:
     run = Run(clipped_run(251, [True] * 251))
     at, alert = run.first("clip_always_active")
     assert alert.severity == "warning"
-    assert 49 <= alert.step <= 55 and at <= 55
+    assert 199 <= alert.step <= 205 and at <= 205
     assert alert.evidence["fraction"] == 1.0
     assert run.kinds() == ["clip_always_active"]
+
+
+def test_a_clip_always_active_after_a_reduction_mismatch_folds_under_it() -> None:
+    records = clipped_run(240, [True] * 240)
+    curve = lambda n: 3.0 * 0.998**n + 0.5  # noqa: E731
+    for record in records:
+        record["scalars"] = {"loss": 4 * curve(record["step"])}
+    evals = [evaluation(n, curve(n)) for n in range(49, 240, 50)]
+    merged = sorted(records + evals, key=lambda r: (r["step"], r["kind"] == "eval"))
+    run = Run(merged)
+    assert run.kinds() == ["loss_reduction_mismatch"]
+    assert any(name.startswith("clip_always_active@") for name in run.folded())
 
 
 def test_the_clip_count_holds_for_thinned_records() -> None:
     run = Run(clipped_run(250, [True] * 50, span=5))
     _, alert = run.first("clip_always_active")
-    assert 49 <= alert.step <= 60
-    assert alert.evidence["clipped_steps"] >= 45
+    assert 199 <= alert.step <= 210
+    assert alert.evidence["clipped_steps"] >= 195
 
 
 def test_the_thinning_policy_sums_the_clip_counts() -> None:
@@ -253,7 +265,8 @@ def test_near_miss_active_on_nine_steps_in_ten() -> None:
 
 
 def test_near_miss_a_run_that_clips_for_fewer_steps_than_the_window() -> None:
-    assert Run(clipped_run(40, [True] * 40)).kinds() == []
+    """A healthy start can sit above max_norm for its first tens of steps."""
+    assert Run(clipped_run(180, [True] * 180)).kinds() == []
 
 
 # --- loss_reduction_mismatch: train a steady multiple of validation ---------------------------
@@ -345,18 +358,16 @@ def accumulating_run(collector: Any, divide: bool, steps: int = 60) -> list[Reco
     return [f for f in collector.frames if f["kind"] in ("hello", "step", "eval")]
 
 
-def test_an_undivided_accumulated_loss_is_a_reduction_mismatch_the_clip_under_it(
+def test_an_undivided_accumulated_loss_is_a_reduction_mismatch(
     collector: Any,
 ) -> None:
     frames = accumulating_run(collector, divide=False)
     steps = [f for f in frames if f["kind"] == "step"]
     assert sum(f.get("clip_active_steps", 0) for f in steps) >= 57  # of 60 clipped
     run = Run([f for f in frames if f["kind"] != "hello"], RunInfo.from_hello(frames[0]))
-    # the reduction, seen at the third evaluation, explains the clip cutting every step
-    assert run.kinds() == ["loss_reduction_mismatch"]
+    assert run.kinds() == ["loss_reduction_mismatch"]  # at the third evaluation
     _, alert = run.first("loss_reduction_mismatch")
     assert alert.step == 45 and alert.evidence["train_over_val"] > 3
-    assert "clip_always_active@49" in run.folded()
 
 
 def test_near_miss_the_same_loop_dividing_the_loss(collector: Any) -> None:

@@ -137,9 +137,12 @@ class Thresholds:
     diverged_steps: int = 3
     # clip_always_active: over the last clip_window steps (once the run has clipped for
     # that long, and at least clip_min_steps of them measured), the unclipped total
-    # above max_norm on this fraction of the clipped steps (a healthy GPT: 36 of 251).
-    clip_window: int = 50
-    clip_min_steps: int = 10
+    # above max_norm on this fraction of the clipped steps (a healthy char-GPT: 36 of
+    # 251; a loss not divided by its accumulation steps: 251 of 251). Long enough to
+    # outlast a healthy start: a tiny GPT-2 at the HF Trainer's defaults (clip 1.0) is
+    # above 1 on each of its first 50 steps.
+    clip_window: int = 200
+    clip_min_steps: int = 20
     clip_active_fraction: float = 0.95
     # loss_reduction_mismatch: the smoothed training loss this many times the validation
     # loss on reduction_evals evaluations in a row, steady within reduction_steadiness
