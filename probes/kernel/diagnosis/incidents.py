@@ -162,6 +162,8 @@ JOB_CONSEQUENCES: dict[str, frozenset[str]] = {
             K.VANISHING_GRADIENT,
             K.DEAD_ACTIVATIONS,
             K.SATURATED_ACTIVATIONS,
+            K.LOSS_DIVERGED,  # a bad shard's loss, far above where the run began
+            K.CLIP_ALWAYS_ACTIVE,
         }
     ),
     K.GRADS_NOT_SYNCED: frozenset({K.REPLICAS_DIVERGED, K.LOSS_SPIKE}),
