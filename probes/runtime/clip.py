@@ -24,6 +24,7 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
+from probes.runtime import amp
 from probes.runtime.lifecycle import OpenProbe, probes_watching
 
 #: torch's own function, captured before anything could replace it.
@@ -82,8 +83,10 @@ def _probes_watching_any(params: list[torch.Tensor]) -> list[OpenProbe]:
 
 def install() -> None:
     """Route ``torch.nn.utils.clip_grad_norm_`` through ``clip_grad_norm_`` (counted:
-    one ``install`` per open probe)."""
+    one ``install`` per open probe), and note GradScalers' scaling (``amp``): a clip
+    of gradients still scaled is what the probe must say first."""
     global _installed
+    amp.install()
     with _lock:
         _installed += 1
         if _installed == 1:
@@ -95,6 +98,7 @@ def uninstall() -> None:
     """Undo one ``install``; the last one puts torch's function back, unless someone
     replaced ours since (theirs is left alone)."""
     global _installed
+    amp.uninstall()
     with _lock:
         if _installed == 0:
             return

@@ -11,6 +11,7 @@ from torch import nn
 
 from probes.kernel.schema import HelloRecord
 from probes.runtime.evaluation import count_mode_sensitive
+from probes.runtime.hooks import unwrap_optimizer
 from probes.runtime.job import JobIdentity
 from probes.runtime.layers import LayerMap, count_parameters
 from probes.runtime.optimizers import optimizer_name
@@ -46,7 +47,9 @@ def hello_fields(
         "started": time.time(),
         "argv": sys.argv[:8],
         "model": type(module).__name__,
-        "optimizer": optimizer_name(optimizer),
+        # the real optimizer's class (an accelerate or Lightning wrapper's inner one):
+        # the monitor's update-ratio band depends on it (adaptive optimizers differ)
+        "optimizer": optimizer_name(unwrap_optimizer(optimizer)) if optimizer else None,
         "layers": list(layers.names),
         "param_counts": list(layers.param_counts),
         "trainable_params": count_parameters(model),

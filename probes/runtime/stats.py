@@ -49,6 +49,7 @@ class Measurement:
         "grad_present",
         "grads_read",
         "input_rms",
+        "grads_scaled",
         "late_scalars",
         "layer_map",
         "layer_values",
@@ -91,6 +92,8 @@ class Measurement:
         self.clip_norm_type = 2.0
         self.clip_total: float | None = None  # torch's total norm before the clip (CPU)
         self.input_rms: float | None = None  # the model's input scale, sampled steps (CPU)
+        # A GradScaler's scale still in the gradients when clipped or read (no unscale_)
+        self.grads_scaled: float | None = None
         # Did optimizer.step() run? None: no optimizer watched. False: AMP's GradScaler
         # skipped it (non-finite gradients), or the loop accumulates this step.
         self.optimizer_step: bool | None = None
@@ -178,7 +181,10 @@ class Measurement:
         if self.not_cleared:
             record["grads_not_cleared"] = True
         if self.clipped is not None:
-            record["clip"] = self._clip(values[at:])
+            clip = record["clip"] = self._clip(values[at:])
+            record["clip_steps"], record["clip_active_steps"] = _clip_counts(clip)
+        if self.grads_scaled is not None:
+            record["grads_scaled"] = self.grads_scaled
         if self.optimizer_step is False:
             record["optimizer_step"] = False
         if self.not_stepped:
@@ -199,7 +205,16 @@ class Measurement:
         gradient norms, their total and the scalars (their peaks), the durations, the
         update flags and the host-side per-layer values. Waits for the copy if needed."""
         grads, total, scalars = self._peak_values()
+        clip: dict[str, Any] = {}
+        if self.clipped is not None:
+            values = self._values()
+            at = self.grad_count + self.update_count + self.param_count
+            at += sum(1 for total in self.activation_totals if total)
+            clipped, active = _clip_counts(self._clip(values[at:]))
+            clip = {"clip_steps": clipped, "clip_active_steps": active}
         return {
+            **clip,
+            "grads_scaled": self.grads_scaled,
             "grad_norms": grads,
             "grad_norm_total": total,
             "scalars": scalars,
@@ -400,3 +415,12 @@ def to_host(
         event.record()
         return host, event
     return vector, None
+
+
+def _clip_counts(clip: ClipFields) -> tuple[int, int]:
+    """A clipped step's ``clip_steps`` and ``clip_active_steps`` (summed over a thinned
+    record's span): it clipped, and whether the unclipped total was above max_norm
+    (the clip changed the gradients)."""
+    total = clip["total_before"]
+    active = total is not None and not total <= clip["max_norm"]  # (NaN: above)
+    return 1, int(active)

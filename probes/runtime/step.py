@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from probes.runtime import amp
 from probes.runtime.anomaly import AnomalyStep, backward_op
 from probes.runtime.auto_anomaly import AutoAnomaly, ScopedCheck
 from probes.runtime.control import Control
@@ -391,6 +392,7 @@ class StepBoundary:
             return
         started = time.perf_counter()
         try:
+            self._note_scaled()
             trip = self._measurer.before_optimizer_step(guard=self._control.state.guard)
             if trip is not None:
                 self._guard_tripped(trip)
@@ -404,9 +406,17 @@ class StepBoundary:
             started = time.perf_counter()
             try:
                 self._measurer.clipping(max_norm, norm_type)
+                self._note_scaled()
             except Exception as exc:
                 self._fail(exc)
             self._probe_time += time.perf_counter() - started
+
+    def _note_scaled(self) -> None:
+        """The gradients read now still carry a GradScaler's scale (``probes.runtime.amp``:
+        clipped or stepped before ``scaler.unscale_``): the record says so."""
+        step = self._measurer.current
+        if step is not None and step.grads_scaled is None:
+            step.grads_scaled = amp.still_scaled(self._optimizer)
 
     def clipped(self, total_norm: torch.Tensor) -> None:
         """``probes.runtime.clip.clip_grad_norm_`` clipped: torch's total norm, unread."""

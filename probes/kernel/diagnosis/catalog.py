@@ -398,6 +398,66 @@ CATALOG: dict[AlertKind, Entry] = {
             "Fix what the message names, alone, and rerun the same steps.",
         ),
     ),
+    # --- the first steps and the run's own scale ------------------------------------------
+    AlertKind.LOSS_DIVERGED: Entry(
+        Rung.UPDATE,
+        (
+            "The loss jumped far above where the run began and stayed there: the "
+            "optimisation diverged (typically a learning rate far too high). Vanishing or "
+            "exploding gradients that follow are its consequences. It does not say whether "
+            "the rate, the initialisation or the data scale is at fault."
+        ),
+        (
+            "Lower the learning rate alone by 10x and rerun from the start.",
+            "Rerun with a short warmup from a small rate, nothing else changed.",
+            "Check the inputs and targets of the first batches for their scale.",
+        ),
+    ),
+    AlertKind.CLIP_ALWAYS_ACTIVE: Entry(
+        Rung.GRADIENT_PATH,
+        (
+            "The gradient clip cuts almost every step: the unclipped norm is above max_norm "
+            "nearly always, so the clip hides a persistent instability (or a loss larger "
+            "than it should be) rather than an occasional spike. It does not say which."
+        ),
+        (
+            "Log the unclipped norms (probes.clip_grad_norm_) with the clip removed for a "
+            "few hundred steps, nothing else changed.",
+            "Check the loss's reduction: summed where a mean is meant, or not divided by "
+            "the gradient accumulation steps.",
+            "Lower the learning rate alone and compare how often the clip is active.",
+        ),
+    ),
+    AlertKind.GRADS_STILL_SCALED: Entry(
+        Rung.GRADIENT_PATH,
+        (
+            "The gradients were clipped (or read) while a GradScaler still held them "
+            "multiplied by its loss scale: scaler.unscale_(optimizer) was not called first, "
+            "so max_norm is compared with scaled norms and the clip cuts every step. The "
+            "norms shown are the scale times the real ones, not an explosion."
+        ),
+        (
+            "Call scaler.unscale_(optimizer) after backward and before clip_grad_norm_; "
+            "nothing else.",
+            "Compare the total norm divided by scaler.get_scale() with a run without AMP.",
+            "Step through scaler.step(optimizer) and scaler.update(), not optimizer.step().",
+        ),
+    ),
+    AlertKind.LOSS_REDUCTION_MISMATCH: Entry(
+        Rung.EVALUATION,
+        (
+            "The training loss is a steady multiple of the validation loss on every "
+            "evaluation: the two are not computed like for like (a sum against a mean, a "
+            "loss not divided by the accumulation steps). It does not prove which one is off."
+        ),
+        (
+            "Compare the reductions: compute the validation loss with the training code's "
+            "loss on one batch (sum vs mean).",
+            "Under gradient accumulation, divide each micro-batch's loss by the "
+            "accumulation steps, nothing else.",
+            "Check that both losses are averaged over the same unit (tokens, examples, batches).",
+        ),
+    ),
 }
 
 # Probe alerts whose condition ends with the run's first measured step: the monitor

@@ -10,6 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from probes.kernel.diagnosis.alert import Alert, AlertChange
+from probes.kernel.diagnosis.clipping import ClipAlwaysActive, GradsStillScaled
+from probes.kernel.diagnosis.divergence import LossDiverged
 from probes.kernel.diagnosis.evaluation import EvalMode, OverfittingSignal
 from probes.kernel.diagnosis.gradient_path import (
     Activations,
@@ -28,6 +30,7 @@ from probes.kernel.diagnosis.incidents import (
 )
 from probes.kernel.diagnosis.overhead import ProbeOverhead
 from probes.kernel.diagnosis.precision import LrTooLowToUpdate
+from probes.kernel.diagnosis.reductions import LossReductionMismatch
 from probes.kernel.diagnosis.rule import Findings, Rule, respread
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.tiny_batch import FlatLoss
@@ -81,6 +84,10 @@ RULES: tuple[type[Rule], ...] = (
     EvalMode,
     OverfittingSignal,
     ProbeOverhead,
+    LossDiverged,
+    ClipAlwaysActive,
+    GradsStillScaled,
+    LossReductionMismatch,
 )
 
 

@@ -89,18 +89,20 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.OPTIMIZER_NOT_FOR_MODEL),
         Fold(K.PARAMS_NOT_IN_OPTIMIZER, overlap=True),
     ),
-    K.EXPLODING_GRADIENT: (Fold(K.GRAD_NOT_CLEARED),),
+    K.EXPLODING_GRADIENT: (Fold(K.GRAD_NOT_CLEARED), Fold(K.GRADS_STILL_SCALED)),
     K.NON_FINITE: (
         Fold(K.GRAD_NOT_CLEARED),
         # gradients that grew until they overflowed: the explosion came first (on the
         # same step, neither is known to be the other's cause: both stand)
         Fold(K.EXPLODING_GRADIENT, follows=True),
+        Fold(K.GRADS_STILL_SCALED, follows=True),  # an update on gradients still scaled
     ),
     K.VANISHING_GRADIENT: (
         Fold(K.DEAD_ACTIVATIONS, overlap=True),
         Fold(K.SATURATED_ACTIVATIONS),
         Fold(K.EXPLODING_GRADIENT),
         Fold(K.NON_FINITE),
+        Fold(K.LOSS_DIVERGED, follows=True),  # a loss that jumped and stayed: its consequence
     ),
     K.DEAD_ACTIVATIONS: (Fold(K.EXPLODING_GRADIENT), Fold(K.NON_FINITE)),
     K.SATURATED_ACTIVATIONS: (Fold(K.EXPLODING_GRADIENT), Fold(K.NON_FINITE)),
@@ -122,8 +124,14 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.MOSTLY_FROZEN, side="low"),
         Fold(K.NO_UPDATES),
         Fold(K.LR_TOO_LOW_TO_UPDATE, side="low"),
+        Fold(K.LOSS_DIVERGED, side="high"),  # (one incident for a rate far too high)
+        Fold(K.GRADS_STILL_SCALED),  # clipped while scaled, then unscaled: tiny updates
     ),
-    K.LOSS_SPIKE: (*(Fold(kind) for kind in _DAMAGE), Fold(K.SKIPPED_UPDATES)),
+    K.LOSS_SPIKE: (
+        *(Fold(kind) for kind in _DAMAGE),
+        Fold(K.SKIPPED_UPDATES),
+        Fold(K.LOSS_DIVERGED),
+    ),
     K.OVERFITTING_SIGNAL: (*(Fold(kind) for kind in _DAMAGE), Fold(K.EVAL_IN_TRAIN_MODE)),
     K.FLAT_LOSS: (
         *(Fold(kind) for kind in (*_DAMAGE, *_CONTRACT, *_FROZEN)),
@@ -133,6 +141,17 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.NONE_GRADIENTS),
         Fold(K.UPDATE_RATIO, side="low"),
         Fold(K.LR_TOO_LOW_TO_UPDATE),
+        Fold(K.LOSS_DIVERGED),
+        Fold(K.GRADS_STILL_SCALED),
+    ),
+    # (issue 18's first steps: a divergence after an explosion is the explosion's; the
+    # clip cutting every step follows from what makes the gradients large)
+    K.LOSS_DIVERGED: (*(Fold(kind) for kind in _DAMAGE), Fold(K.GRADS_STILL_SCALED)),
+    K.CLIP_ALWAYS_ACTIVE: (
+        *(Fold(kind) for kind in _DAMAGE),
+        Fold(K.LOSS_DIVERGED),
+        Fold(K.GRADS_STILL_SCALED),
+        Fold(K.LOSS_REDUCTION_MISMATCH),
     ),
     # SGD's tiny updates on vanishing gradients are that rule's: the rate may be fine
     K.LR_TOO_LOW_TO_UPDATE: (Fold(K.VANISHING_GRADIENT, within=True),),
@@ -148,6 +167,8 @@ WAIT_FOR_CAUSE = frozenset(
         K.VANISHING_GRADIENT,
         K.UPDATES_NOT_APPLIED,
         K.LR_TOO_LOW_TO_UPDATE,
+        K.LOSS_DIVERGED,
+        K.CLIP_ALWAYS_ACTIVE,
     }
 )
 
@@ -169,6 +190,8 @@ JOB_CONSEQUENCES: dict[str, frozenset[str]] = {
             K.VANISHING_GRADIENT,
             K.DEAD_ACTIVATIONS,
             K.SATURATED_ACTIVATIONS,
+            K.LOSS_DIVERGED,  # a bad shard's loss, far above where the run began
+            K.CLIP_ALWAYS_ACTIVE,
         }
     ),
     K.GRADS_NOT_SYNCED: frozenset({K.REPLICAS_DIVERGED, K.LOSS_SPIKE}),

@@ -129,6 +129,45 @@ class Thresholds:
     # median of the other ranks': that rank's shard stands apart (DDP ranks read shards
     # of one dataset: their input scales agree within noise).
     rank_input_factor: float = 4.0
+    # update_ratio, the learning rate far too high: on one sampled step, most measured
+    # layers' |dw|/|w| at or above this (updates as large as the weights: 0.93 to 0.99
+    # at 600x the usual rate) is an error at once, with no streak to wait for. Adaptive
+    # optimizers (the Adam family, Adadelta, Adagrad, RMSprop) make larger updates in
+    # healthy runs (Adadelta at its usual lr 1.0: 0.14; Adam's first steps move every
+    # weight by the rate itself): their band's top and far-too-high bound are higher.
+    update_far_too_high: float = 0.3
+    update_high_adaptive: float = 0.3
+    update_far_too_high_adaptive: float = 0.5
+    # exploding_gradient at the run's own scale: a run whose first record is already
+    # above exploding_norm, its loss at least its total norm (a loss summed over
+    # pixels), has its bound at this many times its first norms once its smoothed loss
+    # has fallen this fraction below where it began within exploding_start_steps (it
+    # trains at its scale: a VAE's summed loss halves in its first tens of steps); if
+    # not, the absolute bound holds again (raw-unit data, unscaled: an LSTM's mean
+    # loss of 1e5 under a clip fell 25% in 70 steps).
+    exploding_start_factor: float = 10.0
+    exploding_start_steps: int = 40
+    exploding_start_drop: float = 0.5
+    # loss_diverged: the loss at least this many times the run's first loss (before any
+    # update) on every step of diverged_steps in a row (a spike that returns is a spike).
+    diverged_factor: float = 4.0
+    diverged_steps: int = 3
+    # clip_always_active: over the last clip_window steps (once the run has clipped for
+    # that long, and at least clip_min_steps of them measured), the unclipped total
+    # above max_norm on this fraction of the clipped steps (a healthy char-GPT: 36 of
+    # 251; a loss not divided by its accumulation steps: 251 of 251). Long enough to
+    # outlast a healthy start: a tiny GPT-2 at the HF Trainer's defaults (clip 1.0) is
+    # above 1 on each of its first 50 steps.
+    clip_window: int = 200
+    clip_min_steps: int = 20
+    clip_active_fraction: float = 0.95
+    # loss_reduction_mismatch: the smoothed training loss this many times the validation
+    # loss on reduction_evals evaluations in a row, steady within reduction_steadiness
+    # (max over min of their ratios, less 1): a sum where the other is a mean, a loss not
+    # divided by the accumulation steps (dropout or augmentation: train ~1.1 to 1.5x).
+    reduction_factor: float = 2.0
+    reduction_evals: int = 3
+    reduction_steadiness: float = 0.25
 
     def with_overrides(self, **overrides: float) -> Thresholds:
         """A copy with some thresholds changed (unknown names raise ``TypeError``)."""

@@ -118,7 +118,13 @@ class UpdateRatio(Rule):
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.update_ratios is None:
             return None  # not a sampled step: no news
+        adaptive = is_adaptive(history.info.optimizer)
+        far = self.t.update_far_too_high_adaptive if adaptive else self.t.update_far_too_high
+        high = self.t.update_high_adaptive if adaptive else self.t.update_high
         finite = [r for r in view.update_ratios if r is not None and math.isfinite(r)]
+        judged = [r for r in finite if not _from_zero(r)]
+        if judged and 2 * sum(1 for r in judged if r >= far) > len(judged):
+            return [self._far_too_high(history, view, far, high)]
         low_counts = self._low_counts(view, finite) and not self._converged(history, view)
         found: dict[int, float] = {}
         for i, ratio in enumerate(view.update_ratios):
@@ -126,7 +132,7 @@ class UpdateRatio(Rule):
             if ratio is not None and math.isfinite(ratio):
                 side = (
                     "high"
-                    if ratio > self.t.update_high
+                    if ratio > high
                     else ("low" if ratio < self.t.update_low and low_counts else "")
                 )
             if not side or side != self._side.get(i, side):
@@ -159,12 +165,66 @@ class UpdateRatio(Rule):
                     "update_ratio": found[first],
                     "side": self._side[first],
                     "samples": self._samples[first],
-                    "band": f"{self.t.update_low:g}..{self.t.update_high:g}",
+                    "band": f"{self.t.update_low:g}..{high:g}",
                     **spread(ordered_range(names, history.info.layers)),
                 },
                 layers=names,
             )
         ]
+
+    def _far_too_high(self, history: RecentPast, view: StepView, far: float, high: float) -> Alert:
+        """Most layers' updates as large as their weights on one sampled step: the
+        learning rate is far too high, an error from this step on (no streak: the
+        first step can show it, and the loss is gone by the time a streak would be)."""
+        ratios = view.update_ratios or ()
+        over = [
+            i
+            for i, r in enumerate(ratios)
+            if r is not None and math.isfinite(r) and r >= far and not _from_zero(r)
+        ]
+        measured = sum(
+            1 for r in ratios if r is not None and math.isfinite(r) and not _from_zero(r)
+        )
+        names = [history.info.layer(i) for i in over]  # one step: model order
+        first = over[0]
+        for i in over:  # the streaks of the band's rule start again after it
+            self._samples.pop(i, None)
+            self._since.pop(i, None)
+            self._side.pop(i, None)
+        return self.alert(
+            view.step,
+            names[0],
+            {
+                "update_ratio": ratios[first],
+                "side": "high",
+                "samples": 1,
+                "band": f"{self.t.update_low:g}..{high:g}",
+                "far_too_high": f">={far:g} on {len(over)} of {measured} layers",
+                **spread(ordered_range(names, history.info.layers)),
+            },
+            severity=Severity.ERROR,
+            layers=names,
+        )
+
+
+def _from_zero(ratio: float) -> bool:
+    """A ratio of exactly 1: |w_before - w_after| is |w_after| to the last bit, so the
+    weights were all zero before this update (a zero-initialised layer, a LoRA ``B``):
+    it says nothing of the learning rate. (A rate far too high leaves the old weights
+    in the sum: 0.93 to 1.01, not 1 to six places.)"""
+    return abs(ratio - 1.0) < 1e-6
+
+
+#: Optimizers whose updates adapt to each weight's gradient history (their healthy
+#: update ratios sit higher): matched in the class name, lower case (``AdamW``,
+#: ``FusedAdam``, ``PagedAdamW8bit``, ``Adadelta``, ``RMSprop``, ...).
+ADAPTIVE_OPTIMIZERS = ("adam", "adadelta", "adagrad", "rmsprop", "adafactor", "lion", "lamb")
+
+
+def is_adaptive(optimizer: str | None) -> bool:
+    """Whether an optimizer's class name is one of the adaptive family's."""
+    name = (optimizer or "").lower()
+    return any(family in name for family in ADAPTIVE_OPTIMIZERS)
 
 
 class UpdatesNotApplied(Rule):

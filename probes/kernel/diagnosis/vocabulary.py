@@ -178,6 +178,11 @@ class AlertKind(StrEnum):
     LR_TOO_LOW_TO_UPDATE = "lr_too_low_to_update"
     # 2. shapes, values and the loss contract: torch's own warnings during a step
     TORCH_WARNING = "torch_warning"
+    # the first steps and the run's own scale (issue 18: rungs 4 to 6)
+    LOSS_DIVERGED = "loss_diverged"
+    CLIP_ALWAYS_ACTIVE = "clip_always_active"
+    GRADS_STILL_SCALED = "grads_still_scaled"
+    LOSS_REDUCTION_MISMATCH = "loss_reduction_mismatch"
 
     @property
     def label(self) -> str:

@@ -150,6 +150,11 @@ STEP_FIELDS = (
     _F("step_losses", _T.ANY, "a thinned record's [step, loss] of every step it stands for",
        merge=Merge.EACH, checked=False, view=None),
     _F("input_rms", _T.NUMBER, "RMS of the model's input (sampled steps)", checked=False),
+    _F("clip_steps", _T.INT, "steps that clipped (clip_grad_norm_)", merge=SUM, default=0),
+    _F("clip_active_steps", _T.INT, "... whose unclipped total was above max_norm", merge=SUM,
+       default=0),
+    _F("grads_scaled", _T.NUMBER, "a GradScaler's scale still in the grads when clipped or read",
+       merge=Merge.MAX),
 )
 # fmt: on
 

@@ -57,6 +57,7 @@ class RunInfo:
     control: Mapping[str, Any] = field(default_factory=dict)  # paused, guard, ... now
     # tied weights: a layer's name -> the other modules sharing one of its parameters
     tied: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    optimizer: str | None = None  # the optimizer's class name (None: none, or not said)
 
     @classmethod
     def from_hello(cls, hello: Record) -> RunInfo:
@@ -87,6 +88,7 @@ class RunInfo:
             param_counts=tuple(int(c) for c in hello.get("param_counts", [])),
             control=dict(hello.get("state") or {}),
             tied=_tied(hello.get("tied")),
+            optimizer=str(hello["optimizer"]) if hello.get("optimizer") else None,
         )
 
     def layer(self, index: int) -> str:
@@ -149,6 +151,9 @@ class StepView:
     dropped: int = 0  # records the probe's queue dropped so far
     none_grads: int = 0  # parameters without a gradient
     input_rms: float | None = None  # the model's input scale, on sampled steps
+    clip_steps: int = 0  # steps of the span that clipped (clip_grad_norm_)
+    clip_active_steps: int = 0  # ... whose unclipped total norm was above max_norm
+    grads_scaled: float | None = None  # a GradScaler's scale still in the gradients read
     # The spec's per-layer fields that have no attribute above, by name: a field added
     # to the spec is read here with no change to the view (see ``per_layer``).
     more_layers: Mapping[str, Sequence[float | None] | None] = field(default_factory=dict)
