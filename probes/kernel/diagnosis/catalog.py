@@ -12,21 +12,14 @@ carry their own message and fix; they are listed here for their rung.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from probes.kernel.diagnosis.catalog_ranks import JOB_ENTRIES
+from probes.kernel.diagnosis.entry import Entry
 from probes.kernel.diagnosis.vocabulary import AlertKind, Rung
+
+__all__ = ["CATALOG", "CHECK_RUNGS", "ENDED_BY_FIRST_STEP", "RUNGS", "Entry", "entry", "rung_of"]
 
 #: Each rung's name on the checklist, by number (``Rung`` carries it).
 RUNGS: dict[int, str] = {rung.value: rung.label for rung in Rung}
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One kind of alert, as the catalog describes it."""
-
-    rung: Rung
-    signal: str = ""
-    experiments: tuple[str, ...] = ()
 
 
 _DEAD = (
@@ -297,63 +290,7 @@ CATALOG: dict[AlertKind, Entry] = {
             "Check the validation split for shift or leakage against training (check_split).",
         ),
     ),
-    # --- across the ranks of a job (cross-rank checks in the monitor) ---------------------
-    AlertKind.RANK_OUTLIER: Entry(
-        Rung.DATA,
-        (
-            "One rank's numbers (its loss, a non-finite value, or the scale of its inputs) "
-            "stand far from every other rank's at the same step, while the others are fine: "
-            "that rank's data shard or its host is the first suspect. It does not prove which "
-            "of the two."
-        ),
-        (
-            "Inspect that rank's batch at this step (its shard, its data loader's worker).",
-            "Rerun with that rank's shard given to another rank (or another host) alone.",
-            "Check that host's hardware and drivers (memory errors, a different library).",
-        ),
-    ),
-    AlertKind.GRADS_NOT_SYNCED: Entry(
-        Rung.GRADIENT_PATH,
-        (
-            "Under DistributedDataParallel every rank must hold the same gradient after the "
-            "all-reduce; here the ranks disagree at the same step, so some backward skipped "
-            "the all-reduce (a forward through the inner module, no_sync left on). It does "
-            "not say which rank is right."
-        ),
-        (
-            "Call the DDP-wrapped model in every forward, never model.module, outside "
-            "deliberate no_sync() accumulation.",
-            "Check that no_sync() is exited before the backward that must synchronise.",
-            "Compare the ranks' gradient norms at one step with find_unused_parameters on.",
-        ),
-    ),
-    AlertKind.REPLICAS_DIVERGED: Entry(
-        Rung.UPDATE,
-        (
-            "The ranks' copies of the model no longer agree at the same step: they trained "
-            "apart (unsynchronised gradients, different learning rates, a rank that skipped "
-            "an update). Every rank's own loss may still look fine. It does not say which "
-            "copy is right."
-        ),
-        (
-            "Find the step where they parted (grads_not_synced names it, if the gradients "
-            "did) and the code path taken there.",
-            "Check that every rank builds the same optimizer and scheduler and steps both.",
-            "Broadcast rank 0's weights (or restart from a checkpoint) and watch them stay equal.",
-        ),
-    ),
-    AlertKind.RANK_STALLED: Entry(
-        Rung.PROBE,
-        (
-            "One rank stopped sending (it died, or hangs) while the others went on or now "
-            "wait for it in a collective. It says which rank went quiet first, not why."
-        ),
-        (
-            "Look at that rank's process: its exit status, its last output, py-spy dump.",
-            "Check its host (memory, disk, network) and the collective timeout in effect.",
-            "Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL to see which collective waits.",
-        ),
-    ),
+    **JOB_ENTRIES,  # across the ranks of a job (catalog_ranks.py)
     # --- 7. the probe ---------------------------------------------------------------------------
     AlertKind.PROBE_OVERHEAD: Entry(
         Rung.PROBE,
