@@ -11,7 +11,6 @@ from torch import nn
 
 from probes.kernel.schema import HelloRecord
 from probes.runtime.evaluation import count_mode_sensitive
-from probes.runtime.hooks import unwrap_optimizer
 from probes.runtime.job import JobIdentity
 from probes.runtime.layers import LayerMap, count_parameters
 from probes.runtime.optimizers import optimizer_name
@@ -47,9 +46,7 @@ def hello_fields(
         "started": time.time(),
         "argv": sys.argv[:8],
         "model": type(module).__name__,
-        # the real optimizer's class (an accelerate or Lightning wrapper's inner one):
-        # the monitor's update-ratio band depends on it (adaptive optimizers differ)
-        "optimizer": optimizer_name(unwrap_optimizer(optimizer)) if optimizer else None,
+        "optimizer": optimizer_name(optimizer),
         "layers": list(layers.names),
         "param_counts": list(layers.param_counts),
         "trainable_params": count_parameters(model),

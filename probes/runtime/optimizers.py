@@ -109,7 +109,9 @@ def optimizer_name(optimizer: torch.optim.Optimizer | None) -> str | None:
     if isinstance(optimizer, OptimizerSet):
         names = list(dict.fromkeys(type(o).__name__ for o in optimizer.optimizers))
         return "+".join(names)
-    return type(optimizer).__name__
+    # the real optimizer's class (an accelerate or Lightning wrapper's inner one): the
+    # monitor's update-ratio band depends on it (adaptive optimizers differ)
+    return type(unwrap_optimizer(optimizer)).__name__
 
 
 class PerOptimizerReads:
