@@ -55,6 +55,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,13 +123,16 @@ class Outcome:
 
 
 def slowed(probe: Any, delay: float) -> Any:
-    """The probe, its ``step()`` first sleeping ``delay`` seconds: a slower loop."""
+    """The probe, each ``with probe.step():`` lasting ``delay`` seconds longer: a
+    slower loop (as a bigger model's step would be, the time inside the step)."""
     if delay:
         original = probe.step
 
-        def slow_step(*args: Any, **kwargs: Any) -> Any:
-            time.sleep(delay)
-            return original(*args, **kwargs)
+        @contextlib.contextmanager
+        def slow_step(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            with original(*args, **kwargs) as step:
+                time.sleep(delay)
+                yield step
 
         probe.step = slow_step
     return probe
@@ -207,14 +211,21 @@ class Verdict:
     lines: int  # ALERT lines of the buggy run
     alarms: int  # ALERT lines of the twin: false alarms
     root_first: bool | None  # the run's first alert is the root cause; None: none raised
+    raised: tuple[tuple[str, str], ...] = ()  # every alert (kind, subject), in order
+    first_step: int | None = None  # the step of the run's first alert
 
     def same(self, other: Verdict) -> bool:
-        """The same diagnosis: kind raised or not, subject, first step within 2."""
-        if self.named != other.named:
+        """The same diagnosis: the same alerts (kind and subject, in order), the expected
+        one's step and the first alert's step within 2."""
+        if self.named != other.named or self.raised != other.raised:
             return False
-        if self.step is None or other.step is None:
-            return self.step is other.step
-        return abs(self.step - other.step) <= 2
+        return _close(self.step, other.step) and _close(self.first_step, other.first_step)
+
+
+def _close(a: int | None, b: int | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return abs(a - b) <= 2
 
 
 @dataclass
@@ -226,14 +237,19 @@ class Row:
         bug, twin = self.results[mode]
         case = self.case
         first = bug.alerts[0] if bug.alerts else None
+        raised = tuple((a.kind, a.subject or "") for a in bug.alerts)
+        first_step = None if first is None else first.step
         if not case.expect:  # a near miss: the bug run must stay silent too
+            named = "-" if first is None else ":".join(filter(None, raised[0]))
             return Verdict(
                 first is None,
-                "-" if first is None else f"{first.kind}:{first.subject or ''}",
-                None if first is None else first.step,
+                named,
+                first_step,
                 len(bug.lines),
                 len(twin.lines),
                 None,
+                raised,
+                first_step,
             )
         alert = bug.first(case.expect)
         named = "-" if alert is None else (alert.subject or "")
@@ -249,6 +265,8 @@ class Row:
             len(bug.lines),
             len(twin.lines),
             root_first,
+            raised,
+            first_step,
         )
 
 
@@ -269,12 +287,18 @@ def _first(verdict: Verdict) -> str:
 
 
 def _compared(verdict: Verdict, reference: Verdict, ran: bool) -> str:
+    """ "same", or what differs from the slowed-down run: the expected kind's verdict and
+    step, the kinds raised only here (+) and only there (-)."""
     if not ran:
         return "-"
     if verdict.same(reference):
         return "same"
+    here = [kind for kind, _ in verdict.raised]
+    there = [kind for kind, _ in reference.raised]
     step = "-" if verdict.step is None else str(verdict.step)
-    return f"{_mark(verdict)} @{step}, {verdict.lines}"
+    cell = f"{_mark(verdict)} @{step}, first @{verdict.first_step}"
+    cell += "".join(f" +{kind}" for kind in here if kind not in there)
+    return cell + "".join(f" -{kind}" for kind in there if kind not in here)
 
 
 def table(rows: list[Row]) -> str:
@@ -335,9 +359,11 @@ def summary(rows: list[Row], ref: str, others: list[str]) -> list[str]:
         ran = [row for row in rows if row.results[mode][0].frames]
         same = sum(row.verdict(mode).same(row.verdict(ref)) for row in ran)
         hits_there = sum(row.verdict(mode).hit for row in ran)
+        alarms_there = sum(row.verdict(mode).alarms for row in ran)
         out.append(
             f"- the same at {mode} ({MODES[mode]}): {share(same, len(ran))}; right kind and "
-            f"layer there {share(hits_there, len(ran))} (target 100%)"
+            f"layer there {share(hits_there, len(ran))}; false alarms there {alarms_there} "
+            "(targets 100%, 100%, 0)"
         )
     placeholders = [r for r in rows if r.case.expect in PLACEHOLDER_KINDS]
     if placeholders:
