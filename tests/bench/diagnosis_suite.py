@@ -25,7 +25,7 @@ time-sequence example, an ``nn.TransformerEncoder``). What each must raise is da
 (with the kinds still to be merged named in ``PLACEHOLDER_KINDS``).
 
 Each case trains its buggy loop and its healthy twin in several modes: ``slow`` (a
-sleep per step, so each step is sent as its own record, as a run at under 60 steps/s
+sleep inside each step, so each step is sent as its own record, as a run at under 60 steps/s
 is), ``full`` (full speed with the probe's default thinning: 60 records a second, each
 standing for several steps), ``every`` (every step its own record by option, with no
 sleep: the slowed-down run's records, cheaply), and ``x50``, the slowed-down run's
@@ -216,8 +216,10 @@ class Verdict:
 
     def same(self, other: Verdict) -> bool:
         """The same diagnosis: the same alerts (kind and subject, in order), the expected
-        one's step and the first alert's step within 2."""
+        one's step and the first alert's step within 2, the twin as many ALERT lines."""
         if self.named != other.named or self.raised != other.raised:
+            return False
+        if self.alarms != other.alarms:
             return False
         return _close(self.step, other.step) and _close(self.first_step, other.first_step)
 
@@ -298,7 +300,8 @@ def _compared(verdict: Verdict, reference: Verdict, ran: bool) -> str:
     step = "-" if verdict.step is None else str(verdict.step)
     cell = f"{_mark(verdict)} @{step}, first @{verdict.first_step}"
     cell += "".join(f" +{kind}" for kind in here if kind not in there)
-    return cell + "".join(f" -{kind}" for kind in there if kind not in here)
+    cell += "".join(f" -{kind}" for kind in there if kind not in here)
+    return cell + (f", twin {verdict.alarms}" if verdict.alarms != reference.alarms else "")
 
 
 def table(rows: list[Row]) -> str:
