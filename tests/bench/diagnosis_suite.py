@@ -561,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="the matrix only, every instead of slow (no sleeping): about a minute",
+        help="the matrix only, every instead of slow (no sleeping): 1.5 min here",
     )
     parser.add_argument("--list", action="store_true", help="name the cases and stop")
     parser.add_argument("--train", help="run one case as a training script")
