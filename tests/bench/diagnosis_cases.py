@@ -38,6 +38,7 @@ class Case:
     subject: str  # the first failing layer it must name ("" for the run)
     steps: int
     run: Callable[[bool, Watch, int], None]
+    shape: str = "plain"  # the loop's shape (tests/bench/loop_shapes.py)
 
 
 def train(
@@ -568,3 +569,79 @@ CASES: list[Case] = [
         eval_with_grad,
     ),
 ]
+
+
+# --- the matrix's expectations ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a matrix case must raise: its kind and first layer (or subject; "" for the
+    run). ``kind`` "" means the bug run must raise nothing (a near miss)."""
+
+    kind: str
+    subject: str
+
+
+# Kinds main does not have yet: other helpers of issue 18 add them; the names here are
+# the bench's guesses, for the lead to set once they are merged.
+PLACEHOLDER_KINDS = {
+    "loss_diverged": "a loss that jumps and stays high (item 2)",
+    "grad_scaled_clip": "gradients clipped while still scaled by a GradScaler (item 3)",
+    "lr_too_low": "an LR so low that updates no longer change the weights (item 7)",
+    "torch_warning": "torch's own warning raised during a step (item 8)",
+    "loss_reduction_mismatch": "train and validation losses a steady factor apart (item 2)",
+    "clip_always_active": "the clip active on nearly every step (item 2)",
+}
+
+# case (bug/shape) -> expectation, from how each bug is built. A subject written as a
+# layer ("fc1") also matches a field on that layer ("grad_norm[fc1]").
+EXPECTED: dict[str, Expect] = {
+    # a forgotten zero_grad, on every shape: the gradients of earlier updates add up
+    "missing-zero-grad/plain": Expect("grad_not_cleared", ""),
+    "missing-zero-grad/accum": Expect("grad_not_cleared", ""),
+    "missing-zero-grad/closure": Expect("grad_not_cleared", ""),
+    "missing-zero-grad/by-hand": Expect("grad_not_cleared", ""),
+    "missing-zero-grad/amp": Expect("grad_not_cleared", ""),
+    "missing-zero-grad/compile": Expect("grad_not_cleared", ""),
+    # lr 600x: update/weight ratios near 1 on most layers from step 0; the first layer in
+    # model order is named
+    "lr-600x/plain": Expect("update_ratio", "transformer.wte"),
+    "lr-600x/accum": Expect("update_ratio", "transformer.wte"),
+    "lr-600x/closure": Expect("update_ratio", "lstm1"),
+    "lr-600x/by-hand": Expect("update_ratio", "encoder"),
+    "lr-600x/amp": Expect("update_ratio", "transformer.wte"),
+    # AdamW at lr 20 on the LSTM: the loss jumps and stays high
+    "diverged-adamw-lr20/plain": Expect("loss_diverged", ""),
+    "diverged-adamw-lr20/accum": Expect("loss_diverged", ""),
+    # clip_grad_norm_ before scaler.unscale_: the clip sees scaled gradients
+    "clip-before-unscale/amp": Expect("grad_scaled_clip", ""),
+    # accumulation without dividing the loss: train k x val, the clip always active
+    "accum-loss-not-divided/accum": Expect("loss_reduction_mismatch", ""),
+    "accum-loss-not-divided-no-val/accum": Expect("clip_always_active", ""),
+    # NaN born in backward (masked sqrt): the layer nearest the producer, first in
+    # backward order (the masked op sits on that layer's output)
+    "nan-in-backward/plain": Expect("non_finite", "fc1"),
+    "nan-in-backward/accum": Expect("non_finite", "transformer.h.1.mlp.c_fc"),
+    "nan-in-backward/by-hand": Expect("non_finite", "rnn"),
+    # fp16 forward overflow in the middle of a residual stack: the producer named
+    "forward-overflow/amp": Expect("non_finite", "blocks.4"),
+    # evaluation without model.eval() on a model with dropout
+    "eval-without-eval/plain": Expect("eval_in_train_mode", ""),
+    "eval-without-eval/by-hand": Expect("eval_in_train_mode", ""),
+    "eval-without-eval/closure": Expect("eval_in_train_mode", ""),
+    "eval-without-eval-lstm-dropout/plain": Expect("eval_in_train_mode", ""),
+    # ... and on one where model.eval() changes nothing (the example's own loop): silent
+    "eval-without-eval-no-dropout/closure": Expect("", ""),
+    # F.dropout(h, p) in forward: on in evaluation after model.eval()
+    "functional-dropout-in-eval/plain": Expect("eval_in_train_mode", ""),
+    # a backbone frozen at the start, unfrozen later, never added to the optimizer
+    "unfrozen-not-in-optimizer/plain": Expect("params_not_in_optimizer", "embed"),
+    "unfrozen-not-in-optimizer/accum": Expect("params_not_in_optimizer", "embed"),
+    # a per-epoch schedule stepped per batch: the LR reaches 1e-13
+    "per-batch-steplr/plain": Expect("lr_too_low", ""),
+    "per-batch-steplr/by-hand": Expect("lr_too_low", ""),
+    # mse_loss of [B, 1] outputs against [B] targets (torch warns), no pre-check
+    "mse-broadcast-unchecked/plain": Expect("torch_warning", ""),
+    "mse-broadcast-unchecked/closure": Expect("torch_warning", ""),
+}
