@@ -585,14 +585,7 @@ class Expect:
 
 # Kinds main does not have yet: other helpers of issue 18 add them; the names here are
 # the bench's guesses, for the lead to set once they are merged.
-PLACEHOLDER_KINDS = {
-    "loss_diverged": "a loss that jumps and stays high (item 2)",
-    "grad_scaled_clip": "gradients clipped while still scaled by a GradScaler (item 3)",
-    "lr_too_low": "an LR so low that updates no longer change the weights (item 7)",
-    "torch_warning": "torch's own warning raised during a step (item 8)",
-    "loss_reduction_mismatch": "train and validation losses a steady factor apart (item 2)",
-    "clip_always_active": "the clip active on nearly every step (item 2)",
-}
+PLACEHOLDER_KINDS: dict[str, str] = {}  # every expected kind exists now
 
 # case (bug/shape) -> expectation, from how each bug is built. A subject written as a
 # layer ("fc1") also matches a field on that layer ("grad_norm[fc1]").
@@ -615,7 +608,7 @@ EXPECTED: dict[str, Expect] = {
     "diverged-adamw-lr20/plain": Expect("loss_diverged", ""),
     "diverged-adamw-lr20/accum": Expect("loss_diverged", ""),
     # clip_grad_norm_ before scaler.unscale_: the clip sees scaled gradients
-    "clip-before-unscale/amp": Expect("grad_scaled_clip", ""),
+    "clip-before-unscale/amp": Expect("grads_still_scaled", ""),
     # accumulation without dividing the loss: train k x val, the clip always active
     "accum-loss-not-divided/accum": Expect("loss_reduction_mismatch", ""),
     "accum-loss-not-divided-no-val/accum": Expect("clip_always_active", ""),
@@ -639,9 +632,9 @@ EXPECTED: dict[str, Expect] = {
     "unfrozen-not-in-optimizer/plain": Expect("params_not_in_optimizer", "embed"),
     "unfrozen-not-in-optimizer/accum": Expect("params_not_in_optimizer", "embed"),
     # a per-epoch schedule stepped per batch: the LR reaches 1e-13
-    "per-batch-steplr/plain": Expect("lr_too_low", ""),
-    "per-batch-steplr/by-hand": Expect("lr_too_low", ""),
+    "per-batch-steplr/plain": Expect("lr_too_low_to_update", ""),
+    "per-batch-steplr/by-hand": Expect("lr_too_low_to_update", ""),
     # mse_loss of [B, 1] outputs against [B] targets (torch warns), no pre-check
-    "mse-broadcast-unchecked/plain": Expect("torch_warning", ""),
-    "mse-broadcast-unchecked/closure": Expect("torch_warning", ""),
+    "mse-broadcast-unchecked/plain": Expect("broadcast_in_loss", "loss"),
+    "mse-broadcast-unchecked/closure": Expect("broadcast_in_loss", "loss"),
 }
