@@ -156,6 +156,7 @@ def run(case: Case, *, twin: bool, mode: str, steps: int | None = None) -> Outco
         return slowed(probe, delay)
 
     torch.manual_seed(0)
+    forget_shown_warnings()
     started = time.perf_counter()
     try:
         case.run(twin, watch, steps or case.steps)
@@ -168,6 +169,15 @@ def run(case: Case, *, twin: bool, mode: str, steps: int | None = None) -> Outco
     finally:
         collector.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def forget_shown_warnings() -> None:
+    """Each case is a fresh script: Python shows a warning once per place (its
+    ``__warningregistry__``), and the cases share their places (the same loss line)."""
+    for module in list(sys.modules.values()):
+        registry = getattr(module, "__warningregistry__", None)
+        if isinstance(registry, dict):
+            registry.clear()
 
 
 def thinned(outcome: Outcome, factor: int = THINNED) -> Outcome:

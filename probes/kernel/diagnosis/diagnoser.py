@@ -23,10 +23,10 @@ from probes.kernel.diagnosis.incidents import (
     EVENTS,
     HELD,
     STICKY,
-    WAIT_FOR_CAUSE,
     cause_for,
     depth,
     folded_name,
+    waits_for_cause,
 )
 from probes.kernel.diagnosis.overhead import ProbeOverhead
 from probes.kernel.diagnosis.precision import LrTooLowToUpdate
@@ -255,7 +255,7 @@ class Diagnoser:
             waiting = self._pending.get(key)
             if (
                 waiting is None
-                and alert.kind in WAIT_FOR_CAUSE
+                and waits_for_cause(alert)
                 and (self.thresholds.consequence_grace_steps > 0)
             ):
                 self._pending[key] = alert

@@ -24,14 +24,16 @@ from probes.kernel.diagnosis.vocabulary import AlertKind as K
 class Fold:
     """``cause`` explains the consequence (when they share a layer, with ``overlap``;
     when most layers of the consequence are the cause's, with ``within``; for update
-    ratios, only on ``side``; with ``follows``, only when the cause was found at an
-    earlier step: the root cause first in time, whatever the rungs say)."""
+    ratios, only on ``side``, or only under a cause on ``cause_side``; with ``follows``,
+    only when the cause was found at an earlier step: the root cause first in time,
+    whatever the rungs say)."""
 
     cause: str
     overlap: bool = False
     side: str = ""
     within: bool = False
     follows: bool = False
+    cause_side: str = ""
 
 
 # Causes that leave the run damaged: their consequences fold under them for the rest of
@@ -89,7 +91,13 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.OPTIMIZER_NOT_FOR_MODEL),
         Fold(K.PARAMS_NOT_IN_OPTIMIZER, overlap=True),
     ),
-    K.EXPLODING_GRADIENT: (Fold(K.GRAD_NOT_CLEARED), Fold(K.GRADS_STILL_SCALED)),
+    K.EXPLODING_GRADIENT: (
+        Fold(K.GRAD_NOT_CLEARED),
+        Fold(K.GRADS_STILL_SCALED),
+        # updates as large as the weights at an earlier step: the learning rate is the
+        # cause, the gradients grew from the weights it threw about
+        Fold(K.UPDATE_RATIO, cause_side="high", follows=True),
+    ),
     K.NON_FINITE: (
         Fold(K.GRAD_NOT_CLEARED),
         # gradients that grew until they overflowed: the explosion came first (on the
@@ -113,7 +121,9 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.VANISHING_GRADIENT, overlap=True),
     ),
     K.UPDATE_RATIO: (
-        *(Fold(kind) for kind in _DAMAGE),
+        Fold(K.EXPLODING_GRADIENT, follows=True),  # (a rate far too high comes first)
+        Fold(K.NON_FINITE),
+        Fold(K.GRAD_NOT_CLEARED),
         Fold(K.VANISHING_GRADIENT, within=True, side="low"),
         Fold(K.DEAD_ACTIVATIONS, side="low"),
         Fold(K.SATURATED_ACTIVATIONS, side="low"),
@@ -124,7 +134,7 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.MOSTLY_FROZEN, side="low"),
         Fold(K.NO_UPDATES),
         Fold(K.LR_TOO_LOW_TO_UPDATE, side="low"),
-        Fold(K.LOSS_DIVERGED, side="high"),  # (one incident for a rate far too high)
+        Fold(K.LOSS_DIVERGED, side="high", follows=True),  # (one incident for a rate far too high)
         Fold(K.GRADS_STILL_SCALED),  # clipped while scaled, then unscaled: tiny updates
     ),
     K.LOSS_SPIKE: (
@@ -146,7 +156,11 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
     ),
     # (issue 18's first steps: a divergence after an explosion is the explosion's; the
     # clip cutting every step follows from what makes the gradients large)
-    K.LOSS_DIVERGED: (*(Fold(kind) for kind in _DAMAGE), Fold(K.GRADS_STILL_SCALED)),
+    K.LOSS_DIVERGED: (
+        *(Fold(kind) for kind in _DAMAGE),
+        Fold(K.GRADS_STILL_SCALED),
+        Fold(K.UPDATE_RATIO, cause_side="high", follows=True),
+    ),
     K.CLIP_ALWAYS_ACTIVE: (
         *(Fold(kind) for kind in _DAMAGE),
         Fold(K.LOSS_DIVERGED),
@@ -199,12 +213,21 @@ JOB_CONSEQUENCES: dict[str, frozenset[str]] = {
 }
 
 
+def waits_for_cause(alert: Alert) -> bool:
+    """Does ``alert`` wait ``consequence_grace_steps`` for a cause? Not update ratios far
+    too high: seen on the first sampled step, there is nothing before them to wait for,
+    and what follows (the explosion, the divergence) is theirs."""
+    return alert.kind in WAIT_FOR_CAUSE and "far_too_high" not in alert.evidence
+
+
 @cache
 def depth(kind: str) -> int:
     """How far down a chain of causes a kind can sit (0: never a consequence). Alerts
     found on the same record are settled causes first."""
-    folds = CONSEQUENCES.get(kind, ())
-    return 1 + max((depth(f.cause) for f in folds if f.cause != kind), default=-1)
+    # (a fold in time never joins two alerts first seen at one step: left out, it lets
+    # two kinds each explain the other, whichever came first)
+    folds = [f for f in CONSEQUENCES.get(kind, ()) if not f.follows and f.cause != kind]
+    return 1 + max((depth(f.cause) for f in folds), default=-1)
 
 
 def cause_for(alert: Alert, causes: Mapping[str, Alert]) -> Alert | None:
@@ -214,6 +237,8 @@ def cause_for(alert: Alert, causes: Mapping[str, Alert]) -> Alert | None:
         if cause is None:
             continue
         if fold.side and alert.evidence.get("side") != fold.side:
+            continue
+        if fold.cause_side and cause.evidence.get("side") != fold.cause_side:
             continue
         if fold.overlap and not set(alert.layers) & set(cause.layers):
             continue
