@@ -191,6 +191,9 @@ def test_on_a_sampled_step_the_first_module_out_of_range_is_named_at_once(
     # out-of-range value the hooks counted, forward order; the last layer before it, 0
     assert entry.alert.evidence["first_non_finite_output"] == "3(input)"
     assert entry.alert.evidence["fed_by"] == "0"
+    # the loss went bad downstream: the first failing layer is the subject, the loss
+    # the field it showed in
+    assert entry.alert.subject == "0" and entry.alert.evidence["field"] == "loss"
 
 
 def test_near_miss_a_finite_sampled_step_names_no_module() -> None:

@@ -52,6 +52,11 @@ class NonFinite(Rule):
             if order:
                 evidence["order"] = order[0]
             evidence.update(self._first_output)
+            fed_by = self._first_output.get("fed_by")
+            if fed_by is not None and "[" not in field_name:  # a scalar (the loss) went
+                # bad downstream of the first failing layer, seen forward: the subject
+                evidence["field"] = field_name
+                field_name = fed_by
             self._first = self.alert(step, field_name, evidence)
         return [self._first]
 
@@ -104,8 +109,8 @@ def _first_non_finite_output(view: StepView, info: RunInfo) -> dict[str, Any]:
     """On a sampled step (activation hooks attached), the first value they count in
     forward order (an activation module's output, a layer's input) that was non-finite
     (its fraction NaN), and the last layer before it: where the value went bad, named
-    at once (in the evidence: the first failing field stays the subject). Empty when
-    none."""
+    at once: where the first failing field is a scalar (the loss), that layer is the
+    alert's subject (the field goes in the evidence as ``field``). Empty when none."""
     for i, number in enumerate(view.activations or ()):
         if _non_finite(number) and i < len(info.activations):
             found = {"first_non_finite_output": info.activations[i][0]}
