@@ -114,6 +114,20 @@ def wait_connected(probe: Any) -> None:
     assert probe.sender.connected.wait(10), "the probe never connected"
 
 
+def diagnosed(frames: list[Frame]) -> Any:
+    """The monitor's diagnoser after these frames' step and eval records (its
+    ``incidents`` hold what folded under each alert)."""
+    from probes.kernel.diagnosis import Diagnoser, RunInfo
+
+    hello = next(f for f in frames if f["kind"] == "hello")
+    diagnoser = Diagnoser(RunInfo.from_hello(hello))
+    for frame in frames:
+        if frame["kind"] in ("step", "eval"):
+            diagnoser.observe(frame)
+    diagnoser.finish()
+    return diagnoser
+
+
 def raised_alerts(frames: list[Frame]) -> list[Any]:
     """The alerts a monitor would raise on these frames: the diagnosis rules over the
     step and eval records, and the alerts the probe sent itself (the guard's)."""

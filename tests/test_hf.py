@@ -17,6 +17,7 @@ from probes.runtime.layers import map_layers
 from tests.collector import (
     Frame,
     FrameCollector,
+    diagnosed,
     raised_alerts,
     wait_for_bye,
 )
@@ -191,9 +192,14 @@ def test_sgd_at_lr_50_is_caught_exploding_despite_clipping(
     train(tmp_path, collector, optim="sgd", learning_rate=50.0, max_steps=8)
     frames = list(collector.frames)
     layers = kinds(frames, "hello")[0]["layers"]
-    exploding = [a for a in raised_alerts(frames) if a.kind == "exploding_gradient"]
-    assert exploding, "no exploding_gradient under the Trainer's default clipping"
-    assert exploding[0].step <= 4 and exploding[0].subject in layers
+    # The rate far too high is seen at its first sample (updates as large as the
+    # weights) and is the root cause: the explosion the Trainer's clipping hid
+    # follows it, folded.
+    first = raised_alerts(frames)[0]
+    assert first.kind == "update_ratio" and "far_too_high" in first.evidence, first.line()
+    assert first.severity == "error" and first.step == 0 and first.subject in layers
+    folded = diagnosed(frames).incidents[first.key].folded
+    assert any(name.startswith("exploding_gradient@") for name in folded), folded
     steps = kinds(frames, "step")
     # What clipping hid: the update saw norm 1, the gradients had far more.
     assert max(s["clip"]["total_before"] for s in steps) > 20 * steps[0]["clip"]["max_norm"]

@@ -268,7 +268,9 @@ def test_thinned_measurements_carry_their_peaks_and_raise_the_same_alerts(socket
     for frame in merged:
         assert {"grad_norms_max", "scalars_max", "scalars_min", "duration"} <= set(frame)
     expected = diagnosed(unthinned)
-    assert expected and expected[0][0] == "exploding_gradient"
+    # SGD at 0.3 on targets of scale 50: updates as large as the weights at step 0 (the
+    # rate far too high, the root cause: the explosion after it folds under it)
+    assert expected and expected[0][0] == "update_ratio"
     got = diagnosed(thinned)
     assert [(k, s) for k, s, _ in got] == [(k, s) for k, s, _ in expected]
     assert all(0 <= a[2] - b[2] <= 2 for a, b in zip(got, expected, strict=True))
