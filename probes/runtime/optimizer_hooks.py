@@ -8,6 +8,11 @@ notes the gradients the update used (``probes.runtime.clearing``: the next backw
 must find them cleared). The measurer adds a post-hook of
 its own on the steps that measure the update (``add_post_hook``): registered then, so it
 runs after any hook the training code added meanwhile, as it always has.
+
+A hook of ours is never removed while torch runs the optimizer's hooks: removing one
+there (the probe switched off by an error inside a hook) would change the dictionary
+torch iterates, and raise into ``optimizer.step()``. It is made inert in place instead,
+and removed at the next removal outside the hooks (the probe's close).
 """
 
 from __future__ import annotations
@@ -25,6 +30,20 @@ from probes.runtime.structure import UpdateCheck
 
 PreHook = Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[Any, Any] | None]
 PostHook = Callable[[Any, Any, Any], None]
+
+
+def _inert(*args: Any) -> None:
+    """A hook removed while torch iterated the hooks: it does nothing until removed."""
+
+
+class _Handle(RemovableHandle):
+    """A hook's handle whose ``remove`` waits until no hook of the owner is running."""
+
+    def __init__(self, owner: OptimizerHooks, handle: RemovableHandle) -> None:  # (no registry)
+        self._owner, self._handle = owner, handle
+
+    def remove(self) -> None:
+        self._owner.remove_handle(self._handle)
 
 
 class CurrentStep(Protocol):
@@ -54,6 +73,8 @@ class OptimizerHooks:
         self._updated: Callable[[], None] | None = None
         self._check_spent = 0.0  # the pre-hook's check seconds, added to probe_time after
         self._checked: Measurement | None = None  # the step the last update check was of
+        self._running = 0  # hooks of ours running now (torch iterates its hooks)
+        self._deferred: list[RemovableHandle] = []  # made inert there, removed later
 
     def install(
         self,
@@ -70,29 +91,57 @@ class OptimizerHooks:
             return
         self._measurer = measurer
         self._updated = updated
-        self._handles.append(optimizer.register_step_pre_hook(before_step))
+        self._handles.append(optimizer.register_step_pre_hook(self._guarded(before_step)))
         if layers.params:
             self._check = UpdateCheck(layers)
-            self._handles.append(optimizer.register_step_pre_hook(self._check_before))
-            self._handles.append(optimizer.register_step_post_hook(self._check_after))
+            self._handles.append(
+                optimizer.register_step_pre_hook(self._guarded(self._check_before))
+            )
+            self._handles.append(
+                optimizer.register_step_post_hook(self._guarded(self._check_after))
+            )
 
     def add_post_hook(self, hook: PostHook) -> RemovableHandle:
         """Register ``hook`` after ``optimizer.step()`` for now (the measurer's, on the
         steps that measure the update); its caller removes it, and close does too."""
         assert self.optimizer is not None
         if self._transient is not None:
-            self._transient.remove()  # (removed already, normally: one at a time)
-        self._transient = self.optimizer.register_step_post_hook(hook)
-        return self._transient
+            self.remove_handle(self._transient)  # (removed already, normally: one at a time)
+        self._transient = self.optimizer.register_step_post_hook(self._guarded(hook))
+        return _Handle(self, self._transient)
 
     def remove(self) -> None:
-        """Remove every hook (idempotent)."""
+        """Remove every hook (idempotent); inside a hook, make them inert instead."""
         for handle in self._handles:
-            handle.remove()
+            self.remove_handle(handle)
         self._handles.clear()
         if self._transient is not None:
-            self._transient.remove()
+            self.remove_handle(self._transient)
             self._transient = None
+        if not self._running:
+            for handle in self._deferred:
+                handle.remove()
+            self._deferred.clear()
+
+    def remove_handle(self, handle: RemovableHandle) -> None:
+        """Remove one hook of ours, or, while torch runs the hooks, make it inert."""
+        if not self._running:
+            handle.remove()
+            return
+        hooks = handle.hooks_dict_ref()
+        if hooks is not None and handle.id in hooks:
+            hooks[handle.id] = _inert  # a value replaced: the iteration goes on unharmed
+            self._deferred.append(handle)
+
+    def _guarded(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(*args: Any) -> Any:
+            self._running += 1
+            try:
+                return hook(*args)
+            finally:
+                self._running -= 1
+
+        return guarded
 
     def _check_before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         started = time.perf_counter()
