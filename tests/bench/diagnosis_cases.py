@@ -470,9 +470,11 @@ CASES: list[Case] = [
         "lr-far-too-high",
         "CNN+BN",
         "SGD at lr 30",
-        "a traintop bug report's CNN diverging under SGD at lr 30 (also raised overfitting_signal)",
-        "exploding_gradient",
-        "bn1",
+        "a traintop bug report's CNN diverging under SGD at lr 30 (also raised "
+        "overfitting_signal); the rate is seen at step 0 (updates as large as the "
+        "weights), the explosion folds under it",
+        "update_ratio",
+        "conv1",
         150,
         lr_far_too_high,
     ),

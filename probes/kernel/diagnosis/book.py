@@ -11,11 +11,12 @@ job's incidents (``job``) are entries shared by the books of its ranks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from probes.kernel.diagnosis.alert import Alert, AlertChange
 from probes.kernel.diagnosis.catalog import ENDED_BY_FIRST_STEP
 from probes.kernel.diagnosis.diagnoser import Diagnoser
+from probes.kernel.diagnosis.incidents import SAID_ONCE_A_RUN, folded_name
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import EvalView, RunInfo, StepView
 from probes.kernel.diagnosis.vocabulary import Severity
@@ -71,6 +72,13 @@ class AlertBook:
         when steps are measured already (a history replayed out of order)."""
         if alert.kind in ENDED_BY_FIRST_STEP and steps_seen:
             return False
+        if alert.kind in SAID_ONCE_A_RUN:
+            said = next(
+                (e for e in self.entries if e.from_probe and e.alert.kind == alert.kind), None
+            )
+            if said is not None:  # the same broken contract, seen by a second check
+                said.alert = replace(said.alert, folded=(*said.alert.folded, folded_name(alert)))
+                return False
         self._enter(alert, from_probe=True)
         self.diagnoser.note_probe_alert(alert)
         return True

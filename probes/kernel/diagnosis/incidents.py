@@ -62,6 +62,10 @@ HELD = frozenset(
     }
 )
 
+# Probe alerts a run has one of: a loss's broken contract seen by two checks (the batch
+# check's shapes, torch's own warning during a step) is one incident; the second folds.
+SAID_ONCE_A_RUN = frozenset({K.BROADCAST_IN_LOSS})
+
 # Events whose rule says when a new incident begins (a burst of spikes is one): a
 # finding first seen at another step is another incident, even while one is held.
 EVENTS = frozenset({K.LOSS_SPIKE})
