@@ -12,6 +12,22 @@ import pytest
 from tests.collector import FrameCollector
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_per_worker() -> Iterator[None]:
+    """Under pytest-xdist each worker has a core of its own: torch's pool of two
+    threads per worker would spin against the other worker's (the tiny models here
+    ran several times slower so). Alone, torch keeps its own count."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def socket_path() -> Iterator[str]:
     """A Unix socket path in a fresh private folder (short: sun_path is ~100 bytes)."""
