@@ -289,3 +289,30 @@ async def test_an_incident_shows_its_layers_and_what_folded_under_it() -> None:
         texts = {w.id: plain(w.content) for w in app.screen.query(Static) if w.id}
         assert "Layers (3, the first failing first): l0, l1, l2" in texts["incident"]
         assert "update_ratio at step 40" in texts["incident"]
+
+
+async def test_the_probes_automatic_check_is_said_in_a_toast_not_pushed_over_the_screen() -> None:
+    from probes.kernel.wire import make_frame
+    from tui.screens.anomaly_report import AnomalyReportScreen
+
+    report = make_frame(
+        "anomaly",
+        run="run-a",
+        step=2,
+        outcome="non_finite_backward",
+        backward_op="SqrtBackward0",
+        module_of_backward_op="blocks.4",
+        duration=0.01,
+        time=1000.0,
+        seq=1,
+        auto={"armed_by": 1, "cost": "one step"},
+    )
+    app = make_app(FrameListSource([*short_run(3), report]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, lambda: bool(app.current_run and app.current_run.anomaly_reports))
+        await settle(pilot, lambda: any("automatic check" in n.message for n in app._notifications))
+        assert not isinstance(app.screen, AnomalyReportScreen)
+        [toast] = [n.message for n in app._notifications if "automatic check" in n.message]
+        assert "blocks.4" in toast and "SqrtBackward0" in toast and "v: the report" in toast
+        await pilot.press("v")  # the report is one key away
+        await settle(pilot, lambda: isinstance(app.screen, AnomalyReportScreen))

@@ -273,11 +273,11 @@ class TraintopApp(App[int]):
 
     def handle_anomaly_reported(self, event: AnomalyReported) -> None:
         live = not event.report.get("replayed")  # not an old one, sent on connect
-        if (
-            self._shown_or_its_job(event.run)
-            and live
-            and not isinstance(self.screen, AnomalyReportScreen)
-        ):
+        if not (self._shown_or_its_job(event.run) and live):
+            return
+        if event.report.get("auto"):  # the probe's own check: said, not pushed over
+            self._show(toasts.automatic_check(event))
+        elif not isinstance(self.screen, AnomalyReportScreen):
             self.push_screen(AnomalyReportScreen(event.report))
 
     def handle_probe_switched_off(self, event: ProbeSwitchedOff) -> None:

@@ -14,6 +14,7 @@ from probes.kernel.endings import Ending
 from tui.events import (
     AckReceived,
     AlertRaised,
+    AnomalyReported,
     FrameRejected,
     ProbeSwitchedOff,
     RunConnected,
@@ -73,6 +74,23 @@ def probe_switched_off(event: ProbeSwitchedOff) -> Toast:
         + plain_line(event.message),
         severity="error",
         timeout=10,
+    )
+
+
+def automatic_check(event: AnomalyReported) -> Toast:
+    """The probe's own check of the step after a non-finite value: said, not pushed
+    over the screen (nobody asked for it); ``v`` shows the report."""
+    report = event.report
+    step = report.get("step")
+    module = report.get("first_non_finite") or report.get("module_of_backward_op")
+    op = report.get("backward_op")
+    found = " ".join(plain_name(str(x)) for x in (module, op) if x)
+    what = f"names {found}" if found else f"says {plain_line(str(report.get('outcome')))}"
+    return Toast(
+        f"{plain_name(event.run.name)}: the automatic check of step {plain_line(str(step))} "
+        f"{what} (v: the report)",
+        title="anomaly check",
+        timeout=6,
     )
 
 
