@@ -114,18 +114,19 @@ def wait_connected(probe: Any) -> None:
     assert probe.sender.connected.wait(10), "the probe never connected"
 
 
-def diagnosed(frames: list[Frame]) -> Any:
-    """The monitor's diagnoser after these frames' step and eval records (its
-    ``incidents`` hold what folded under each alert)."""
+def diagnose(frames: list[Frame]) -> tuple[list[Any], Any]:
+    """The alerts the monitor's rules raise on these frames' step and eval records (to
+    the run's end), and the diagnoser after them (its ``incidents`` hold what folded
+    under each alert)."""
     from probes.kernel.diagnosis import Diagnoser, RunInfo
 
     hello = next(f for f in frames if f["kind"] == "hello")
     diagnoser = Diagnoser(RunInfo.from_hello(hello))
+    alerts = []
     for frame in frames:
         if frame["kind"] in ("step", "eval"):
-            diagnoser.observe(frame)
-    diagnoser.finish()
-    return diagnoser
+            alerts += [c.alert for c in diagnoser.observe(frame) if c.raised]
+    return alerts + [c.alert for c in diagnoser.finish() if c.raised], diagnoser
 
 
 def raised_alerts(frames: list[Frame]) -> list[Any]:

@@ -17,7 +17,7 @@ from probes.runtime.layers import map_layers
 from tests.collector import (
     Frame,
     FrameCollector,
-    diagnosed,
+    diagnose,
     raised_alerts,
     wait_for_bye,
 )
@@ -198,7 +198,7 @@ def test_sgd_at_lr_50_is_caught_exploding_despite_clipping(
     first = raised_alerts(frames)[0]
     assert first.kind == "update_ratio" and "far_too_high" in first.evidence, first.line()
     assert first.severity == "error" and first.step == 0 and first.subject in layers
-    folded = diagnosed(frames).incidents[first.key].folded
+    folded = diagnose(frames)[1].incidents[first.key].folded
     assert any(name.startswith("exploding_gradient@") for name in folded), folded
     steps = kinds(frames, "step")
     # What clipping hid: the update saw norm 1, the gradients had far more.

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from probes.kernel.schema import validation_loss_name
 from probes.lightning import TraintopCallback
 from probes.runtime.layers import map_layers
-from tests.collector import Frame, FrameCollector, diagnosed, raised_alerts, wait_for_bye
+from tests.collector import Frame, FrameCollector, diagnose, raised_alerts, wait_for_bye
 
 REL_TOL = 1e-5
 VOCAB = 32
@@ -176,7 +176,7 @@ def test_sgd_at_lr_50_is_caught_exploding_despite_clipping(collector: FrameColle
     first = raised_alerts(frames)[0]
     assert first.kind == "update_ratio" and "far_too_high" in first.evidence, first.line()
     assert first.severity == "error" and first.step == 0 and first.subject in layers
-    folded = diagnosed(frames).incidents[first.key].folded
+    folded = diagnose(frames)[1].incidents[first.key].folded
     assert any(name.startswith("exploding_gradient@") for name in folded), folded
     assert max(s["clip"]["total_before"] for s in kinds(frames, "step")) > 20
 

@@ -16,8 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from probes.kernel.diagnosis import Alert, Diagnoser, RunInfo
-from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
+from tests.collector import Frame, FrameCollector, diagnose, wait_for_bye, watch_unthinned
 
 SHAPES = {  # shape -> (far too high, healthy)
     "plain": (20.0, 0.05),
@@ -83,16 +82,6 @@ def train(shape: str, lr: float, collector: FrameCollector, steps: int = 12) -> 
                 probe.log(loss=loss)
     wait_for_bye(collector)
     return list(collector.frames)
-
-
-def diagnose(frames: list[Frame]) -> tuple[list[Alert], Diagnoser]:
-    hello = next(f for f in frames if f["kind"] == "hello")
-    diagnoser = Diagnoser(RunInfo.from_hello(hello))
-    alerts: list[Alert] = []
-    for frame in frames:
-        if frame["kind"] in ("step", "eval"):
-            alerts += [c.alert for c in diagnoser.observe(frame) if c.raised]
-    return alerts + [c.alert for c in diagnoser.finish() if c.raised], diagnoser
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
