@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from tests.collector import FrameCollector
+
+# CI saw `OSError: [Errno 14] Bad address` from execve once, in the gallery, whose
+# threads start monitors while other threads of the same worker read their pipes.
+# With vfork the child execs from memory it shares with those threads; a plain fork
+# gives it its own copy. This is CPython's documented switch (3.11 "Disabling use of
+# vfork()"); it costs a few milliseconds a start in these tests, nothing in traintop.
+subprocess._USE_VFORK = False  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session", autouse=True)
