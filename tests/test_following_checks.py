@@ -155,6 +155,57 @@ def test_the_same_schedule_per_epoch_raises_nothing(collector: Any) -> None:
     assert scheduled_run(collector, step_every=40) == {}
 
 
+def decayed_by_hand(collector: Any, *, decay: float, stop_at: int | None = None) -> Any:
+    """Hand-written SGD (no optimizer, ``p.data.add_``: no version counter moves) at lr
+    0.05 times ``decay`` per step; ``stop_at``: from that step the update is skipped
+    for every layer. The alerts the monitor's rules raise."""
+    from tests.collector import diagnose, wait_for_bye, watch_unthinned
+    from tests.test_loop_shapes import loss_of, mlp
+
+    model = mlp()
+    probe = watch_unthinned(model, None, collector, sample_every=5)
+    lr = 0.05
+    for i in range(120):
+        with probe.step():
+            model.zero_grad()
+            loss = loss_of(model, i % 8)
+            loss.backward()
+            if stop_at is None or i < stop_at:
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-lr)
+            probe.log(loss=loss)
+        lr *= decay
+    probe.close()
+    wait_for_bye(collector)
+    return diagnose(list(collector.frames))[0]
+
+
+def test_a_rate_decayed_to_nothing_by_hand_is_lr_too_low_not_updates_not_applied(
+    collector: Any,
+) -> None:
+    """No optimizer, no rate to read: the weights moved on the first samples, then the
+    update (lr 0.05 / 4 per step) rounds to nothing in float32."""
+    alerts = decayed_by_hand(collector, decay=0.25)
+    kinds = [a.kind for a in alerts]
+    assert kinds == ["lr_too_low_to_update"], kinds
+    assert alerts[0].evidence["updates"] == "by_hand"
+    assert 0 <= alerts[0].evidence["last_moved_step"] < alerts[0].evidence["since_step"]
+    assert alerts[0].step <= 40
+
+
+def test_a_gentle_decay_by_hand_raises_nothing(collector: Any) -> None:
+    """Near miss: lr x 0.98 per step ends near 4e-3 of where it began: updates shrink,
+    and still change the weights."""
+    assert decayed_by_hand(collector, decay=0.98) == []
+
+
+def test_updates_never_applied_by_hand_stay_updates_not_applied(collector: Any) -> None:
+    """A layer never moved from the first sample on: no rate decayed, the update is not
+    applied (the rule of the rate defers only once the weights have moved)."""
+    kinds = [a.kind for a in decayed_by_hand(collector, decay=1.0, stop_at=0)]
+    assert "updates_not_applied" in kinds and "lr_too_low_to_update" not in kinds, kinds
+
+
 # --- (a) the wiring checks follow the trainable set ------------------------------------------
 
 

@@ -344,8 +344,11 @@ def per_batch_steplr_plain(twin: bool, watch: Watch, steps: int) -> None:
 def per_batch_steplr_by_hand(twin: bool, watch: Watch, steps: int) -> None:
     data, _ = text()
     model = WordLM()
+    # lr 2, not the example's 20: on this toy the decoder's update at 20 is 0.5 to 1.0
+    # of its weights and the loss stops falling after step 20, so update_ratio (high)
+    # is rightly raised on the twin; at 2 its ratios stay in the band (loss 2.62 to 2.55)
     with watch(model, None) as probe:
-        shapes.by_hand(probe, model, 20.0, data, m.lm_loss, steps, decay_every=64 if twin else 1)
+        shapes.by_hand(probe, model, 2.0, data, m.lm_loss, steps, decay_every=64 if twin else 1)
 
 
 def mse_broadcast_unchecked(shape: str) -> Callable[[bool, Watch, int], None]:

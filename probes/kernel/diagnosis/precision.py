@@ -6,6 +6,10 @@ resolution the tail is no design: ``w + dw`` rounds back to ``w`` and the weight
 still. A per-batch ``StepLR`` meant per epoch takes the rate there in a few hundred
 steps; the version counters still say every weight was written, so
 ``updates_not_applied`` does not see it either.
+
+A loop that updates by hand (no optimizer) has no rate to read. There the sign is the
+weights' own: updates that changed them on an earlier sample change nothing now, on
+most layers. (A layer never changed from the start is ``updates_not_applied``'s.)
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ class LrTooLowToUpdate(Rule):
     schedule's tail (below ``update_low_lr_fraction`` of the run's highest). A rate low
     from the start, no schedule, is ``update_ratio``'s (low: "the learning rate is too
     low"); between them a rate too low is raised, schedule or not. A rate of exactly 0
-    is ``updates_not_applied``'s (its evidence says ``lr=0``)."""
+    is ``updates_not_applied``'s (its evidence says ``lr=0``). Without a rate (updates
+    by hand), the ratios must have been above ``update_precision`` on an earlier
+    sample: the weights moved, and have stopped moving."""
 
     kind: str = AlertKind.LR_TOO_LOW_TO_UPDATE
 
@@ -34,6 +40,7 @@ class LrTooLowToUpdate(Rule):
         self._samples = 0
         self._since: int | None = None
         self._top_lr = 0.0  # the highest learning rate of the run so far
+        self._moved_at: int | None = None  # (no rate) the last sample whose updates counted
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         lr = max((x for x in view.lrs if math.isfinite(x)), default=None)
@@ -42,7 +49,10 @@ class LrTooLowToUpdate(Rule):
         ratios = view.update_ratios
         if ratios is None:
             return None  # not a sampled step: no news
-        if lr is None or lr == 0 or lr >= self.t.update_low_lr_fraction * self._top_lr:
+        by_hand = not view.lrs  # no optimizer: no rate to read, the weights say it
+        if not by_hand and (
+            lr is None or lr == 0 or lr >= self.t.update_low_lr_fraction * self._top_lr
+        ):
             return self._reset()  # no rate, a rate of 0, or not a tail: not this rule's
         grads = view.peak_grads
         judged = [
@@ -57,7 +67,11 @@ class LrTooLowToUpdate(Rule):
         ]
         below = [(i, r) for i, r in judged if r < self.t.update_precision]
         if not judged or 2 * len(below) <= len(judged):
+            if by_hand and judged:
+                self._moved_at = view.step
             return self._reset()
+        if by_hand and self._moved_at is None:
+            return self._reset()  # never moved: not a rate that decayed
         self._samples += 1
         if self._since is None:
             self._since = view.step
@@ -74,8 +88,11 @@ class LrTooLowToUpdate(Rule):
                     "update_ratio": max(r for _, r in below),
                     "layers_below": len(below),
                     "layers_judged": len(judged),
-                    "lr": lr,
-                    "top_lr": self._top_lr,
+                    **(
+                        {"updates": "by_hand", "last_moved_step": self._moved_at}
+                        if by_hand
+                        else {"lr": lr, "top_lr": self._top_lr}
+                    ),
                     "since_step": self._since,
                     **spread(ordered_range(names, history.info.layers)),
                 },

@@ -230,7 +230,9 @@ def is_adaptive(optimizer: str | None) -> bool:
 class UpdatesNotApplied(Rule):
     """A layer's gradient is non-zero, yet its weights did not change across
     optimizer.step(): the probe's version check (the optimizer never touched the
-    tensor), an update ratio of exactly 0 on a sampled step, or a learning rate of 0."""
+    tensor), an update ratio of exactly 0 on a sampled step, or a learning rate of 0.
+    Updates by hand (no optimizer, no rate) that moved a layer on an earlier sample and
+    move it no more are ``lr_too_low_to_update``'s: a rate decayed to nothing."""
 
     kind: str = AlertKind.UPDATES_NOT_APPLIED
 
@@ -239,6 +241,7 @@ class UpdatesNotApplied(Rule):
         self._streaks = Streaks()
         self._why: dict[int, str] = {}
         self._versions_trusted = True  # until a sampled step contradicts them
+        self._moved: set[int] = set()  # layers a sampled ratio saw change
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if not view.optimizer_stepped or history.info.every > 1:
@@ -259,6 +262,10 @@ class UpdatesNotApplied(Rule):
             if grad is None or not math.isfinite(grad) or grad <= 0:
                 continue  # no gradient to apply: no news for this layer
             ratio = None if ratios is None or i >= len(ratios) else ratios[i]
+            if ratio is not None and ratio > 0:
+                self._moved.add(i)
+            elif ratio == 0 and not view.lrs and i in self._moved:
+                continue  # by hand, moved before: the rate's (lr_too_low_to_update)
             why = (
                 "lr=0"
                 if lr_zero
