@@ -220,9 +220,11 @@ class Backbone(nn.Module):
         return self.head(self.backbone(x))
 
 
-def fine_tune(collector: Any, *, add_to_optimizer: bool, steps: int = 30) -> list[Any]:
-    """The backbone frozen, the optimizer built from what trains; unfrozen at step 10
-    (and added to the optimizer, or not). The probe's own alerts, in order."""
+def fine_tune(
+    collector: Any, *, add_to_optimizer: bool, steps: int = 30, unfreeze_at: int | None = 10
+) -> list[Any]:
+    """The backbone frozen, the optimizer built from what trains; unfrozen at step
+    ``unfreeze_at`` (and added to the optimizer, or not). The probe's own alerts, in order."""
     from tests.collector import wait_for_bye, watch_unthinned
     from tests.test_loop_shapes import batch
 
@@ -231,7 +233,7 @@ def fine_tune(collector: Any, *, add_to_optimizer: bool, steps: int = 30) -> lis
     opt = torch.optim.SGD(filter(lambda p: p.requires_grad, model.parameters()), lr=0.01)
     probe = watch_unthinned(model, opt, collector, sample_every=5)
     for i in range(steps):
-        if i == 10:
+        if i == unfreeze_at:
             model.backbone.requires_grad_(True)
             if add_to_optimizer:
                 opt.add_param_group({"params": list(model.backbone.parameters())})
@@ -248,14 +250,24 @@ def fine_tune(collector: Any, *, add_to_optimizer: bool, steps: int = 30) -> lis
 def test_a_backbone_unfrozen_but_never_added_to_the_optimizer_is_raised(collector: Any) -> None:
     alerts = fine_tune(collector, add_to_optimizer=False)
     said = [(a["alert"]["kind"], a["step"]) for a in alerts]
-    assert said == [("mostly_frozen", 0), ("params_not_in_optimizer", 10)], said
-    late = alerts[1]["alert"]
+    assert said == [("params_not_in_optimizer", 10)], said
+    late = alerts[0]["alert"]
     assert late["layers"] == ["backbone.0", "backbone.2"]
     assert late["evidence"]["names"].startswith("backbone.0.weight")
 
 
-def test_a_backbone_unfrozen_and_added_raises_nothing_new(collector: Any) -> None:
-    """Near miss: unfrozen and given to the optimizer (add_param_group): only the
-    watch-time note that most of the model was frozen then."""
+def test_a_backbone_unfrozen_and_added_raises_nothing(collector: Any) -> None:
+    """Near miss: unfrozen at step 10 and given to the optimizer (add_param_group): a
+    recipe. Nothing is said, not even the note that most of the model was frozen (it is
+    said only of a model that stays so for 100 steps)."""
     said = [(a["alert"]["kind"], a["step"]) for a in fine_tune(collector, add_to_optimizer=True)]
-    assert said == [("mostly_frozen", 0)]
+    assert said == []
+
+
+def test_a_backbone_frozen_for_100_steps_gets_the_note(collector: Any) -> None:
+    """Never unfrozen: the note (info) at the first sampled step 100 steps in, saying
+    since when; nothing else."""
+    alerts = fine_tune(collector, add_to_optimizer=False, unfreeze_at=None, steps=130)
+    said = [(a["alert"]["kind"], a["alert"]["severity"], a["step"]) for a in alerts]
+    assert said == [("mostly_frozen", "info", 100)], said
+    assert alerts[0]["alert"]["evidence"]["frozen_since_step"] == 0
