@@ -130,6 +130,19 @@ def test_near_miss_zero_initialised_layers_move_by_their_whole_weight() -> None:
     assert (alert.severity, alert.subject, alert.layers) == ("error", "h.0.mlp", tuple(LAYERS[2:]))
 
 
+def test_weights_blown_up_in_one_step_are_not_a_zero_initialised_layer() -> None:
+    """LBFGS at 600x its rate: the inner iterations of one ``optimizer.step()`` take
+    weights of norm ~1 to ~1e12, so |dw|/|w_after| is 1 to six places as for a layer
+    that started at zero; the weights' norm after the step tells them apart (before:
+    nothing at step 0, then ``exploding_gradient`` at step 1)."""
+    records = gpt_run(60, [1e-3, 2e-3, 1e-3, 3e-3])
+    records[0] = step(0, param_norms=[7.5e11, 1.1e12, 1.6e12, 2.0], update_ratios=[1.0] * 4)
+    _, alert = Run(records, info("LBFGS")).first("update_ratio")
+    assert (alert.step, alert.severity, alert.subject) == (0, "error", "wte")
+    assert alert.layers == tuple(LAYERS[:3])  # the fourth: weights of norm 2, from zero
+    assert alert.evidence["far_too_high"] == ">=0.3 on 3 of 3 layers"
+
+
 def test_adaptive_optimizers_have_their_own_band() -> None:
     """A healthy CNN under Adadelta at lr 1.0 sits at 0.14: silent; the same under SGD
     is high for SGD's band (a warning after its streak)."""

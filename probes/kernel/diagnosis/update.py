@@ -122,7 +122,11 @@ class UpdateRatio(Rule):
         far = self.t.update_far_too_high_adaptive if adaptive else self.t.update_far_too_high
         high = self.t.update_high_adaptive if adaptive else self.t.update_high
         finite = [r for r in view.update_ratios if r is not None and math.isfinite(r)]
-        judged = [r for r in finite if not _from_zero(r)]
+        judged = [
+            r
+            for i, r in enumerate(view.update_ratios)
+            if r is not None and math.isfinite(r) and not _from_zero(r, _norm(view, i))
+        ]
         if judged and 2 * sum(1 for r in judged if r >= far) > len(judged):
             return [self._far_too_high(history, view, far, high)]
         low_counts = self._low_counts(view, finite) and not self._converged(history, view)
@@ -177,14 +181,13 @@ class UpdateRatio(Rule):
         learning rate is far too high, an error from this step on (no streak: the
         first step can show it, and the loss is gone by the time a streak would be)."""
         ratios = view.update_ratios or ()
-        over = [
+        measured_at = [
             i
             for i, r in enumerate(ratios)
-            if r is not None and math.isfinite(r) and r >= far and not _from_zero(r)
+            if r is not None and math.isfinite(r) and not _from_zero(r, _norm(view, i))
         ]
-        measured = sum(
-            1 for r in ratios if r is not None and math.isfinite(r) and not _from_zero(r)
-        )
+        over = [i for i in measured_at if ratios[i] >= far]  # type: ignore[operator]
+        measured = len(measured_at)
         names = [history.info.layer(i) for i in over]  # one step: model order
         first = over[0]
         for i in over:  # the streaks of the band's rule start again after it
@@ -207,12 +210,28 @@ class UpdateRatio(Rule):
         )
 
 
-def _from_zero(ratio: float) -> bool:
+#: A layer's weights this large after one update are no zero-initialised layer's first
+#: step (a LoRA ``B`` after one step is a learning rate times its gradient): an update
+#: a million times the old weights, which also reads as a ratio of 1 to six places.
+FROM_ZERO_MAX_NORM = 1e6
+
+
+def _from_zero(ratio: float, weight_norm: float | None) -> bool:
     """A ratio of exactly 1: |w_before - w_after| is |w_after| to the last bit, so the
     weights were all zero before this update (a zero-initialised layer, a LoRA ``B``):
     it says nothing of the learning rate. (A rate far too high leaves the old weights
-    in the sum: 0.93 to 1.01, not 1 to six places.)"""
+    in the sum: 0.93 to 1.01, not 1 to six places; unless it blew them up a million
+    times over in one step, as LBFGS's inner iterations can: weights of norm
+    ``FROM_ZERO_MAX_NORM`` or more after the step.)"""
+    if weight_norm is not None and math.isfinite(weight_norm) and weight_norm >= FROM_ZERO_MAX_NORM:
+        return False
     return abs(ratio - 1.0) < 1e-6
+
+
+def _norm(view: StepView, layer: int) -> float | None:
+    """The layer's weight norm after the step, where the record has it."""
+    norms = view.param_norms
+    return norms[layer] if norms is not None and layer < len(norms) else None
 
 
 #: Optimizers whose updates adapt to each weight's gradient history (their healthy
