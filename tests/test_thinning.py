@@ -134,8 +134,16 @@ def member(
     keep: bool = False,
     bad: bool = False,
     grads: tuple[float, ...] = (),
+    skipped: bool = False,
 ) -> Member:
-    return Member.of(non_finite=bad, keep=keep, total=total, scalars={"loss": loss}, grads=grads)
+    return Member.of(
+        non_finite=bad,
+        keep=keep,
+        total=total,
+        scalars={"loss": loss},
+        grads=grads,
+        skipped=skipped,
+    )
 
 
 def test_a_group_ends_at_its_last_sampled_step_and_its_last() -> None:
@@ -169,6 +177,33 @@ def test_a_non_finite_step_shows_the_rest_of_its_group() -> None:
     # the finite part is cut as any group is (here at an escalation)
     group = [member(), member(), member(40.0), member(), member(bad=True)]
     assert plan(group) == [(0, 1, 1), (2, 2, 2), (3, 3, 3), (4, 4, 4)]
+
+
+def test_after_a_non_finite_step_skipped_updates_and_applied_ones_are_not_merged() -> None:
+    """AMP's GradScaler skips a step whose gradients overflowed (by design, while it
+    finds its scale): merged with the applied steps after it, that step would read as a
+    non-finite update that ran. Each run of skipped or applied steps is its own span,
+    shown by its first non-finite step, else its last."""
+    skip = member(bad=True, skipped=True)
+    group = [member(), skip, member(), member(), skip, skip, member(), member()]
+    assert plan(group) == [(0, 0, 0), (1, 1, 1), (2, 3, 3), (4, 5, 4), (6, 7, 7)]
+    # an accumulation loop's micro-steps skip by design: past 8 runs, the rest is one
+    alternating = [member(bad=True, skipped=i % 2 == 0) for i in range(40)]
+    spans = plan(alternating)
+    assert len(spans) == 9 and spans[-1] == (8, 39, 8)
+    # every step skipped, or none: one span, as before
+    assert plan([skip] * 5) == [(0, 4, 0)]
+
+
+def amp_healthy() -> list[Record]:
+    """A healthy run under GradScaler: the scale found at the start (steps 0, 1 and 5
+    overflow and are skipped), one overflow later (step 130)."""
+    records = healthy()
+    for n in (0, 1, 5, 130):
+        records[n].update(
+            grad_norms=[math.inf, 0.3, 0.2], grad_norm_total=math.inf, optimizer_step=False
+        )
+    return records
 
 
 # --- the same alerts at the same steps, whatever the speed ---------------------------------
@@ -257,6 +292,7 @@ SCENARIOS: dict[str, tuple[Callable[[], list[Record]], str]] = {
     "flat": (flat, "flat_loss"),
     "dead": (dead, "dead_activations"),
     "healthy": (healthy, ""),
+    "amp_healthy": (amp_healthy, ""),
 }
 
 

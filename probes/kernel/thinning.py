@@ -20,7 +20,10 @@ a group of consecutive steps. Time stays counted in steps, and no peak is lost:
   the same on every rank), whatever their timing, so the cross-rank checks always find
   steps to compare;
 - the first step with a non-finite number ends the finite part (the step before it
-  shows the peak of a climb) and is the representative of the rest of the group.
+  shows the peak of a climb) and is the representative of the rest of the group; the
+  rest is cut where steps whose update was skipped (AMP's GradScaler skips a step
+  whose gradients overflowed, by design) meet steps whose update ran, so a skipped
+  non-finite step never reads as an applied one.
 
 How each field of a merged record is made from its steps' (the peaks above, sums,
 flags: a merged record updated the weights if any of its steps did, it holds uncleared
@@ -59,6 +62,7 @@ class Member:
     keep: bool  # a sampled step (or one carrying an update measurement)
     watched: Ceiling  # its (largest) loss, total gradient norm and each layer's norm
     anchor: bool = False  # always shown: a step every rank of a job shows (cross-rank checks)
+    skipped: bool = False  # its optimizer.step() was skipped (GradScaler on an overflow)
 
     @classmethod
     def of(
@@ -70,6 +74,7 @@ class Member:
         scalars: Mapping[str, Any],
         grads: Sequence[float | None] = (),
         anchor: bool = False,
+        skipped: bool = False,
     ) -> Member:
         """A member from its scalars (the loss, else the first), total norm and
         per-layer norms; what is missing or not finite counts as 0."""
@@ -77,11 +82,17 @@ class Member:
         values = (loss, total, *grads)
         if non_finite or None in values:
             values = tuple(finite_number(v) or 0.0 for v in values)  # the rare, slow way
-        return cls(non_finite, keep, values, anchor)  # type: ignore[arg-type]
+        return cls(non_finite, keep, values, anchor, skipped)  # type: ignore[arg-type]
 
     @classmethod
     def of_values(
-        cls, values: Mapping[str, Any], *, non_finite: bool, keep: bool, anchor: bool = False
+        cls,
+        values: Mapping[str, Any],
+        *,
+        non_finite: bool,
+        keep: bool,
+        anchor: bool = False,
+        skipped: bool = False,
     ) -> Member:
         """A member from a step's fields (a merged one's peaks where it has them)."""
         return cls.of(
@@ -91,6 +102,7 @@ class Member:
             scalars=peak_or_own(values, "scalars", "scalars_max") or {},
             grads=peak_or_own(values, "grad_norms", "grad_norms_max") or (),
             anchor=anchor,
+            skipped=skipped,
         )
 
 
@@ -107,7 +119,26 @@ def plan(members: Sequence[Member], reference: Ceiling = ()) -> list[tuple[int, 
         spans.append((start, cut, cut))
         start = cut + 1
     if bad is not None:
-        spans.append((bad, len(members) - 1, bad))
+        spans += _runs_of_skipping(members, bad)
+    return spans
+
+
+def _runs_of_skipping(members: Sequence[Member], start: int) -> list[tuple[int, int, int]]:
+    """``members[start:]`` (from the first non-finite one) cut into runs of steps whose
+    update was all skipped or all not: each shown by its first non-finite step, else
+    its last. (A run that skips every step, or none, stays one span; past
+    ``MAX_ESCALATIONS`` runs, the rest is one: an accumulation loop's micro-steps skip
+    by design, and a run gone non-finite must not lose its thinning.)"""
+    spans: list[tuple[int, int, int]] = []
+    while start < len(members):
+        end = start
+        if len(spans) == MAX_ESCALATIONS:
+            end = len(members) - 1
+        while end + 1 < len(members) and members[end + 1].skipped == members[start].skipped:
+            end += 1
+        shown = next((i for i in range(start, end + 1) if members[i].non_finite), end)
+        spans.append((start, end, shown))
+        start = end + 1
     return spans
 
 
@@ -173,6 +204,10 @@ class Steps(Protocol[T]):
 
     def sampled(self, item: T) -> bool: ...
 
+    def skipped(self, item: T) -> bool:
+        """Its optimizer.step() was skipped (every step of a merged one's)."""
+        ...
+
     def stand_for(self, group: Sequence[T], representative: int, peaks: Peaks) -> T:
         """What stands for ``group``: its representative, with the span and the
         merged fields (``peaks``) of them all."""
@@ -228,6 +263,7 @@ class Thinner(Generic[T]):
                 non_finite=non_finite,
                 keep=steps.keep(item),
                 anchor=bool(every) and steps.sampled(item) and steps.step(item) % every == 0,
+                skipped=steps.skipped(item),
             )
             for item, fields, non_finite in zip(group, values, bad, strict=True)
         ]
@@ -310,6 +346,9 @@ class RecordSteps:
         return any(item.get(name) is not None for name in _SAMPLED)
 
     sampled = keep
+
+    def skipped(self, item: Record) -> bool:
+        return item.get("optimizer_step") is False
 
     def stand_for(self, group: Sequence[Record], representative: int, peaks: Peaks) -> Record:
         merged = apply(dict(group[representative]), peaks.fields())

@@ -92,6 +92,9 @@ class PendingSteps:
     def sampled(self, item: PendingRecord) -> bool:
         return item.sampled
 
+    def skipped(self, item: PendingRecord) -> bool:
+        return item.optimizer_step is False
+
     def stand_for(
         self, group: Sequence[PendingRecord], representative: int, peaks: Peaks
     ) -> PendingRecord:
