@@ -22,10 +22,12 @@ from torch.utils.hooks import RemovableHandle
 from probes.runtime.clearing import ClearingWatch
 from probes.runtime.guard import GuardTrip, find_non_finite
 from probes.runtime.layers import LayerMap
+from probes.runtime.local_grads import LocalGradients
 from probes.runtime.sampled import ActivationStats, UpdateNorms
 from probes.runtime.stats import (
     CLIP_TOTAL,
     INPUT_RMS,
+    LOCAL_GRAD_NORM,
     Measurement,
     NormReducer,
     compose_order,
@@ -58,6 +60,7 @@ class StepMeasurer:
         on_error: Callable[[Exception], None],
         sample_every: int = 20,
         register_post_hook: Callable[[Callable[..., None]], RemovableHandle] | None = None,
+        local_grads: bool = False,
     ) -> None:
         self.layers = layers
         self.on_error = on_error  # a hook of ours must never raise into training
@@ -68,6 +71,8 @@ class StepMeasurer:
         )
         self.norms = NormReducer()
         self.activations = ActivationStats(model, layers.names, on_error=on_error)
+        # a data-parallel job's rank: its own gradients, before the all-reduce
+        self.local = LocalGradients(layers.params, on_error) if local_grads else None
         # Without an optimizer the update is inside the step: its ratios are taken
         # across the step, from its beginning to its end.
         self.updates = UpdateNorms(layers.params, self.norms) if layers.params else None
@@ -102,6 +107,8 @@ class StepMeasurer:
             self.current.optimizer_step = False  # until its pre-hook runs
         if sampled:  # (the model's input scale too, with or without activation modules)
             self.activations.attach()
+            if self.local is not None:
+                self.local.attach()
         self._measure_update = (sampled or self._update_pending) and self.updates is not None
         if self._measure_update and self.optimizer is None and self.updates is not None:
             self.updates.before_step()  # a hand-written update: across the whole step
@@ -113,6 +120,8 @@ class StepMeasurer:
     def abandon(self) -> None:
         """The step failed: drop its state and every hook it added."""
         self.activations.detach()
+        if self.local is not None:
+            self.local.detach()
         self._remove_post_hook()
         if self.updates is not None:
             self.updates.discard()
@@ -238,6 +247,10 @@ class StepMeasurer:
                 grads.append(grad)
                 present.append(index)
         step.grads_read = True
+        if self.local is not None and step.sampled:
+            local = self.local.take()
+            if local is not None:
+                step.tensor_scalars[LOCAL_GRAD_NORM] = local
         step.none_grads = len(self.layers.params) - len(grads)
         step.grad_present = tuple(present) if step.none_grads else None
         if grads and grads[0].requires_grad:
@@ -289,6 +302,8 @@ class StepMeasurer:
                     step.clip_total = tensor.item()
                 elif name == INPUT_RMS:
                     step.input_rms = tensor.item()
+                elif name == LOCAL_GRAD_NORM:
+                    step.local_grad_norm = tensor.item()
                 else:
                     step.float_scalars[name] = tensor.item()
             return ()

@@ -89,13 +89,12 @@ class Probe:
         self._scalars = ScalarFiler()
         self._hooks = OptimizerHooks(real_optimizer, on_error=self._fail)
         self._measurer = measurer = StepMeasurer(
-            self.module,
-            self.layers,
-            real_optimizer,
+            *(self.module, self.layers, real_optimizer),
             grad_accumulation=options.grad_accumulation,
             on_error=self._fail,
             sample_every=options.sample_every,
             register_post_hook=self._hooks.add_post_hook,
+            local_grads=self.data_parallel not in (None, "fsdp"),  # a rank's, pre all-reduce
         )
         self._per_optimizer = optimizers.attach(real_optimizer, self.layers, measurer, self._fail)
         if options.guard and real_optimizer is None:

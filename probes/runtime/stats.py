@@ -24,6 +24,8 @@ from probes.runtime.layers import LayerMap, combine_layer_norms
 CLIP_TOTAL = "clip/total"
 #: ... and the RMS of the model's input on a sampled step (the record's ``input_rms``).
 INPUT_RMS = "input/rms"
+#: ... and a rank's own gradient norm before the all-reduce (``probes.runtime.local_grads``).
+LOCAL_GRAD_NORM = "local/grad_norm"
 
 
 class Measurement:
@@ -53,6 +55,7 @@ class Measurement:
         "late_scalars",
         "layer_map",
         "layer_values",
+        "local_grad_norm",
         "lrs",
         "merged",
         "none_grads",
@@ -92,6 +95,7 @@ class Measurement:
         self.clip_norm_type = 2.0
         self.clip_total: float | None = None  # torch's total norm before the clip (CPU)
         self.input_rms: float | None = None  # the model's input scale, sampled steps (CPU)
+        self.local_grad_norm: float | None = None  # this rank's, before the all-reduce (CPU)
         # A GradScaler's scale still in the gradients when clipped or read (no unscale_)
         self.grads_scaled: float | None = None
         # Did optimizer.step() run? None: no optimizer watched. False: AMP's GradScaler
@@ -189,9 +193,12 @@ class Measurement:
             record["optimizer_step"] = False
         if self.not_stepped:
             record["not_stepped"] = self.not_stepped
-        input_rms = self._input_rms(values[at:])
+        input_rms = self._tensor_scalar(values[at:], INPUT_RMS, self.input_rms)
         if input_rms is not None:
             record["input_rms"] = input_rms
+        local = self._tensor_scalar(values[at:], LOCAL_GRAD_NORM, self.local_grad_norm)
+        if local is not None:
+            record["local_grad_norm"] = local
         if self.span is not None:
             record["span"] = list(self.span)
         plain = cast(dict[str, Any], record)  # (the sender adds its own fields: seq, ...)
@@ -277,17 +284,18 @@ class Measurement:
             "total_after": after,
         }
 
-    def _input_rms(self, tail: list[float]) -> float | None:
+    def _tensor_scalar(self, tail: list[float], wanted: str, on_cpu: float | None) -> float | None:
+        """A named tensor scalar that came with the copy, else its CPU reading."""
         for name, value in zip(self.tensor_scalar_names, tail, strict=True):
-            if name == INPUT_RMS:
+            if name == wanted:
                 return value
-        return self.input_rms
+        return on_cpu
 
     def _scalars(self, tail: list[float]) -> dict[str, float]:
         scalars = {
             name: value
             for name, value in zip(self.tensor_scalar_names, tail, strict=True)
-            if not name.startswith(("lr/", "clip/", "input/"))
+            if not name.startswith(("lr/", "clip/", "input/", "local/"))
         }
         scalars.update(self.float_scalars)
         scalars.update({name: float(t) for name, t in self.late_scalars.items()})

@@ -62,6 +62,7 @@ class Shown:
     params: Sequence[float | None] | None
     stepped: bool
     input_rms: float | None = None  # the scale of its inputs (sampled steps)
+    local_grad: float | None = None  # its own gradient norm, before the all-reduce (sampled)
 
 
 @dataclass
@@ -85,6 +86,7 @@ class JobChecks:
     _range: dict[int, tuple[float, float, bool]] = field(default_factory=dict)
     _start_loss: float | None = None  # the job's first finite loss: its scale
     _first_inputs: dict[int, float] = field(default_factory=dict)  # rank -> first input RMS
+    _first_local: dict[int, float] = field(default_factory=dict)  # rank -> first local norm
 
     def observe(self, rank: int, view: StepView) -> list[Alert]:
         """Take rank ``rank``'s step record; the job incidents it newly shows."""
@@ -102,9 +104,12 @@ class JobChecks:
             view.param_norms if layered else None,
             view.optimizer_stepped,
             _positive(view.input_rms),
+            _positive(view.local_grad_norm),
         )
         if shown.input_rms is not None:
             self._first_inputs.setdefault(rank, shown.input_rms)
+        if shown.local_grad is not None:
+            self._first_local.setdefault(rank, shown.local_grad)
         peers = self._shown.get(view.step)
         if peers is None:
             peers = self._shown[view.step] = {}
@@ -133,6 +138,7 @@ class JobChecks:
             for alert in (
                 self._outlier(view.step, peers) if suspicious else None,
                 self._inputs(view.step, peers) if shown.input_rms is not None else None,
+                self._local_grads(view.step, peers) if shown.local_grad is not None else None,
                 self._grads(view.step, reference, shown),
                 self._params(view.step, reference, shown),
             )
@@ -177,14 +183,34 @@ class JobChecks:
     def _inputs(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
         """The rank whose inputs' scale stands ``rank_input_factor`` apart from the
         others' at this step (a sampled step every rank shows)."""
+        scales = {r: p.input_rms for r, p in peers.items() if p.input_rms is not None}
+        return self._apart(step, scales, self._first_inputs, "inputs", "input_rms")
+
+    def _local_grads(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
+        """The rank whose own gradients (before the all-reduce averages them) stand
+        ``rank_input_factor`` apart from the others' at this step: a bad batch whose
+        inputs look normal (labels of another task, a loss term only one rank adds)."""
+        norms = {r: p.local_grad for r, p in peers.items() if p.local_grad is not None}
+        return self._apart(step, norms, self._first_local, "local_gradients", "local_grad_norm")
+
+    def _apart(
+        self,
+        step: int,
+        scales: Mapping[int, float],
+        firsts: Mapping[int, float],
+        subject: str,
+        name: str,
+    ) -> Alert | None:
+        """One rank's ``scales`` value ``rank_input_factor`` apart from the others':
+        with two ranks the one that left its own first value, with more the one
+        farthest from the others' median."""
         if AlertKind.RANK_OUTLIER in self.found or self.sync not in DATA_PARALLEL:
             return None  # one incident: a rank already stands apart (or not data parallel)
-        scales = {r: p.input_rms for r, p in peers.items() if p.input_rms is not None}
         factor = self.thresholds.rank_input_factor
         if len(scales) < 2 or max(scales.values()) <= factor * min(scales.values()):
             return None  # (the common case: they agree)
         if len(scales) == 2:  # which one moved: the one farther from its own first scale
-            drift = {r: abs(math.log(v / self._first_inputs.get(r, v))) for r, v in scales.items()}
+            drift = {r: abs(math.log(v / firsts.get(r, v))) for r, v in scales.items()}
             suspect = max(drift, key=drift.__getitem__)
             if drift[suspect] <= math.log(factor):
                 return None  # apart from the start: which one is the odd one is not known
@@ -198,13 +224,13 @@ class JobChecks:
             return None
         evidence: dict[str, Any] = {
             "rank": suspect,
-            "input_rms": scales[suspect],
+            name: scales[suspect],
             "other_ranks_median": median,
             "times": times,
-            "its_first_input_rms": self._first_inputs.get(suspect),
+            f"its_first_{name}": firsts.get(suspect),
             "other_ranks": len(scales) - 1,
         }
-        return self._raise(AlertKind.RANK_OUTLIER, step, "inputs", evidence)
+        return self._raise(AlertKind.RANK_OUTLIER, step, subject, evidence)
 
     def _grads(self, step: int, reference: Shown, shown: Shown) -> Alert | None:
         """Under DDP, each layer's gradient norm agrees across ranks at a step."""

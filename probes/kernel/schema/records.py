@@ -101,6 +101,7 @@ class StepRecord(_StepRecordRequired, total=False):
     backward_passes: list[int | None]  # per layer, into its gradient since it was cleared
     step_losses: list[list[float]]  # a thinned record: [step, loss] of each of its steps
     input_rms: float  # RMS of the model's input, on sampled steps (compared across ranks)
+    local_grad_norm: float  # a rank's own gradient norm before the all-reduce, sampled steps
     clip_steps: int  # steps that clipped (1 for a step record; summed over a span)
     clip_active_steps: int  # ... whose unclipped total norm was above max_norm
     grads_scaled: float  # a GradScaler's loss scale still in the gradients clipped or read

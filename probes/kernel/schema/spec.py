@@ -150,6 +150,8 @@ STEP_FIELDS = (
     _F("step_losses", _T.ANY, "a thinned record's [step, loss] of every step it stands for",
        merge=Merge.EACH, checked=False, view=None),
     _F("input_rms", _T.NUMBER, "RMS of the model's input (sampled steps)", checked=False),
+    _F("local_grad_norm", _T.NUMBER, "a job's rank: its own gradient norm before the "
+       "all-reduce (sampled steps)", checked=False),
     _F("clip_steps", _T.INT, "steps that clipped (clip_grad_norm_)", merge=SUM, default=0),
     _F("clip_active_steps", _T.INT, "... whose unclipped total was above max_norm", merge=SUM,
        default=0),

@@ -151,6 +151,7 @@ class StepView:
     dropped: int = 0  # records the probe's queue dropped so far
     none_grads: int = 0  # parameters without a gradient
     input_rms: float | None = None  # the model's input scale, on sampled steps
+    local_grad_norm: float | None = None  # a rank's own, before the all-reduce (sampled)
     clip_steps: int = 0  # steps of the span that clipped (clip_grad_norm_)
     clip_active_steps: int = 0  # ... whose unclipped total norm was above max_norm
     grads_scaled: float | None = None  # a GradScaler's scale still in the gradients read
