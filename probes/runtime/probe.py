@@ -46,8 +46,9 @@ from probes.runtime.measurer import StepMeasurer
 from probes.runtime.optimizer_hooks import OptimizerHooks
 from probes.runtime.options import WatchOptions
 from probes.runtime.scalars import Scalar, ScalarFiler
+from probes.runtime.scope import StepScope
 from probes.runtime.sender import Sender, warn
-from probes.runtime.step import StepBoundary, StepScope
+from probes.runtime.step import StepBoundary
 
 
 class Probe:
@@ -472,10 +473,8 @@ def watch(
             or a list of them (a GAN's ``[opt_g, opt_d]``: each one's parameters read at
             its own ``step()``); gradients are read in ``optimizer.step()`` (after a
             closure's backward) or before a ``clip_grad_norm_``, whichever comes first.
-        **options: any of ``WatchOptions`` (its docstring says what each does): ``run``,
-            ``address``, ``every``, ``sample_every``, ``grad_accumulation``, ``guard``,
-            ``on_anomaly``, ``pause_grace_s``, ``queue_size``, ``history``,
-            ``max_steps_per_s``, ``job``, ``data_parallel``.
+        **options: any of ``WatchOptions`` (its docstring says what each does), e.g.
+            ``run``, ``every``, ``sample_every``, ``guard``, ``infer_steps``.
 
     Returns:
         A ``Probe``; also a context manager that closes it.
@@ -486,7 +485,8 @@ def watch(
             the known ones).
         ValueError: an option's value is out of range.
 
-    Example::
+    With no ``probe.step()`` the steps are found in the loop (``infer_steps``): one ends
+    at each ``optimizer.step()``, its loss is what ``backward()`` ran from. Example::
 
         with probes.watch(model, optimizer, run="resnet-baseline") as probe:
             for x, y in loader:
