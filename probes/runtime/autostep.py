@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 import torch
 from torch.amp.grad_scaler import GradScaler
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
@@ -86,6 +87,7 @@ class InferredSteps:
     """One probe's inferred steps (see the module).
 
     Args:
+        module: the watched model, unwrapped (step 0 begins at its first forward).
         boundary: the probe's step boundary.
         measurer: its measurer (the step under way, the gradients' reading).
         layers: the watched layers and their trainable parameters.
@@ -96,6 +98,7 @@ class InferredSteps:
 
     def __init__(
         self,
+        module: torch.nn.Module,
         boundary: Boundary,
         measurer: CurrentStep,
         layers: LayerMap,
@@ -123,8 +126,25 @@ class InferredSteps:
         self._layer_firsts = list(firsts.values())  # each layer's first parameter
         self._mark: tuple[Any, int] | None = None  # (first grad, version) before a backward
         self._after_backward: tuple[list[int], Any, int] | None = None  # no optimizer
+        self._module = weakref.ref(module)
+        self._first_forward: RemovableHandle | None = None
         if self.active:
             _install(self)
+            # A global hook, one call: the model's own hook dictionaries stay as they were.
+            self._first_forward = register_module_forward_pre_hook(self._forward_begins)
+
+    def _forward_begins(self, module: torch.nn.Module, args: Any) -> None:
+        """Step 0 begins at the model's first forward with gradients on (or, failing
+        that, at its first backward or ``optimizer.step()``)."""
+        if module is self._module() and torch.is_grad_enabled():
+            hooks = module._forward_pre_hooks
+            before = set(hooks)
+            _safely(self, self.begin_if_idle)
+            # torch took this call's hooks before ours ran: the step's own (the input's
+            # scale, on a sampled step) see this forward through us
+            for key in [k for k in hooks if k not in before]:
+                if key not in module._forward_pre_hooks_with_kwargs:
+                    _safely(self, hooks[key], module, args)
 
     # --- what the boundary tells ------------------------------------------------------
 
@@ -136,6 +156,7 @@ class InferredSteps:
         """The step API is used: inference ends; an open inferred step is dropped, and
         held ones too (their updates were warm-ups: the explicit steps count from 0)."""
         self.active = False  # (the patches stay until close: others may wrap them now)
+        self._stop_waiting()
         boundary = self._boundary
         if self.implicit and boundary.in_step:
             boundary.drop_open_step()
@@ -149,6 +170,7 @@ class InferredSteps:
         """The probe closes: a step a hand-written update ended is ended here; held
         steps are sent."""
         _uninstall(self)
+        self._stop_waiting()
         if not self.active:
             return
         self.active = False
@@ -240,6 +262,7 @@ class InferredSteps:
     # --- pieces -------------------------------------------------------------------------
 
     def _begin(self) -> None:
+        self._stop_waiting()
         self.implicit = True
         self._stepped.clear()
         self._loss = None
@@ -262,6 +285,11 @@ class InferredSteps:
             self._release()
         if begin_next and self.active and not self._boundary.closed:
             self._begin()
+
+    def _stop_waiting(self) -> None:
+        if self._first_forward is not None:
+            self._first_forward.remove()
+            self._first_forward = None
 
     def _release(self) -> None:
         """Inference is confirmed (or the probe closes): the held steps go out."""

@@ -106,9 +106,14 @@ class StepBoundary:
         # steps found in the loop itself while no step API is used (``autostep``)
         real = getattr(optimizer, "optimizers", (optimizer,) if optimizer is not None else ())
         self.inferred = InferredSteps(
-            self, measurer, layers, tuple(real), enabled=options.infer_steps, on_error=on_error
+            module,
+            self,
+            measurer,
+            layers,
+            tuple(real),
+            enabled=options.infer_steps,
+            on_error=on_error,
         )
-        self.inferred.begin_if_idle()  # step 0 from here: its forward is the step's
 
     # --- what the probe asks of its step ---------------------------------------------------
 
