@@ -319,6 +319,28 @@ class InferredSteps:
         now = None if first is None else first.grad
         return now is not grad or (now is not None and now._version != version)
 
+    def adopt(self, tensors: Any) -> None:
+        """This probe was made just after a backward (``traintop run``, a hand-written
+        update): that backward is its step 0's."""
+        if self.active and not self._boundary.in_step:
+            self._begin()
+            self._mark = None
+            self.after_backward(tensors)
+
+
+def forward_begins(module: torch.nn.Module, args: Any) -> None:
+    """A forward of ``module`` began before the probes made in it could hook it
+    (``probes.attach``): step 0 of theirs begins there."""
+    for watcher in _active():
+        if watcher._first_forward is not None:
+            _safely(watcher, watcher._forward_begins, module, args)
+
+
+def adopt_backward(tensors: Any) -> None:
+    """The probes made just after a backward take it as their step 0's (``probes.attach``)."""
+    for watcher in _active():
+        _safely(watcher, watcher.adopt, tensors)
+
 
 # --- the patches, installed while a probe infers its steps --------------------------------
 
