@@ -1,6 +1,6 @@
 """A LightningModule fitted by the Lightning Trainer (its quick-start's shape)."""
 
-import lightning.pytorch as pl
+import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
