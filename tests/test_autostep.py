@@ -4,6 +4,7 @@ records are those the explicit step API gives on the same loop."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,14 @@ import torch
 from torch import nn
 
 import probes
-from tests.collector import Frame, FrameCollector, raised_alerts, wait_for_bye, watch_unthinned
+from tests.collector import (
+    Frame,
+    FrameCollector,
+    raised_alerts,
+    wait_connected,
+    wait_for_bye,
+    watch_unthinned,
+)
 
 STEPS = 6
 
@@ -216,3 +224,60 @@ def test_a_grad_scaler_step_that_skips_the_update_still_ends_the_step(
     assert records[1]["optimizer_step"] is False and "optimizer_step" not in records[2]
     assert math.isinf(records[1]["scalars"]["loss"])
     assert torch.autograd.backward.__module__ == "torch.autograd"  # put back at close
+
+
+# --- control at the inferred boundary, after optimizer.step() ------------------------------
+
+
+def poisoned_step(model: nn.Module, optimizer: torch.optim.Optimizer, i: int) -> None:
+    optimizer.zero_grad()
+    (loss_of(model, i) * float("nan")).backward()
+    optimizer.step()
+
+
+def test_the_guard_skips_and_pauses_a_loop_watched_alone(
+    resuming_collector: FrameCollector,
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, resuming_collector, guard=True)
+    wait_connected(probe)
+    plain_step(model, optimizer, 0)
+    before = copy.deepcopy(model.state_dict())
+    poisoned_step(model, optimizer, 1)  # paused after its optimizer.step(), then resumed
+    assert probe.update_skipped
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), f"{name} changed"
+    plain_step(model, optimizer, 2)
+    assert not probe.update_skipped
+    frames = frames_of(probe, resuming_collector)
+    alerts = [f["alert"] for f in frames if f["kind"] == "alert"]
+    assert [a["kind"] for a in alerts] == ["guard_skipped_update"]
+    paused = [f for f in frames if f["kind"] == "event" and f["name"] == "paused"]
+    assert [f["step"] for f in paused] == [1]
+    assert sorted(steps(frames)) == [0, 1, 2]
+
+
+def test_an_anomaly_step_runs_at_the_next_inferred_boundary(
+    resuming_collector: FrameCollector,
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, resuming_collector)
+    wait_connected(probe)
+    plain_step(model, optimizer, 0)
+    # Step 1 began in step 0's optimizer.step(): the anomaly step is the one after it.
+    probe.arm_anomaly()
+    plain_step(model, optimizer, 1)
+    before = copy.deepcopy(model.state_dict())
+    poisoned_step(model, optimizer, 2)  # caught in its backward: never raised here
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), f"{name} changed"
+    plain_step(model, optimizer, 3)  # paused at its boundary, resumed by the monitor
+    frames = frames_of(probe, resuming_collector)
+    reports = [f for f in frames if f["kind"] == "anomaly"]
+    assert [r["step"] for r in reports] == [2]
+    assert reports[0]["outcome"] == "non_finite_backward"
+    assert reports[0]["backward_op"] == "MulBackward0"
+    assert reports[0]["update_skipped"] and reports[0]["paused"]
+    assert not torch.is_anomaly_enabled()

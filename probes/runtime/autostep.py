@@ -65,6 +65,7 @@ class Boundary(Protocol):
     in_step: bool
     disabled: bool
     closed: bool
+    skipped: bool
 
     def begin_inferred(self) -> None: ...
     def end_step(self, error: BaseException | None = None) -> bool: ...
@@ -210,6 +211,7 @@ class InferredSteps:
             self._begin()
         elif self.implicit and not self.backward_seen:
             boundary.flush_last()  # the last step's record: no late ``log`` after this
+            boundary.skipped = False  # (``update_skipped`` told of the last step till now)
         first = self._first_grad_holder()
         grad = None if first is None else first.grad
         self._mark = (grad, -1 if grad is None else grad._version)

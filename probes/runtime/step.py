@@ -260,7 +260,8 @@ class StepBoundary:
     def _enter_step(self, index: int | None, flush: bool = True) -> None:
         next_index = self.index + 1 if index is None else index
         self._measurer.index = next_index
-        self.skipped = False
+        if flush:  # (an inferred step begun after optimizer.step(): at its first backward)
+            self.skipped = False
         if self._lr_experiment is not None:
             self._check_lr_experiment(next_index)
         if self._control.busy:  # commands to apply, or paused: may block here

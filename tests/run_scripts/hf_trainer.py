@@ -13,8 +13,13 @@ VOCAB, LENGTH = 64, 16
 def train(steps: int = 6) -> str:
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB, n_positions=LENGTH,
-        bos_token_id=0, eos_token_id=0,
+        n_layer=1,
+        n_embd=16,
+        n_head=2,
+        vocab_size=VOCAB,
+        n_positions=LENGTH,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     model = transformers.GPT2LMHeadModel(config)
     g = torch.Generator().manual_seed(0)
@@ -24,9 +29,15 @@ def train(steps: int = 6) -> str:
         rows.append({"input_ids": ids, "labels": ids})
     with tempfile.TemporaryDirectory() as out:
         args = transformers.TrainingArguments(
-            output_dir=os.path.join(out, "run"), max_steps=steps,
-            per_device_train_batch_size=4, report_to="none", save_strategy="no",
-            use_cpu=True, disable_tqdm=True, logging_strategy="no", seed=0,
+            output_dir=os.path.join(out, "run"),
+            max_steps=steps,
+            per_device_train_batch_size=4,
+            report_to="none",
+            save_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+            logging_strategy="no",
+            seed=0,
         )
         trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
         result = trainer.train()

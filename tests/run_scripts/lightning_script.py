@@ -28,8 +28,12 @@ def train(steps: int = 8) -> str:
     data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
     module = Regressor()
     trainer = pl.Trainer(
-        max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(module, data)
     checksum = sum(p.double().sum().item() for p in module.parameters())
