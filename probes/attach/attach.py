@@ -92,7 +92,7 @@ def _owner(param: torch.Tensor) -> nn.Module | None:
 
 
 def _owned_with_grads() -> list[torch.Tensor]:
-    found = []
+    found: list[torch.Tensor] = []
     for param_ref, _ in list(_owners.values()):
         param = param_ref()
         if isinstance(param, nn.Parameter) and param.grad is not None:
