@@ -281,3 +281,66 @@ def test_an_anomaly_step_runs_at_the_next_inferred_boundary(
     assert reports[0]["backward_op"] == "MulBackward0"
     assert reports[0]["update_skipped"] and reports[0]["paused"]
     assert not torch.is_anomaly_enabled()
+
+
+# --- evaluations, found ----------------------------------------------------------------------
+
+
+class WithDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.3), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def evaluating_loop(collector: FrameCollector, *, eval_mode: bool) -> list[Frame]:
+    """Train, and validate every 4 steps the way tutorials do (no traintop call)."""
+    model = WithDropout()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    probe = watch_unthinned(model, optimizer, collector)
+    criterion = nn.CrossEntropyLoss()
+    for i in range(8):
+        plain_step(model, optimizer, i)
+        if i % 4 == 3:
+            if eval_mode:
+                model.eval()
+            with torch.no_grad():
+                for j in range(2):
+                    x, y = batch(100 + j)
+                    criterion(model(x), y)
+            model.train()
+    return frames_of(probe, collector)
+
+
+def test_an_evaluation_and_its_loss_are_found(collector: FrameCollector) -> None:
+    frames = evaluating_loop(collector, eval_mode=True)
+    evals = [f for f in frames if f["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [4, 8]  # after 4 and 8 updates
+    model = WithDropout()  # the same weights at step 4: retrain here without traintop
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for i in range(4):
+        plain_step(model, optimizer, i)
+    model.eval()
+    with torch.no_grad():
+        want = (
+            sum(
+                nn.functional.cross_entropy(model(batch(100 + j)[0]), batch(100 + j)[1])
+                for j in range(2)
+            )
+            / 2
+        )
+    assert evals[0]["scalars"]["val_loss"] == pytest.approx(float(want), rel=1e-6)
+    assert {a.kind for a in raised_alerts(frames)} == set()
+    assert nn.functional.cross_entropy.__module__ == "torch.nn.functional"  # put back
+
+
+def test_an_evaluation_left_in_train_mode_is_named(socket_path: str) -> None:
+    collector = FrameCollector(socket_path)
+    try:
+        frames = evaluating_loop(collector, eval_mode=False)
+    finally:
+        collector.close()
+    assert "eval_in_train_mode" in {a.kind for a in raised_alerts(frames)}

@@ -48,6 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from probes.runtime import amp
+from probes.runtime.autoeval import InferredEvaluation
 from probes.runtime.layers import LayerMap
 from probes.runtime.stats import Measurement
 from probes.runtime.unbracketed import UNBRACKETED_UPDATES
@@ -128,6 +129,7 @@ class InferredSteps:
         self._mark: tuple[Any, int] | None = None  # (first grad, version) before a backward
         self._after_backward: tuple[list[int], Any, int] | None = None  # no optimizer
         self._module = weakref.ref(module)
+        self._evaluation: InferredEvaluation | None = None  # (``find_evaluations``)
         self._first_forward: RemovableHandle | None = None
         if self.active:
             _install(self)
@@ -147,6 +149,18 @@ class InferredSteps:
                 if key not in module._forward_pre_hooks_with_kwargs:
                     _safely(self, hooks[key], module, args)
 
+    def find_evaluations(self, begin: Callable[[], bool], end: Callable[..., None]) -> None:
+        """Find the model's evaluations too (``probes.runtime.autoeval``), opened and
+        closed with the probe's ``begin_evaluation`` and ``end_evaluation``."""
+        module = self._module()
+        if self.active and module is not None:
+            self._evaluation = InferredEvaluation(module, begin, end)
+
+    def _evaluations_off(self) -> None:
+        evaluation, self._evaluation = self._evaluation, None
+        if evaluation is not None:
+            evaluation.remove()
+
     # --- what the boundary tells ------------------------------------------------------
 
     def put(self, record: Any) -> None:
@@ -158,6 +172,7 @@ class InferredSteps:
         held ones too (their updates were warm-ups: the explicit steps count from 0)."""
         self.active = False  # (the patches stay until close: others may wrap them now)
         self._stop_waiting()
+        self._evaluations_off()
         boundary = self._boundary
         if self.implicit and boundary.in_step:
             boundary.drop_open_step()
@@ -172,6 +187,7 @@ class InferredSteps:
         steps are sent."""
         _uninstall(self)
         self._stop_waiting()
+        self._evaluations_off()
         if not self.active:
             return
         self.active = False
@@ -204,6 +220,8 @@ class InferredSteps:
         boundary = self._boundary
         if boundary.disabled or boundary.closed:
             return
+        if self._evaluation is not None:
+            self._evaluation.finish()  # a backward: training again
         hand_written = not self._optimizer_ids and self.implicit and boundary.in_step
         if hand_written and self.backward_seen and self._updated_by_hand():
             self._end(begin_next=True)
@@ -274,6 +292,8 @@ class InferredSteps:
 
     def _end(self, *, begin_next: bool) -> None:
         """End the inferred step (its loss filed unless logged), and begin the next."""
+        if self._evaluation is not None:
+            self._evaluation.finish()
         step = self._measurer.current
         loss, self._loss = self._loss, None
         logged = step is None or LOSS in step.tensor_scalars or LOSS in step.float_scalars

@@ -152,6 +152,8 @@ class StepBoundary:
         already (then there is nothing more to do)."""
         if self.closed:
             return False
+        # a hand-written update's last step ends here, and an evaluation found open
+        self.inferred.close()
         self.closed = True
         return True
 
@@ -170,7 +172,6 @@ class StepBoundary:
     def abandon(self) -> None:
         """The probe closes: drop a step left open (its activation hooks, its anomaly
         mode); what was measured before it is still sent (``flush_last``)."""
-        self.inferred.close()  # (a hand-written update's last step ends here)
         self._measurer.abandon()
         self._end_anomaly()
 
