@@ -5,6 +5,7 @@ traintop, their healthy twins raising nothing, the broken ones named."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import runpy
 import socket
@@ -72,7 +73,9 @@ def untouched_process(script: str) -> str:
 
 
 def result_lines(output: str) -> list[str]:
-    return [line for line in output.splitlines() if line.startswith("result")]
+    """The scripts' result lines (the monitor's lines share the stream: one may be cut
+    into by the script's own write)."""
+    return re.findall(r"result\d* \S+ \S+", output)
 
 
 def kinds(frames: list[Frame]) -> set[str]:
