@@ -5,9 +5,10 @@ traintop, their healthy twins raising nothing, the broken ones named."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import runpy
+import signal
 import socket
 import subprocess
 import sys
@@ -206,3 +207,31 @@ def test_a_torchrun_ddp_script_is_one_job_of_two_ranks(tmp_path: Any) -> None:
         mine = [f for f in frames if f.get("run") == hello["run"]]
         assert steps(mine) == list(range(8))
         assert kinds(mine) == set()
+
+
+def test_ctrl_c_reaches_the_script_as_without_traintop(tmp_path: Any) -> None:
+    script = os.path.join(tmp_path, "forever.py")
+    with open(script, "w", encoding="utf-8") as handle:
+        handle.write(
+            "import time\nprint('started', flush=True)\n"
+            "try:\n    while True:\n        time.sleep(0.05)\n"
+            "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n    raise\n"
+        )
+    command = [sys.executable, "-m", "tui.cli", "run", "--headless", sys.executable, script]
+    child = subprocess.Popen(
+        command,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a terminal's process group of its own
+    )
+    assert child.stdout is not None
+    for line in child.stdout:
+        if "started" in line:
+            break
+    os.killpg(child.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    out, err = child.communicate(timeout=60)
+    assert "interrupted" in out
+    assert "KeyboardInterrupt" in err  # the script's own traceback
+    assert child.returncode == 130  # the script's status, as a shell says it
