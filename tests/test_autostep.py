@@ -344,3 +344,23 @@ def test_an_evaluation_left_in_train_mode_is_named(socket_path: str) -> None:
     finally:
         collector.close()
     assert "eval_in_train_mode" in {a.kind for a in raised_alerts(frames)}
+
+
+def test_an_lr_experiment_applies_at_the_boundary_after_optimizer_step(
+    collector: FrameCollector,
+) -> None:
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector)
+    plain_step(model, optimizer, 0)  # step 1 begins inside this optimizer.step()
+    probe._control.receive(
+        {"v": 1, "kind": "command", "id": 1, "command": "lr_scale", "args": {"factor": 0.5}}
+    )
+    plain_step(model, optimizer, 1)  # at 0.1 still; the experiment starts after its update
+    assert optimizer.param_groups[0]["lr"] == 0.05
+    plain_step(model, optimizer, 2)
+    frames = frames_of(probe, collector)
+    records = steps(frames)
+    assert [records[i]["lr"] for i in range(3)] == [[0.1], [0.1], [0.05]]
+    [event] = [f for f in frames if f["kind"] == "event" and f["name"] == "lr_scale"]
+    assert event["step"] == 2
