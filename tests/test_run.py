@@ -76,7 +76,10 @@ def untouched_process(script: str) -> str:
 def result_lines(output: str) -> list[str]:
     """The scripts' result lines (the monitor's lines share the stream: one may be cut
     into by the script's own write)."""
-    return re.findall(r"result\d* \S+ \S+", output)
+    return re.findall(rf"result\d* {_FLOAT} {_FLOAT}", output)
+
+
+_FLOAT = r"(?:-?\d+(?:\.\d+)?(?:e[-+]\d+)?|nan|-?inf)"  # a float's repr
 
 
 def kinds(frames: list[Frame]) -> set[str]:
