@@ -216,8 +216,8 @@ def test_ctrl_c_reaches_the_script_as_without_traintop(tmp_path: Any) -> None:
     script = os.path.join(tmp_path, "forever.py")
     with open(script, "w", encoding="utf-8") as handle:
         handle.write(
-            "import time\nprint('started', flush=True)\n"
-            "try:\n    while True:\n        time.sleep(0.05)\n"
+            "import time\n"  # (started inside the try: a Ctrl-C just after it is caught)
+            "try:\n    print('started', flush=True)\n    while True:\n        time.sleep(0.05)\n"
             "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n    raise\n"
         )
     command = [sys.executable, "-m", "tui.cli", "run", "--headless", sys.executable, script]
