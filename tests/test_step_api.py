@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -274,12 +275,12 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, first
 
 
 def _unmeasured_then_measured(
-    collector: FrameCollector, unmeasured: int, measured: int
+    collector: FrameCollector, unmeasured: int, measured: int, **options: Any
 ) -> probes.Probe:
     """``unmeasured`` updates outside any probe step, then ``measured`` inside one each."""
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    probe = watch_unthinned(model, optimizer, collector)
+    probe = watch_unthinned(model, optimizer, collector, **options)
     _train(model, optimizer, unmeasured)
     for i in range(unmeasured, unmeasured + measured):
         with probe.step():
@@ -290,7 +291,8 @@ def _unmeasured_then_measured(
 def test_updates_outside_any_probe_step_are_named_once(
     collector: FrameCollector, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    probe = _unmeasured_then_measured(collector, 10, 0)  # forgot `with probe.step():`
+    # forgot `with probe.step():`, with steps not inferred (by default they are: autostep)
+    probe = _unmeasured_then_measured(collector, 10, 0, infer_steps=False)
     probe.close()
     wait_for_bye(collector)
     alerts = [f["alert"] for f in collector.kinds("alert")]
@@ -305,7 +307,7 @@ def test_an_lr_range_test_before_the_bracketed_loop_is_named_then_cleared(
 ) -> None:
     # Lightning's LR finder (or torch-lr-finder) steps the watched optimizer before the
     # measured loop: said while nothing is measured, over once a step is.
-    probe = _unmeasured_then_measured(collector, 8, 4)
+    probe = _unmeasured_then_measured(collector, 8, 4, infer_steps=False)
     probe.close()
     wait_for_bye(collector)
     state = MonitorState()

@@ -4,6 +4,7 @@ traintop                      listen and show every run that connects
 traintop --headless           the same, as lines of text
 traintop replay FILE [FILE]   show recorded run logs (several: side by side)
 traintop demo [SCENARIO]      run a bundled failure mode with the monitor attached
+traintop run [--] COMMAND...  run an unmodified training script, watched
 """
 
 from __future__ import annotations
@@ -61,7 +62,38 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, help="train this many steps")
     demo.add_argument("--delay", type=float, help="seconds between steps (0: full speed)")
     demo.add_argument("--fixed", action="store_true", help="run the corrected version")
+    run = commands.add_parser(
+        "run",
+        parents=[shared],
+        help="run an unmodified training script, watched: "
+        "traintop run python train.py ARGS (or train.py, -m module, torchrun ...)",
+    )
+    run.add_argument("child", nargs="*", metavar="COMMAND", help=argparse.SUPPRESS)
     return parser
+
+
+#: traintop's own options that take a value (``split_run``).
+_VALUED = ("--record", "--summary-every", "--fail-on", "--threshold", "--address")
+
+
+def split_run(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``traintop ... run [options] [--] COMMAND...``: (traintop's arguments, COMMAND).
+    COMMAND starts at the first word that is not one of traintop's options (so a
+    ``-m`` or a script's own ``--flag`` is the script's), or after ``--``."""
+    if "run" not in argv:
+        return argv, []
+    at = argv.index("run") + 1
+    while at < len(argv):
+        word = argv[at]
+        if word == "--":
+            return argv[:at], argv[at + 1 :]
+        if word in _VALUED:
+            at += 2
+        elif word.startswith("--") and (word.split("=")[0] in _VALUED or word == "--headless"):
+            at += 1
+        else:
+            break
+    return argv[:at], argv[at:]
 
 
 def _add_output_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -109,7 +141,12 @@ def _add_output_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``traintop`` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    ours, child = split_run(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(ours)
+    if args.command == "run":
+        if not child:
+            parser.error("traintop run needs a command: traintop run python train.py")
+        args.child = child
     if getattr(args, "fail_on", None) and not args.headless:
         parser.error("--fail-on needs --headless")
     try:
@@ -121,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             from tui.launcher import run_demo
 
             return run_demo(args)
+        if args.command == "run":
+            from tui.runner import run_script
+
+            return run_script(args)
         if args.command == "replay":
             return _replay(args)
         return _monitor(args)

@@ -34,11 +34,27 @@ torch_update = GradScaler.update
 _lock = threading.Lock()
 _installed = 0
 
+#: The last loss a GradScaler scaled, and what it returned (``unscaled``).
+_last_scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
+
 
 @functools.wraps(torch_scale)
 def _scale(self: GradScaler, outputs: Any) -> Any:
+    global _last_scaled
     _scaled[self] = True
-    return torch_scale(self, outputs)
+    result = torch_scale(self, outputs)
+    if isinstance(result, torch.Tensor) and isinstance(outputs, torch.Tensor):
+        _last_scaled = (weakref.ref(result), outputs)
+    return result
+
+
+def unscaled(loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` as it was before a GradScaler scaled it (``scaler.scale(loss).backward()``:
+    the step's loss is the one computed, not its scaled copy); else ``loss`` itself."""
+    last = _last_scaled
+    if last is not None and last[0]() is loss:
+        return last[1]
+    return loss
 
 
 @functools.wraps(torch_update)
@@ -80,7 +96,7 @@ def install() -> None:
 def uninstall() -> None:
     """Undo one ``install``; the last one puts torch's methods back, unless someone
     replaced ours since (theirs is left alone)."""
-    global _installed
+    global _installed, _last_scaled
     with _lock:
         if _installed == 0:
             return
@@ -92,3 +108,4 @@ def uninstall() -> None:
         if GradScaler.update is _update:
             GradScaler.update = torch_update  # type: ignore[method-assign]
         _scaled.clear()
+        _last_scaled = None

@@ -41,6 +41,11 @@ def unregister(probe: OpenProbe) -> None:
     _open_probes.discard(probe)
 
 
+def open_probes() -> list[OpenProbe]:
+    """The probes open now."""
+    return list(_open_probes)
+
+
 def probes_watching(param: Any) -> list[OpenProbe]:
     """The open probes whose model trains ``param``."""
     return [probe for probe in list(_open_probes) if probe.owns(param)]

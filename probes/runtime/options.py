@@ -50,6 +50,11 @@ class WatchOptions:
         data_parallel: how the ranks share gradients: ``"ddp"`` (all-reduced),
             ``"fsdp"`` (sharded); by default from the model's wrapper. It decides which
             cross-rank checks apply.
+        infer_steps: with no ``probe.step()`` (nor a framework's callback), find the
+            steps from the loop itself: one ends at each ``optimizer.step()`` (or, with
+            no optimizer, where the weights change after a backward), its loss is what
+            ``backward()`` ran from (``probes.runtime.autostep``). False: only the
+            step API measures, and updates outside it are named (steps_not_measured).
     """
 
     run: str | None = None
@@ -66,6 +71,7 @@ class WatchOptions:
     job: str | None = None
     data_parallel: str | None = None
     auto_anomaly: bool = True
+    infer_steps: bool = True
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.sample_every < 1:

@@ -45,9 +45,11 @@ from probes.runtime.link import command_token, monitor_address
 from probes.runtime.measurer import StepMeasurer
 from probes.runtime.optimizer_hooks import OptimizerHooks
 from probes.runtime.options import WatchOptions
+from probes.runtime.pace import ANCHOR_SAMPLES, grace_seconds, steps_per_s
 from probes.runtime.scalars import Scalar, ScalarFiler
+from probes.runtime.scope import StepScope
 from probes.runtime.sender import Sender, warn
-from probes.runtime.step import StepBoundary, StepScope
+from probes.runtime.step import StepBoundary
 
 
 class Probe:
@@ -118,6 +120,7 @@ class Probe:
             on_error=self._fail,
         )
         self.sender.on_non_finite = self._boundary.auto.saw_non_finite  # (auto_anomaly)
+        self._boundary.inferred.find_evaluations(self.begin_evaluation, self.end_evaluation)
         self._next_step_scope = StepScope(self._boundary, self, None)
         self._hooks.install(
             before_step=self._boundary.before_optimizer_step,
@@ -139,7 +142,7 @@ class Probe:
             connected=connected,
             send=self.send,
             scale_lr=self._scale_lr if optimizer is not None else None,
-            grace_s=_grace_seconds(options.pause_grace_s),
+            grace_s=grace_seconds(options.pause_grace_s),
             token=command_token(self.address, os.environ.get(TOKEN_ENV)),
             run_id=self.run_id,
             guard=options.guard and optimizer is not None,
@@ -161,7 +164,7 @@ class Probe:
             hello,
             queue_size=options.queue_size,
             history_capacity=options.history,
-            max_steps_per_s=_steps_per_s(options.max_steps_per_s, self.identity.rank),
+            max_steps_per_s=steps_per_s(options.max_steps_per_s, self.identity.rank),
             on_command=control.receive,
             connected=connected,
             hello_state=control.state.as_dict,
@@ -433,33 +436,6 @@ class Probe:
         )
 
 
-PAUSE_GRACE_ENV = "TRAINTOP_PAUSE_GRACE"
-DEFAULT_PAUSE_GRACE_S = 10.0
-
-
-def _grace_seconds(explicit: float | None) -> float:
-    if explicit is not None:
-        return explicit
-    try:
-        return float(os.environ.get(PAUSE_GRACE_ENV, DEFAULT_PAUSE_GRACE_S))
-    except ValueError:
-        return DEFAULT_PAUSE_GRACE_S
-
-
-#: Step records a second a rank sends at most, rank 0 and the others: the others' matter
-#: for cross-rank checks (their sampled steps are kept) more than for their curves, and
-#: one monitor takes the records of many ranks.
-RANK0_STEPS_PER_S = 60.0
-ANCHOR_SAMPLES = 5  # a job's ranks each show one sampled step in this many, unmerged
-OTHER_RANKS_STEPS_PER_S = 10.0
-
-
-def _steps_per_s(explicit: float | None, rank: int) -> float:
-    if explicit is not None:
-        return explicit
-    return RANK0_STEPS_PER_S if rank == 0 else OTHER_RANKS_STEPS_PER_S
-
-
 def watch(
     model: nn.Module, optimizer: torch.optim.Optimizer | Any | None = None, **options: Any
 ) -> Probe:
@@ -471,10 +447,8 @@ def watch(
             or a list of them (a GAN's ``[opt_g, opt_d]``: each one's parameters read at
             its own ``step()``); gradients are read in ``optimizer.step()`` (after a
             closure's backward) or before a ``clip_grad_norm_``, whichever comes first.
-        **options: any of ``WatchOptions`` (its docstring says what each does): ``run``,
-            ``address``, ``every``, ``sample_every``, ``grad_accumulation``, ``guard``,
-            ``on_anomaly``, ``pause_grace_s``, ``queue_size``, ``history``,
-            ``max_steps_per_s``, ``job``, ``data_parallel``.
+        **options: any of ``WatchOptions`` (its docstring says what each does), e.g.
+            ``run``, ``every``, ``sample_every``, ``guard``, ``infer_steps``.
 
     Returns:
         A ``Probe``; also a context manager that closes it.
@@ -485,7 +459,8 @@ def watch(
             the known ones).
         ValueError: an option's value is out of range.
 
-    Example::
+    With no ``probe.step()`` the steps are found in the loop (``infer_steps``): one ends
+    at each ``optimizer.step()``, its loss is what ``backward()`` ran from. Example::
 
         with probes.watch(model, optimizer, run="resnet-baseline") as probe:
             for x, y in loader:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ import torch
 from probes.runtime import amp
 from probes.runtime.anomaly import AnomalyStep, backward_op
 from probes.runtime.auto_anomaly import AutoAnomaly, ScopedCheck
+from probes.runtime.autostep import InferredSteps
 from probes.runtime.control import Control
 from probes.runtime.guard import GuardTrip, guard_alert, skip_update
 from probes.runtime.job import JobIdentity
@@ -38,6 +38,7 @@ from probes.runtime.lr_experiment import LrExperiment, check_experiment, scale_l
 from probes.runtime.measurer import StepMeasurer
 from probes.runtime.options import WatchOptions
 from probes.runtime.scalars import Scalar, ScalarFiler
+from probes.runtime.scope import with_closure
 from probes.runtime.sender import Sender, warn
 from probes.runtime.stats import Measurement
 from probes.runtime.unbracketed import UNBRACKETED_UPDATES, unbracketed_alert
@@ -102,6 +103,17 @@ class StepBoundary:
         self._unbracketed_updates = 0  # optimizer steps before any probe step
         # the watch-time checks, again on sampled steps when the trainable set changes
         self.wiring = WiringWatch(module, optimizer)
+        # steps found in the loop itself while no step API is used (``autostep``)
+        real = getattr(optimizer, "optimizers", (optimizer,) if optimizer is not None else ())
+        self.inferred = InferredSteps(
+            module,
+            self,
+            measurer,
+            layers,
+            tuple(real),
+            enabled=options.infer_steps,
+            on_error=on_error,
+        )
 
     # --- what the probe asks of its step ---------------------------------------------------
 
@@ -110,7 +122,11 @@ class StepBoundary:
         the step just ended (its record is held until the next begins)."""
         started = time.perf_counter()
         try:
-            if self.in_step and self._measurer.current is not None:
+            inferred = self.inferred
+            if inferred.implicit and not inferred.backward_seen and self._last is not None:
+                # logged after optimizer.step(), where the next inferred step began
+                self._scalars.file(self._last.late_scalars, self._last.float_scalars, scalars)
+            elif self.in_step and self._measurer.current is not None:
                 step = self._measurer.current
                 self._scalars.file(step.tensor_scalars, step.float_scalars, scalars)
             elif self._last is not None:
@@ -136,6 +152,8 @@ class StepBoundary:
         already (then there is nothing more to do)."""
         if self.closed:
             return False
+        # a hand-written update's last step ends here, and an evaluation found open
+        self.inferred.close()
         self.closed = True
         return True
 
@@ -174,6 +192,31 @@ class StepBoundary:
 
     def begin_step(self, index: int | None = None) -> None:
         """A step begins (``Probe.begin_step`` says what for whom); a paused run blocks."""
+        if self.inferred.active:
+            self.inferred.explicit_begin()  # the step API takes precedence
+        self._begin(index)
+
+    def begin_inferred(self) -> None:
+        """An inferred step begins (``probes.runtime.autostep``), after ``optimizer.step()``:
+        the last step's record waits for the next backward (a ``log`` after the update
+        joins it)."""
+        self._begin(None, flush=False)
+
+    def drop_open_step(self) -> None:
+        """Drop the inferred step under way, unrecorded (the step API took over)."""
+        self._measurer.abandon()
+        self._end_anomaly()
+        self.in_step = False
+        self.index -= 1
+
+    def drop_unsent(self) -> None:
+        """Drop the inferred steps not yet sent: the step API counts from 0."""
+        self._last, self._after_last, self.index = None, [], -1
+
+    def send_now(self, record: Any) -> None:
+        self._sender.put(record)
+
+    def _begin(self, index: int | None, *, flush: bool = True) -> None:
         started = time.perf_counter()
         if self.disabled or self.closed:  # still count steps, so events keep their step
             self.index = self.index + 1 if index is None else index
@@ -182,7 +225,7 @@ class StepBoundary:
             self.end_step()
         self._step_started = started
         try:
-            self._enter_step(index)
+            self._enter_step(index, flush)
         except Exception as exc:
             self._fail(exc)
         self._probe_time = time.perf_counter() - self._step_started
@@ -215,17 +258,19 @@ class StepBoundary:
         self.in_step = False
         return swallow
 
-    def _enter_step(self, index: int | None) -> None:
+    def _enter_step(self, index: int | None, flush: bool = True) -> None:
         next_index = self.index + 1 if index is None else index
         self._measurer.index = next_index
-        self.skipped = False
+        if flush:  # (an inferred step begun after optimizer.step(): at its first backward)
+            self.skipped = False
         if self._lr_experiment is not None:
             self._check_lr_experiment(next_index)
         if self._control.busy:  # commands to apply, or paused: may block here
             self._control.boundary(next_index, self.flush_last)
             # A pause is neither the step's time nor the probe's.
             self._step_started = time.perf_counter()
-        self.flush_last()
+        if flush:
+            self.flush_last()
         self.index = next_index
         self.in_step = True
         if self._control.state.anomaly_armed and self._control.take_anomaly_step():
@@ -341,6 +386,8 @@ class StepBoundary:
         """``optimizer.step()`` is about to run (its pre-hook, ``OptimizerHooks``, calls
         this). With a closure, the gradients are those the closure makes: it is wrapped,
         and they are read after its backward; the (args, kwargs) with it are returned."""
+        if not self.in_step and self.inferred.active and not self.closed:
+            self.inferred.begin_if_idle()  # (a closure's step: its backward is inside)
         if self.in_step and not self.disabled:
             try:
                 closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
@@ -379,6 +426,7 @@ class StepBoundary:
             loss = closure()
             if first:
                 first = False
+                self.inferred.closure_loss(loss)
                 self._gradients_ready()
             self._measurer.clearing.updated()
             return loss
@@ -429,13 +477,15 @@ class StepBoundary:
     # --- records, in the order the monitor must see them ---------------------------------
 
     def flush_last(self) -> None:
+        # the first inferred steps are held back (``autostep``), the others sent
+        put = self.inferred.put if self.inferred.holding else self._sender.put
         last, self._last = self._last, None
         if last is not None:
-            self._sender.put(last)
+            put(last)
         if self._after_last:  # rare (an eval): no new list on every step
             held, self._after_last = self._after_last, []
             for record in held:
-                self._sender.put(record)
+                put(record)
 
     def put_after_step(self, record: dict[str, Any]) -> None:
         """Send ``record`` after the step record it follows: that record is held until
@@ -445,35 +495,3 @@ class StepBoundary:
             self._after_last.append(record)
         else:
             self._sender.put(record)
-
-
-def with_closure(
-    args: tuple[Any, ...], kwargs: dict[str, Any], closure: Callable[[], Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The optimizer step's (args, kwargs) with ``closure`` in place of the caller's."""
-    if "closure" in kwargs:
-        return args, {**kwargs, "closure": closure}
-    return (args[0], closure, *args[2:]), kwargs
-
-
-class StepScope:
-    """The ``with probe.step():`` block; a class rather than a generator, for speed."""
-
-    __slots__ = ("_boundary", "_index", "_probe")
-
-    def __init__(self, boundary: StepBoundary, probe: object, index: int | None) -> None:
-        self._boundary = boundary
-        self._probe = probe
-        self._index = index
-
-    def __enter__(self) -> Any:  # the probe
-        self._boundary.begin_step(self._index)
-        return self._probe
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        return self._boundary.end_step(exc)

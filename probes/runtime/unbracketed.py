@@ -6,6 +6,11 @@ normally while the monitor shows a connected run stuck before step 0; this says 
 with the fix, instead of leaving a silent empty screen. Updates before the loop can be
 deliberate (an LR range test, warm-up steps left unmeasured): the monitor clears the
 alert when the first measured step arrives.
+
+By default such a loop is measured anyway, its steps inferred (``probes.runtime.autostep``,
+``infer_steps``): this alert is then never needed. It stays for ``infer_steps=False``;
+``UNBRACKETED_UPDATES`` is also how many inferred steps are held back before they are
+sent (a warm-up before a bracketed loop is dropped, as here it goes unnamed).
 """
 
 from __future__ import annotations

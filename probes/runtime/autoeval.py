@@ -1,0 +1,131 @@
+"""Evaluations found in a loop watched with no step API (``probes.runtime.autostep``).
+
+While steps are inferred, a forward pre-hook on the watched model (removed once the step
+API is used, and at close) sees each forward: one with the model in eval mode or with
+gradients off (``no_grad``, ``inference_mode``) begins an evaluation
+(``Probe.begin_evaluation``: the eval-mode checks hook the model's layers from there
+on), and the next training forward, backward or ``optimizer.step()`` ends it. A
+forward in train mode under ``no_grad`` is the bug the eval-mode check names, so it
+counts as an evaluation too.
+
+While one is open, the loss functions of ``torch.nn.functional`` (the ``nn`` loss
+modules call them) are wrapped: each one-element loss they return joins the
+evaluation's ``val_loss``, the mean over the calls, detached (no sync). A loss computed
+by hand (``(out - y).pow(2).mean()``), or a function imported by name before the
+probe was made (``from torch.nn.functional import cross_entropy``), is not seen.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.hooks import RemovableHandle
+
+#: The loss functions watched during an inferred evaluation.
+LOSSES = (
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "kl_div",
+)
+VALIDATION_LOSS = "val_loss"
+
+_open: list[InferredEvaluation] = []  # evaluations taking losses now
+_originals: dict[str, Callable[..., Any]] = {}
+
+
+class InferredEvaluation:
+    """The watched model's evaluations, found (see the module).
+
+    Args:
+        module: the watched model, unwrapped.
+        begin: opens an evaluation (``Probe.begin_evaluation``); False if none opened.
+        end: ends it with its scalars (``Probe.end_evaluation``).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        begin: Callable[[], bool],
+        end: Callable[..., None],
+    ) -> None:
+        self._begin, self._end = begin, end
+        self.open = False
+        self._sum: torch.Tensor | None = None
+        self._count = 0
+        self._handle: RemovableHandle | None = module.register_forward_pre_hook(self._forward)
+
+    def _forward(self, module: torch.nn.Module, args: Any) -> None:
+        evaluating = not module.training or not torch.is_grad_enabled()
+        if evaluating and not self.open:
+            if self._begin():
+                self.open = True
+                self._sum, self._count = None, 0
+                _start(self)
+        elif not evaluating and self.open:
+            self.finish()
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        loss = loss.detach()
+        self._sum = loss if self._sum is None else self._sum + loss
+        self._count += 1
+
+    def finish(self) -> None:
+        """The evaluation (if one is open) ends: its record, with the mean loss."""
+        if not self.open:
+            return
+        self.open = False
+        _stop(self)
+        total, self._sum = self._sum, None
+        if total is not None:
+            self._end(**{VALIDATION_LOSS: total / self._count})
+        else:
+            self._end()
+
+    def remove(self) -> None:
+        """No more evaluations found (the step API took over, or the probe closes)."""
+        self.finish()
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+def _taking(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def loss_function(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if _open and isinstance(result, torch.Tensor) and result.numel() == 1:
+            for evaluation in _open:
+                evaluation.add_loss(result)
+        return result
+
+    return loss_function
+
+
+def _start(evaluation: InferredEvaluation) -> None:
+    _open.append(evaluation)
+    if len(_open) == 1:
+        for name in LOSSES:
+            original = getattr(F, name, None)
+            if original is not None:
+                _originals[name] = original
+                setattr(F, name, _taking(name, original))
+
+
+def _stop(evaluation: InferredEvaluation) -> None:
+    if evaluation in _open:
+        _open.remove(evaluation)
+    if not _open:
+        for name, original in _originals.items():
+            if getattr(getattr(F, name, None), "__wrapped__", None) is original:
+                setattr(F, name, original)
+        _originals.clear()
