@@ -13,24 +13,25 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-VOCAB, CONTEXT, WIDTH, HEADS = 32, 8, 16, 2
+VOCAB, CONTEXT, WIDTH, HEADS = 32, 8, 16, 2  # the tests' size: seconds to compile
 
 
 class Block(nn.Module):
     """Pre-norm attention (dropout in it and after it) and a GELU MLP."""
 
-    def __init__(self, dropout: float) -> None:
+    def __init__(self, width: int, heads: int, dropout: float) -> None:
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
-        self.qkv, self.proj = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
-        self.fc, self.out = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
         self.drop = nn.Dropout(dropout)
         self.p = dropout
+        self.heads = heads
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, width = x.shape
         heads = [
-            t.view(batch, time, HEADS, width // HEADS).transpose(1, 2)
+            t.view(batch, time, self.heads, width // self.heads).transpose(1, 2)
             for t in self.qkv(self.ln1(x)).split(width, dim=2)
         ]
         p = self.p if self.training else 0.0
@@ -40,20 +41,33 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """Token and position embeddings, one block, a head tied to the token embedding."""
+    """Token and position embeddings, ``layers`` blocks, a head tied to the token
+    embedding."""
 
-    def __init__(self, dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        dropout: float = 0.1,
+        *,
+        vocab: int = VOCAB,
+        context: int = CONTEXT,
+        width: int = WIDTH,
+        heads: int = HEADS,
+        layers: int = 1,
+    ) -> None:
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(VOCAB, WIDTH), nn.Embedding(CONTEXT, WIDTH)
+        self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(context, width)
         self.drop = nn.Dropout(dropout)
-        self.block = Block(dropout)
-        self.ln = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(layers))
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
         self.head.weight = self.wte.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.head(self.ln(self.block(self.drop(self.wte(tokens) + self.wpe(positions)))))
+        x = self.drop(self.wte(tokens) + self.wpe(positions))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
 
 
 def compile_wrapped(model: nn.Module, **how: Any) -> nn.Module:
