@@ -188,7 +188,8 @@ def test_a_compiled_gpt_trains_the_same_watched(
     assert_measured(collector)
 
 
-@pytest.mark.slow  # Inductor's C++ compile: about a minute cold on a loaded machine
+@pytest.mark.slow  # Inductor's C++ compile: minutes cold on a loaded machine (-m slow)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_a_gpt_compiled_by_inductor_trains_the_same_watched(
     collector: FrameCollector, mode: str

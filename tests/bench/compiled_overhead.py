@@ -127,7 +127,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--mode", default=None, help="torch.compile's mode (default: none)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (on a loaded machine, OpenMP's barriers between Inductor's "
+        "kernels can cost more than the kernels: 1 measures the probe, not them)",
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     address = f"unix:{tempfile.mkdtemp(prefix='tt-bench-')}/monitor.sock"
     monitor = start_monitor(address)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
