@@ -87,7 +87,7 @@ def compiled_modules(model: nn.Module) -> set[int]:
             or type(module).__name__ == "OptimizedModule"
             or hasattr(module.__dict__.get("forward"), "_torchdynamo_orig_callable")
         )
-        stack += [(child, holds_compiled) for child in module._modules.values() if child]
+        stack += [(c, holds_compiled) for c in module._modules.values() if c is not None]
     return inside
 
 
