@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.schema import AnomalyReport
-from probes.runtime.hooks import eager
+from probes.runtime.hooks import compiled_modules, eager
 
 _OP_PATTERN = re.compile(r"Function '(\w+)' returned nan values")
 _FRAME_PATTERN = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$')
@@ -122,9 +122,11 @@ class AnomalyStep:
         warnings.simplefilter("always")
         self._anomaly = torch.autograd.detect_anomaly(check_nan=self.check_nan)
         self._anomaly.__enter__()
+        compiled = compiled_modules(self.model)  # (their outputs are not checked)
         for name, module in self.model.named_modules():
             self._names[id(module)] = name or "(root)"
-            self._handles.append(module.register_forward_hook(eager(self._check)))
+            if id(module) not in compiled:
+                self._handles.append(module.register_forward_hook(eager(self._check)))
         if self.catch:
             self._backward = torch.autograd.backward
             torch.autograd.backward = self._backward_catching

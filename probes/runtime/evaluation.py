@@ -16,6 +16,12 @@ a function (``F.dropout(x, p)``, whose ``training`` defaults to True) survives
 ``torch.nn.functional`` are wrapped (the same wrappers each time, so a compiled
 evaluation is not recompiled) and count their calls with ``training=True`` and
 ``p > 0`` (``dropout_train_calls``).
+
+A module inside a compiled region is never hooked (``probes.runtime.hooks``): the model's
+counts are taken where the compiled model is entered, which also counts, once per call,
+its mode-sensitive modules left in training mode inside; a layer of a compiled model
+called on its own is not seen, nor is dropout called as a function by a model with a
+compiled part (the wrapper would recompile it: dynamo guards on ``F.dropout``).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from torch.nn import functional
 from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.schema import EvalRecord
-from probes.runtime.hooks import eager
+from probes.runtime.hooks import EntryHandle, compiled_modules, eager, entry_pre_hook
 
 #: Modules that behave differently in training mode whatever their settings.
 ALWAYS_SENSITIVE: tuple[type[nn.Module], ...] = (nn.modules.dropout._DropoutNd,)
@@ -111,7 +117,8 @@ class _DropoutCalls:
         def counting(
             input: torch.Tensor, p: float = 0.5, training: bool = True, *args: Any, **kwargs: Any
         ) -> torch.Tensor:
-            if training and p > 0:
+            # Traced by dynamo: a constant there, so a compiled graph is left whole.
+            if training and p > 0 and not torch.compiler.is_compiling():
                 note()
             return original(input, p, training, *args, **kwargs)
 
@@ -143,17 +150,28 @@ class EvalScope:
         self.floats: dict[str, float] = {}
         # per hooked module: [calls, calls in training mode, calls with grad recording]
         self._counts: list[list[int]] = [[0, 0, 0] for _ in modules]
-        self._handles: list[RemovableHandle] = [
-            module.register_forward_pre_hook(eager(self._counter(i)))
+        compiled = compiled_modules(modules[0]) if modules else set()
+        self._handles: list[RemovableHandle | EntryHandle] = [
+            entry_pre_hook(module, eager(self._counter(i)))
+            if i == 0
+            else module.register_forward_pre_hook(eager(self._counter(i)))
             for i, module in enumerate(modules)
+            if i == 0 or id(module) not in compiled
         ]
         self.sensitive_train_forwards = 0
         self.dropout_train_calls = 0
         sensitive = [m for m in modules[0].modules() if is_mode_sensitive(m)] if modules else []
         self._handles += [
-            module.register_forward_pre_hook(eager(self._count_sensitive)) for module in sensitive
+            module.register_forward_pre_hook(eager(self._count_sensitive))
+            for module in sensitive
+            if id(module) not in compiled
         ]
-        DROPOUT_CALLS.open(self)
+        # Those inside compiled code: looked at where the model is entered.
+        self._compiled_sensitive = [m for m in sensitive if id(m) in compiled]
+        if self._compiled_sensitive:
+            self._handles.append(entry_pre_hook(modules[0], self._count_compiled_sensitive))
+        if not compiled:  # dynamo guards on ``F.dropout``: a wrapper there recompiles
+            DROPOUT_CALLS.open(self)
 
     def _counter(self, index: int) -> Callable[[nn.Module, Any], None]:
         counts = self._counts[index]
@@ -168,6 +186,9 @@ class EvalScope:
 
     def _count_sensitive(self, module: nn.Module, args: Any) -> None:
         self.sensitive_train_forwards += int(module.training)
+
+    def _count_compiled_sensitive(self, module: nn.Module, args: Any) -> None:
+        self.sensitive_train_forwards += sum(m.training for m in self._compiled_sensitive)
 
     def remove_hooks(self) -> None:
         """Remove every hook and the dropout functions' wrappers (idempotent)."""

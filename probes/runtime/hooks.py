@@ -1,19 +1,29 @@
-"""Hooks that stay correct under ``torch.compile``, and names free of wrapper prefixes.
+"""Hooks that stay out of ``torch.compile``'s graphs, and names free of wrapper prefixes.
 
 A forward hook on a module inside a compiled forward is traced by dynamo like the rest
-of the code: its Python side effects (a tally kept for this step only) run once, at
-trace time, and a later graph replays stale state. So every hook of the probe runs
-eagerly (``torch.compiler.disable``): on the steps that carry hooks the compiled
-forward breaks around them; on the others nothing changes. The wrapper costs about
-half a microsecond per call (against 0.06 for a plain call), and about 5 us to make,
-so hooks are wrapped once and kept.
+of the code: a hook of the probe there would either break the graph (falling back to
+eager for the rest of the frame: slower, and other kernels, so other bits and other
+dropout masks) or be traced once and replay stale state. Dynamo also guards on how many
+hooks each inlined module has: adding one for a sampled step recompiles the model. So:
+
+- the probe never hooks a module it knows runs inside a compiled region
+  (``compiled_modules``: the inside of a ``torch.compile`` wrapper, a module compiled in
+  place with ``module.compile()`` and what it holds, what a compiled ``forward`` calls);
+  what it measures of the whole model it takes where the compiled model is entered
+  (``entry_pre_hook``: the wrapper's own hooks, or before a module's compiled call),
+  which dynamo never traces;
+- every hook of the probe steps aside when traced anyway (``eager``: a compiled region
+  the probe cannot see, such as a compiled training step): nothing is traced, no graph
+  breaks, and the hook measures nothing there.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -37,12 +47,124 @@ def compiling_possible() -> bool:
 
 
 def eager(hook: Hook) -> Hook:
-    """``hook``, always run by Python, never traced into a compiled graph. Unwrapped
-    while nothing can be compiled: the wrapper's first use would load dynamo (a second
-    of stall in the middle of a run that never compiles)."""
+    """``hook``, run by Python where its module runs eagerly, and nothing where dynamo
+    traces it: inside a compiled region it returns at once (``is_compiling`` is a
+    constant to dynamo), so no graph breaks and nothing of it is traced. Unwrapped while
+    nothing can be compiled (no cost at all in a run that never compiles)."""
     if not compiling_possible():
         return hook
-    return torch.compiler.disable(hook)
+
+    @functools.wraps(hook)
+    def outside_compiled(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return None
+        return hook(*args, **kwargs)
+
+    return outside_compiled  # type: ignore[return-value]
+
+
+def compiled_modules(model: nn.Module) -> set[int]:
+    """The ids of ``model``'s modules whose hooks would run inside a compiled region.
+
+    Inside: everything a ``torch.compile`` wrapper holds (``model`` itself when it was
+    unwrapped from one), a module compiled in place (``module.compile()``) and what it
+    holds, and what a module's compiled ``forward`` calls (not the module itself: its
+    hooks run before that ``forward``). A module reached both ways counts as inside."""
+    inside: set[int] = set()
+    seen: set[tuple[int, bool]] = set()
+    stack = [(model, _wrapper_of(model) is not None)]
+    while stack:
+        module, compiled = stack.pop()
+        if (id(module), compiled) in seen:
+            continue
+        seen.add((id(module), compiled))
+        in_place = getattr(module, "_compiled_call_impl", None) is not None
+        if compiled or in_place:
+            inside.add(id(module))
+        holds_compiled = (
+            compiled
+            or in_place
+            or type(module).__name__ == "OptimizedModule"
+            or hasattr(module.__dict__.get("forward"), "_torchdynamo_orig_callable")
+        )
+        stack += [(c, holds_compiled) for c in module._modules.values() if c is not None]
+    return inside
+
+
+class EntryHandle:
+    """Removes a hook ``entry_pre_hook`` added (idempotent)."""
+
+    def __init__(self, remove: Callable[[], None]) -> None:
+        self._remove: Callable[[], None] | None = remove
+
+    def remove(self) -> None:
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
+
+
+PreHook = Callable[[nn.Module, tuple[Any, ...]], None]
+
+
+def entry_pre_hook(module: nn.Module, hook: PreHook) -> EntryHandle:
+    """Call ``hook(module, args)`` before every call of ``module``, outside any compiled
+    graph: on the ``torch.compile`` wrapper ``module`` was unwrapped from, before the
+    compiled call of a module compiled in place, or as a plain forward pre-hook."""
+    wrapper = _wrapper_of(module)
+    if wrapper is not None:
+        handle = wrapper.register_forward_pre_hook(lambda _, args: hook(module, args))
+        return EntryHandle(handle.remove)
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        entry = _ENTRIES.get(module)
+        if entry is None or module._compiled_call_impl is not entry:
+            entry = _ENTRIES[module] = _CompiledEntry(module)
+        return entry.add(hook)
+    return EntryHandle(module.register_forward_pre_hook(hook).remove)
+
+
+class _CompiledEntry:
+    """Stands in for the compiled call of a module compiled in place while the probe
+    has hooks on its entry: runs them, then the compiled call (put back with the last)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self._module = weakref.ref(module)
+        self._compiled: Callable[..., Any] = module._compiled_call_impl  # type: ignore[assignment]
+        self._hooks: dict[int, PreHook] = {}
+        self._next = 0
+        module._compiled_call_impl = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self._module()
+        if module is not None:
+            for hook in tuple(self._hooks.values()):
+                hook(module, args)
+        return self._compiled(*args, **kwargs)
+
+    def add(self, hook: PreHook) -> EntryHandle:
+        key, self._next = self._next, self._next + 1
+        self._hooks[key] = hook
+        return EntryHandle(lambda: self._drop(key))
+
+    def _drop(self, key: int) -> None:
+        self._hooks.pop(key, None)
+        module = self._module()
+        if not self._hooks and module is not None and module._compiled_call_impl is self:
+            module._compiled_call_impl = self._compiled
+            _ENTRIES.pop(module, None)
+
+
+# The torch.compile wrapper each module was unwrapped from (``unwrap``; a weak value:
+# the wrapper holds the module), and the stand-ins of compiled calls carrying entry hooks.
+_COMPILE_WRAPPERS: weakref.WeakKeyDictionary[nn.Module, weakref.ref[nn.Module]] = (
+    weakref.WeakKeyDictionary()
+)
+_ENTRIES: weakref.WeakKeyDictionary[nn.Module, _CompiledEntry] = weakref.WeakKeyDictionary()
+
+
+def _wrapper_of(module: nn.Module) -> nn.Module | None:
+    """The live ``torch.compile`` wrapper ``module`` was unwrapped from, if any."""
+    wrapper = _COMPILE_WRAPPERS.get(module)
+    return None if wrapper is None else wrapper()
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -55,6 +177,8 @@ def unwrap(model: nn.Module) -> nn.Module:
         inner = getattr(model, attribute, None) if attribute else None
         if not isinstance(inner, nn.Module):
             return model
+        if attribute == "_orig_mod":  # its calls are entered here (``entry_pre_hook``)
+            _COMPILE_WRAPPERS[inner] = weakref.ref(model)
         model = inner
 
 

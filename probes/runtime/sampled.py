@@ -19,7 +19,13 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.schema import INPUT_SUFFIX
-from probes.runtime.hooks import compiling_possible, eager
+from probes.runtime.hooks import (
+    EntryHandle,
+    compiled_modules,
+    compiling_possible,
+    eager,
+    entry_pre_hook,
+)
 from probes.runtime.stats import NormReducer
 
 # Module type -> (family, test of an output element being dead or saturated).
@@ -78,6 +84,10 @@ class ActivationStats:
     hook: for them the input of each linear or convolutional layer is counted too (its
     exact zeros, family ``"input"``, named ``layer(input)``), unless that input is the
     model's own (the data).
+
+    Modules that run inside a compiled region (``probes.runtime.hooks``) are not
+    counted: a hook there would break the graph or recompile it. The model's input is
+    still seen where the compiled model is entered.
     """
 
     def __init__(
@@ -92,9 +102,13 @@ class ActivationStats:
         self.modules: list[tuple[str, str, nn.Module, int | None]] = []
         layer_index = {name: i for i, name in enumerate(layer_names)}
         fed_by_sequential = _inputs_known(model, set(layer_index))
+        compiled = compiled_modules(model)
         feeding: int | None = None
         for name, module in model.named_modules():
             key = name or "(root)"
+            if id(module) in compiled:
+                feeding = layer_index.get(key, feeding)
+                continue
             if (
                 key in layer_index
                 and isinstance(module, INPUT_TYPES)
@@ -111,7 +125,7 @@ class ActivationStats:
         # the scale of this rank's data, compared across a job's ranks.
         self.input_rms: torch.Tensor | None = None
         self._count_model_inputs = False
-        self._handles: list[RemovableHandle] = []
+        self._handles: list[RemovableHandle | EntryHandle] = []
         self._tallies: list[_Tally] = []
         self._plain_hooks = [
             self._hook(i, family) for i, (_, family, _, _) in enumerate(self.modules)
@@ -135,7 +149,7 @@ class ActivationStats:
         # One hook on the model: its input's scale, and (when layer inputs are counted)
         # which tensors are its inputs.
         self._count_model_inputs = any(family == "input" for _, family, _, _ in self.modules)
-        self._handles.append(self._model.register_forward_pre_hook(inputs_hook))
+        self._handles.append(entry_pre_hook(self._model, inputs_hook))
         for (_, family, module, _), hook in zip(self.modules, hooks, strict=True):
             register = (
                 module.register_forward_pre_hook
