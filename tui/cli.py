@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[shared],
         help="run an unmodified training script, watched: "
         "traintop run python train.py ARGS (or train.py, -m module, torchrun ...)",
+        usage="traintop run [options] [--] COMMAND...",
+        description="Run COMMAND (python train.py ARGS, train.py ARGS, -m module ARGS, or "
+        "torchrun ... train.py ARGS) with a probe on each model and optimizer it builds, "
+        "the monitor in front. Options before COMMAND are traintop's; '--' ends them.",
     )
     run.add_argument("child", nargs="*", metavar="COMMAND", help=argparse.SUPPRESS)
     return parser
@@ -74,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: traintop's own options that take a value (``split_run``).
 _VALUED = ("--record", "--summary-every", "--fail-on", "--threshold", "--address")
+#: ... and those that take none (``traintop run --help`` is traintop's, not the script's).
+_FLAGS = ("--headless", "-h", "--help")
 
 
 def split_run(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -89,7 +95,7 @@ def split_run(argv: list[str]) -> tuple[list[str], list[str]]:
             return argv[:at], argv[at + 1 :]
         if word in _VALUED:
             at += 2
-        elif word.startswith("--") and (word.split("=")[0] in _VALUED or word == "--headless"):
+        elif word in _FLAGS or (word.startswith("--") and word.split("=")[0] in _VALUED):
             at += 1
         else:
             break
