@@ -2,8 +2,10 @@
 
 Per rank its host, step, loss, speed, how far it lags the furthest rank, and how many
 records it sent; above them the ranks' loss (median and spread) and the slowest rank.
-Shown only for a run that is a rank of a multi-rank job; ``k`` picks the rank the other
-views show.
+A job of more ranks than ``LISTED_RANKS`` lists those that stand out first (gone,
+quiet, a loss apart, behind: ``tui.jobs.ranks_view``), the shown rank and rank 0, and
+one line for the others. Shown only for a run that is a rank of a multi-rank job;
+``k`` picks the rank the other views show.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from tui.format import number
-from tui.jobs import JobState, RankSummary
+from tui.jobs import QUIET_S, JobState, RankSummary, RestSummary, ranks_view
 from tui.run import RunState
 from tui.state import MonitorState
 from tui.text import plain_name
@@ -69,7 +71,12 @@ class RanksPanel(DataTable[Text | str]):
             return
         summary = job.summary(monitor.runs, time.monotonic())
         self.border_title = Text(job_title(job, monitor, summary))  # (plain: a job's id)
-        rows = [rank_row(line, selected=line.run_id == run.run_id) for line in summary]
+        view = ranks_view(summary, run.run_id)
+        rows = [
+            rank_row(line, selected=line.run_id == run.run_id, why=why) for line, why in view.listed
+        ]
+        if view.rest is not None:
+            rows.append(rest_row(view.rest))
         shown = [
             tuple(cell.plain if isinstance(cell, Text) else cell for cell in row) for row in rows
         ]
@@ -89,8 +96,8 @@ def job_of(run: RunState | None, monitor: MonitorState) -> JobState | None:
 
 
 def job_title(job: JobState, monitor: MonitorState, summary: list[RankSummary]) -> str:
-    """``job J: 4 ranks, loss 0.41 ±0.03, slowest r2 (lags 12)``."""
-    parts = [f"job {plain_name(job.job_id)}: {len(summary)} of {job.world_size} ranks"]
+    """``job J: 4 of 4 ranks, loss 0.41 (spread 0.03), slowest r2 (lags 12)``."""
+    parts = [f"job {plain_name(job.job_id)}: {len(summary):,} of {job.world_size:,} ranks"]
     spread = job.loss_spread(monitor.runs)
     if spread is not None:
         parts.append(f"loss {number(spread[0])} (spread {number(spread[1])})")
@@ -102,11 +109,18 @@ def job_title(job: JobState, monitor: MonitorState, summary: list[RankSummary]) 
     return ", ".join(parts)
 
 
-def rank_row(line: RankSummary, *, selected: bool) -> tuple[Text | str, ...]:
-    """One rank's cells; the rank the views show is marked."""
+#: What the state cell says of a rank listed for standing out (``tui.jobs.ranks_view``).
+WHY_LISTED = {"loss": "loss apart", "behind": "behind"}
+
+
+def rank_row(line: RankSummary, *, selected: bool, why: str = "") -> tuple[Text | str, ...]:
+    """One rank's cells; the rank the views show is marked; ``why``: what it stands out
+    by, said in its state cell."""
     state = "connected" if line.connected else "gone"
-    if line.connected and line.quiet_s >= 10:
+    if line.connected and line.quiet_s >= QUIET_S:
         state = f"quiet {line.quiet_s:.0f}s"
+    elif line.connected and why in WHY_LISTED:
+        state = WHY_LISTED[why]
     style = "bold" if selected else ""
     return (
         Text(("▶" if selected else " ") + f"r{line.rank}", style=style),
@@ -116,5 +130,21 @@ def rank_row(line: RankSummary, *, selected: bool) -> tuple[Text | str, ...]:
         "-" if line.steps_per_s is None else f"{line.steps_per_s:.1f}",
         str(line.lag),
         f"{line.records:,}",
-        Text(state, style="" if line.connected else "red"),
+        Text(state, style="" if line.connected and why not in WHY_LISTED else "red"),
+    )
+
+
+def rest_row(rest: RestSummary) -> tuple[Text | str, ...]:
+    """The ranks not listed, in one line: how many, their steps, median loss and speed,
+    the most any lags, their records."""
+    low, high = rest.steps
+    return (
+        Text("…", style="dim"),
+        Text(f"{rest.count:,} more", style="dim"),
+        f"{low:,}" if low == high else f"{low:,}+",
+        "-" if rest.loss is None else number(rest.loss[0]),
+        "-" if rest.steps_per_s is None else f"{rest.steps_per_s:.1f}",
+        f"≤{rest.lag:,}",
+        f"{rest.records:,}",
+        Text("in step", style="dim"),
     )
