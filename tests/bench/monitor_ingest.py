@@ -286,7 +286,7 @@ def main() -> int:
     ]
     memory_rows = [Load(64, 200, 2000 // scale, 100_000)]
     # a job's start: every rank connects at once; rank 0 sends 60 a second, the others 10
-    burst_rows = [Load(1024, 200, 30 // scale, 30 // scale, burst=True, rank0_records=180 // scale)]
+    burst_rows = [Load(1024, 200, 80 // scale, 80 // scale, burst=True, rank0_records=480 // scale)]
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} cores; the monitor in one "
         "process, each rank a client process on its own connection"
