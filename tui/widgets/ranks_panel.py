@@ -16,7 +16,14 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from tui.format import number
-from tui.jobs import QUIET_S, JobState, RankSummary, RestSummary, ranks_view
+from tui.jobs import (
+    LISTED_RANKS,
+    QUIET_S,
+    JobState,
+    RankSummary,
+    RestSummary,
+    ranks_view,
+)
 from tui.run import RunState
 from tui.state import MonitorState
 from tui.text import plain_name
@@ -32,6 +39,8 @@ COLUMNS = (  # (label, width): 80 columns hold them all
     ("state", 10),
 )
 MAX_ROWS = 5  # ranks shown at once (the table scrolls for more)
+# A big job's lines are made at most this often: 1,024 ranks' took 40 ms a frame.
+BIG_JOB_REDRAW_S = 1.0
 
 
 class RanksPanel(DataTable[Text | str]):
@@ -52,6 +61,8 @@ class RanksPanel(DataTable[Text | str]):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="none", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self._shown: list[tuple[str, ...]] = []
+        self._drawn_for: str | None = None  # the run shown at the last redraw, and when
+        self._drawn_at = 0.0
 
     def on_mount(self) -> None:
         for label, width in COLUMNS:
@@ -64,12 +75,18 @@ class RanksPanel(DataTable[Text | str]):
         return 0 if job is None else min(len(job.ranks), MAX_ROWS) + 2
 
     def show(self, run: RunState | None, monitor: MonitorState) -> None:
-        """Redraw from the job's ranks."""
+        """Redraw from the job's ranks (a job of more than ``LISTED_RANKS``: at most once
+        a second, unless the rank shown changed)."""
         job = job_of(run, monitor)
         self.set_class(job is not None, "-job")
         if job is None or run is None:
             return
-        summary = job.summary(monitor.runs, time.monotonic())
+        now = time.monotonic()
+        big = len(job.ranks) > LISTED_RANKS
+        if big and run.run_id == self._drawn_for and now - self._drawn_at < BIG_JOB_REDRAW_S:
+            return  # (a thousand ranks' numbers move faster than one reads them)
+        self._drawn_for, self._drawn_at = run.run_id, now
+        summary = job.summary(monitor.runs, now)
         self.border_title = Text(job_title(job, monitor, summary))  # (plain: a job's id)
         view = ranks_view(summary, run.run_id)
         rows = [
