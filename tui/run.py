@@ -11,7 +11,7 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from probes.kernel.diagnosis import Alert, AlertChange, Diagnoser, RunInfo
 from probes.kernel.diagnosis.book import MAX_ALERTS, AlertBook, AlertEntry
@@ -254,7 +254,8 @@ class RunState:
             self.grad_norms = list(view.grad_norms)
             # Kept as 8 bytes a value, not a float object each (32 with its pointer): a
             # monitor of 1,024 ranks holds 48 records of each.
-            kept = self.grad_norms if None in self.grad_norms else array("d", self.grad_norms)
+            norms = self.grad_norms
+            kept = norms if None in norms else array("d", cast("list[float]", norms))
             self.grad_records.append(kept)
             self.heatmap.add(view.step, self.grad_norms, first_step=view.first_step)
         if view.param_norms is not None and len(view.param_norms) == count:

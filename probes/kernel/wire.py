@@ -31,7 +31,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from ipaddress import ip_address
 from typing import Any, Literal
@@ -120,7 +120,8 @@ def decode_frame(line: bytes | str) -> Frame:
     return frame
 
 
-_scan_once = json.JSONDecoder().scan_once  # (the C scanner: NaN and Infinity allowed)
+# The C scanner of a default decoder: NaN and Infinity allowed, as ``json.loads``.
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _loads(line: bytes | str) -> Any:

@@ -289,7 +289,8 @@ def main() -> int:
     burst_rows = [Load(1024, 200, 80 // scale, 80 // scale, burst=True, rank0_records=480 // scale)]
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} cores; the monitor in one "
-        "process, each rank a client process on its own connection"
+        "process, each rank a client process on its own connection (the 1,024-rank "
+        f"row: {CLIENT_PROCESSES} processes holding theirs)"
     )
     print(
         f"{'ranks':>6}{'layers':>8}{'records/rank':>14}{'steps/rank':>12}"
