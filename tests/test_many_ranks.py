@@ -160,7 +160,7 @@ async def test_the_ranks_panel_of_a_big_job_shows_the_outlier_first_and_one_line
     started = time.monotonic()
     async with app.run_test(size=(120, 40)) as pilot:
         panel = app.query_one(RanksPanel)
-        await settle(pilot, lambda: panel.display and panel.row_count == 3)
+        await settle(pilot, lambda: panel.display and panel.row_count == 3, timeout=10)
         rows = [[str(cell) for cell in panel.get_row_at(i)] for i in range(3)]
         assert rows[0][0].strip() == "r33" and rows[0][-1] == "loss apart"
         assert rows[1][0].strip() == "▶r0"  # the rank the views show

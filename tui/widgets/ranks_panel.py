@@ -63,6 +63,13 @@ class RanksPanel(DataTable[Text | str]):
         self._shown: list[tuple[str, ...]] = []
         self._drawn_for: str | None = None  # the run shown at the last redraw, and when
         self._drawn_at = 0.0
+        self._later = False  # a redraw of a big job waits on a timer
+        self._latest: tuple[RunState, MonitorState] | None = None  # ... of this
+
+    def _draw_latest(self) -> None:
+        self._later = False
+        if self._latest is not None:
+            self.show(*self._latest)
 
     def on_mount(self) -> None:
         for label, width in COLUMNS:
@@ -83,8 +90,15 @@ class RanksPanel(DataTable[Text | str]):
             return
         now = time.monotonic()
         big = len(job.ranks) > LISTED_RANKS
-        if big and run.run_id == self._drawn_for and now - self._drawn_at < BIG_JOB_REDRAW_S:
-            return  # (a thousand ranks' numbers move faster than one reads them)
+        wait = self._drawn_at + BIG_JOB_REDRAW_S - now
+        if big and run.run_id == self._drawn_for and wait > 0:
+            # (a thousand ranks' numbers move faster than one reads them); what changed
+            # meanwhile is drawn when the wait is over, even if nothing changes after
+            self._latest = (run, monitor)
+            if not self._later:
+                self._later = True
+                self.set_timer(wait, self._draw_latest)
+            return
         self._drawn_for, self._drawn_at = run.run_id, now
         summary = job.summary(monitor.runs, now)
         self.border_title = Text(job_title(job, monitor, summary))  # (plain: a job's id)
