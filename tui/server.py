@@ -34,10 +34,6 @@ from probes.kernel.wire import (
 )
 
 READ_CHUNK = 256 * 1024
-# What asyncio buffers of one connection before it stops reading that socket (twice
-# this): 1,024 ranks writing at once filled 512 KiB each (200 MB of the monitor's
-# peak) at 256 KiB. A 200-layer record is under 3 KiB: this holds a dozen or more.
-STREAM_LIMIT = 32 * 1024
 # Connections waiting to be accepted: a job's ranks connect together (1,024 at once
 # overflowed asyncio's default of 100, and each refused probe backs off for up to a
 # second). The kernel caps it at net.core.somaxconn.
@@ -138,7 +134,7 @@ class MonitorServer:
                     self._handle,
                     self.address.host,
                     self.address.port,
-                    limit=STREAM_LIMIT,
+                    limit=READ_CHUNK,
                     backlog=LISTEN_BACKLOG,
                 )
         except OSError as exc:
@@ -168,7 +164,7 @@ class MonitorServer:
         old_umask = os.umask(0o177)  # the socket is born 0600: no window for others
         try:
             server = await asyncio.start_unix_server(
-                self._handle, path=path, limit=STREAM_LIMIT, backlog=LISTEN_BACKLOG
+                self._handle, path=path, limit=READ_CHUNK, backlog=LISTEN_BACKLOG
             )
         finally:
             os.umask(old_umask)
@@ -250,7 +246,7 @@ class MonitorServer:
         challenge = auth.new_nonce()  # fresh per connection: an old answer is worthless
         conn.send(make_frame("challenge", nonce=challenge))
         try:
-            line = await reader.readline()  # an answer is tiny: STREAM_LIMIT bounds it
+            line = await reader.readline()  # an answer is tiny: READ_CHUNK bounds it
         except ValueError:  # asyncio's line limit
             return "the answer to the challenge is too long"
         if not line:
