@@ -8,14 +8,17 @@ book). ``JobState`` sees them together:
   for every rank's record of its step, then is joined or folded under the job's
   incident); ``JobState`` tells it which runs are its ranks and how far each has come;
 - per-rank numbers for the job view: loss and its spread, step time and the slowest
-  rank's lag, records per rank.
+  rank's lag, records per rank; for a job of more ranks than the view has lines
+  (``ranks_view``), the ranks that stand out first (gone, quiet, a loss apart from the
+  others', behind the others) and the rest summarised in one line.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from probes.kernel.diagnosis import Alert, Thresholds
@@ -39,6 +42,42 @@ class RankSummary:
     records: int
     connected: bool
     quiet_s: float
+
+
+#: Ranks listed one a line; a job of more shows those that stand out and a summary.
+LISTED_RANKS = 16
+QUIET_S = 10.0  # a connected rank silent this long is shown as quiet
+# A rank's loss stands out when it is this many interquartile ranges outside the
+# others' quartiles, and this share of their median away from it (a job whose ranks
+# agree closely has a tiny range: a rounding is not an outlier).
+LOSS_IQRS = 3.0
+LOSS_SHARE = 0.05
+# A rank is behind when its step is this many interquartile ranges below the ranks'
+# first quartile, and at least this many steps (a thinned record shows its span's last
+# step: a rank sending 10 records a second is seen a few steps behind in passing).
+LAG_IQRS = 1.5
+LAG_MIN_STEPS = 3
+
+
+@dataclass(frozen=True)
+class RestSummary:
+    """The ranks not listed in the job view, in one line."""
+
+    count: int
+    steps: tuple[int, int]  # the lowest and highest step among them
+    loss: tuple[float, float, float] | None  # median, lowest, highest (finite ones)
+    steps_per_s: float | None  # their median speed
+    lag: int  # the most any of them lags the job's furthest rank
+    records: int  # records they sent, together
+
+
+@dataclass(frozen=True)
+class RanksView:
+    """What the job view lists: each listed rank with why (``""``: a small job lists
+    every rank, in rank order), and the others summarised (None: every rank is listed)."""
+
+    listed: list[tuple[RankSummary, str]]
+    rest: RestSummary | None
 
 
 @dataclass
@@ -185,3 +224,80 @@ class JobState:
         if len(losses) < 2:
             return None
         return statistics.median(losses), max(losses) - min(losses)
+
+
+def ranks_view(lines: list[RankSummary], selected: str | None = None) -> RanksView:
+    """The job view's lines from the ranks' (``JobState.summary``, by rank): every rank
+    for a job of up to ``LISTED_RANKS``; for a larger one the ranks that stand out, the
+    worst first (gone, quiet, a loss apart, behind), then the rank the views show
+    (``selected``, a run id) and rank 0, each with why it is listed, and the others
+    summarised."""
+    if len(lines) <= LISTED_RANKS:
+        return RanksView([(line, "") for line in lines], None)
+    reasons = _standing_out(lines)
+    notable = sorted(
+        (line for line in lines if line.rank in reasons),
+        key=lambda line: (_WORST_FIRST.index(reasons[line.rank][0]), -reasons[line.rank][1]),
+    )
+    listed = [(line, reasons[line.rank][0]) for line in notable[: LISTED_RANKS - 2]]
+    for line in lines:  # the rank the views show, and rank 0, always have their line
+        if (line.run_id == selected or line.rank == 0) and all(
+            line is not shown for shown, _ in listed
+        ):
+            listed.append((line, "shown" if line.run_id == selected else "rank 0"))
+    kept = {id(line) for line, _ in listed}
+    rest = [line for line in lines if id(line) not in kept]
+    return RanksView(listed, _summarised(rest) if rest else None)
+
+
+# Why a rank is listed, the worst first.
+_WORST_FIRST = ("gone", "quiet", "loss", "behind")
+
+
+def _standing_out(lines: list[RankSummary]) -> dict[int, tuple[str, float]]:
+    """Rank -> (why it stands out, how far: larger first), for the ranks that do."""
+    out: dict[int, tuple[str, float]] = {}
+    live = [line for line in lines if line.connected]
+    losses = [line.loss for line in live if line.loss is not None and math.isfinite(line.loss)]
+    loss_band = _band(losses, LOSS_IQRS)
+    step_band = _band([float(line.step) for line in live], LAG_IQRS)
+    for line in lines:
+        if not line.connected:
+            out[line.rank] = ("gone", line.lag)
+        elif line.quiet_s >= QUIET_S:
+            out[line.rank] = ("quiet", line.quiet_s)
+        elif line.loss is not None and not math.isfinite(line.loss):
+            out[line.rank] = ("loss", math.inf)
+        elif line.loss is not None and loss_band is not None:
+            low, high, median = loss_band
+            distance = abs(line.loss - median)
+            if (line.loss < low or line.loss > high) and distance > LOSS_SHARE * abs(median):
+                out[line.rank] = ("loss", distance)
+        if line.rank not in out and step_band is not None and line.connected:
+            low, _, median = step_band
+            if line.step < low and median - line.step >= LAG_MIN_STEPS:
+                out[line.rank] = ("behind", line.lag)
+    return out
+
+
+def _band(values: Sequence[float], iqrs: float) -> tuple[float, float, float] | None:
+    """(lowest, highest) values not standing out (``iqrs`` interquartile ranges outside
+    the quartiles), and the median; None for fewer than four values."""
+    if len(values) < 4:
+        return None
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    spread = iqrs * (q3 - q1)
+    return q1 - spread, q3 + spread, median
+
+
+def _summarised(lines: list[RankSummary]) -> RestSummary:
+    losses = sorted(x.loss for x in lines if x.loss is not None and math.isfinite(x.loss))
+    speeds = [x.steps_per_s for x in lines if x.steps_per_s is not None]
+    return RestSummary(
+        count=len(lines),
+        steps=(min(x.step for x in lines), max(x.step for x in lines)),
+        loss=(statistics.median(losses), losses[0], losses[-1]) if losses else None,
+        steps_per_s=statistics.median(speeds) if speeds else None,
+        lag=max(x.lag for x in lines),
+        records=sum(x.records for x in lines),
+    )

@@ -12,6 +12,13 @@ monitor's peak resident memory (``ru_maxrss``) above what it had before the job.
 
 The memory row sends each rank's records as a fast run's sender does, thinned: each one
 stands for a span of steps, so a few thousand records cover 100,000 steps per rank.
+
+The thousand-rank row is a job's start: 1,024 ranks that connect together, when the
+clock starts (each retrying with back-off when refused, as a probe's sender does:
+0.05 s doubling to 1 s), rank 0 with six times the others' records (it sends 60 a
+second where the others send 10). Its ranks are written by a few client processes,
+each holding many connections (a thousand processes would crowd the machine measured);
+the row says how many connects were refused.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import multiprocessing
 import os
 import random
 import resource
+import selectors
 import socket
 import sys
 import tempfile
@@ -43,6 +51,8 @@ class Load:
     layers: int
     records: int  # per rank
     steps: int  # per rank: records * span
+    burst: bool = False  # every rank connects when the clock starts (retrying if refused)
+    rank0_records: int | None = None  # rank 0's records, if not ``records``
 
     @property
     def span(self) -> int:
@@ -76,7 +86,8 @@ def rank_frames(load: Load, rank: int, job: str) -> bytes:
         )
     ]
     span = load.span
-    for index in range(load.records):
+    records = load.rank0_records if rank == 0 and load.rank0_records else load.records
+    for index in range(records):
         last = (index + 1) * span - 1
         # as a probe sends them: float32 values in 9 significant digits
         grads = [float(f"{0.1 + 0.01 * rng.random():.9g}") for _ in range(load.layers)]
@@ -121,18 +132,94 @@ def client(path: str, load: Load, rank: int, job: str, ready: Any, go: Any) -> N
     sock.close()
 
 
-async def absorb(load: Load, path: str) -> tuple[float, int]:
-    """Serve until every rank's records are applied; (seconds, records applied)."""
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 1.0  # a probe's sender's (probes/runtime/sender.py)
+CLIENT_PROCESSES = 16  # the thousand-rank row's writers
+
+
+class BurstRank:
+    """One rank of the thousand-rank row: its bytes, its socket, its back-off."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = memoryview(data)
+        self.sock: socket.socket | None = None
+        self.next_attempt = 0.0
+        self.backoff = BACKOFF_MIN_S
+
+    def try_connect(self, path: str, now: float) -> bool:
+        """One connect; False (and the next attempt scheduled) if it was refused."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(path)
+        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
+            sock.close()
+            self.next_attempt = now + self.backoff
+            self.backoff = min(self.backoff * 2, BACKOFF_MAX_S)
+            return False
+        self.sock = sock
+        return True
+
+
+def burst_client(
+    path: str, load: Load, ranks: range, job: str, ready: Any, go: Any, refused: Any
+) -> None:
+    """Some ranks of the thousand-rank row: make their records, wait for the start, then
+    connect them all (retrying with back-off when refused) and write each rank's records
+    as its socket takes them."""
+    pending = [BurstRank(rank_frames(load, rank, job)) for rank in ranks]
+    ready.release()
+    go.wait()
+    selector = selectors.DefaultSelector()
+    count = 0
+    while pending or selector.get_map():
+        now = time.monotonic()
+        waiting = []
+        for rank in pending:
+            if rank.next_attempt > now:
+                waiting.append(rank)
+            elif rank.try_connect(path, now):
+                assert rank.sock is not None
+                selector.register(rank.sock, selectors.EVENT_WRITE, rank)
+            else:
+                count += 1
+                waiting.append(rank)
+        pending = waiting
+        for key, _ in selector.select(timeout=0.01):
+            rank = key.data
+            try:
+                sent = key.fileobj.send(rank.data)  # type: ignore[union-attr]
+            except BlockingIOError:
+                continue
+            rank.data = rank.data[sent:]
+            if not rank.data:
+                selector.unregister(key.fileobj)
+    with refused.get_lock():
+        refused.value += count
+    time.sleep(3600)  # stay connected until the monitor closes (killed at the end)
+
+
+async def absorb(load: Load, path: str) -> tuple[float, int, int]:
+    """Serve until every rank's records are applied; (seconds, records applied, connects
+    refused)."""
     monitor = Monitor(MonitorState())
     server = MonitorServer(Address("unix", path=path), monitor)
     await server.start()
     job = f"job-{load.ranks}x{load.layers}"
     context = multiprocessing.get_context("fork")
     ready, go = context.Semaphore(0), context.Event()
-    clients = [
-        context.Process(target=client, args=(path, load, rank, job, ready, go))
-        for rank in range(load.ranks)
-    ]
+    refused = context.Value("q", 0)
+    if load.burst:
+        share = math.ceil(load.ranks / CLIENT_PROCESSES)
+        groups = [range(i, min(i + share, load.ranks)) for i in range(0, load.ranks, share)]
+        clients = [
+            context.Process(target=burst_client, args=(path, load, group, job, ready, go, refused))
+            for group in groups
+        ]
+    else:
+        clients = [
+            context.Process(target=client, args=(path, load, rank, job, ready, go))
+            for rank in range(load.ranks)
+        ]
     for process in clients:
         process.start()
     # The clock starts once every client has made its records and connected: on a
@@ -142,7 +229,7 @@ async def absorb(load: Load, path: str) -> tuple[float, int]:
             await asyncio.sleep(0.01)
     start = time.time()
     go.set()
-    expected = load.ranks * load.records
+    expected = load.ranks * load.records + (load.rank0_records or load.records) - load.records
     state = monitor.state
     # The loop applies what arrives in long stretches before this coroutine runs again:
     # time from the start to the moment the last record is seen.
@@ -154,35 +241,40 @@ async def absorb(load: Load, path: str) -> tuple[float, int]:
     applied = sum(run.step_records for run in state.runs.values())
     await server.close()
     for process in clients:
+        if load.burst:
+            process.kill()
         process.join(10)
-    return seconds, applied
+    return seconds, applied, refused.value
 
 
-def measure(load: Load) -> tuple[float, float]:
-    """(records per second, peak memory increase in MB) of one load, in a fresh process
-    (``ru_maxrss`` only grows: each row must start from a clean monitor)."""
+def measure(load: Load) -> tuple[float, float, int]:
+    """(records per second, peak memory increase in MB, connects refused) of one load,
+    in a fresh process (``ru_maxrss`` only grows: each row must start from a clean
+    monitor)."""
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child measures, and reports through the pipe
         os.close(reader)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         path = os.path.join(tempfile.mkdtemp(prefix="tt-ingest-"), "m.sock")
-        seconds, applied = asyncio.run(absorb(load, path))
+        seconds, applied, refused = asyncio.run(absorb(load, path))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        os.write(writer, json.dumps([applied / seconds, (peak - before) / 1024]).encode())
+        report = [applied / seconds, (peak - before) / 1024, refused]
+        os.write(writer, json.dumps(report).encode())
         os._exit(0)
     os.close(writer)
     data = b""
     while chunk := os.read(reader, 4096):
         data += chunk
     os.waitpid(pid, 0)
-    rate, memory = json.loads(data)
-    return rate, memory
+    rate, memory, refused = json.loads(data)
+    return rate, memory, refused
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer and smaller rows")
+    parser.add_argument("--ranks", type=int, help="only the rows of this many ranks")
     args = parser.parse_args()
     scale = 4 if args.quick else 1
     rate_rows = [
@@ -193,19 +285,24 @@ def main() -> int:
         Load(8, 1000, 600 // scale, 600 // scale),
     ]
     memory_rows = [Load(64, 200, 2000 // scale, 100_000)]
+    # a job's start: every rank connects at once; rank 0 sends 60 a second, the others 10
+    burst_rows = [Load(1024, 200, 80 // scale, 80 // scale, burst=True, rank0_records=480 // scale)]
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} cores; the monitor in one "
-        "process, each rank a client process on its own connection"
+        "process, each rank a client process on its own connection (the 1,024-rank "
+        f"row: {CLIENT_PROCESSES} processes holding theirs)"
     )
     print(
         f"{'ranks':>6}{'layers':>8}{'records/rank':>14}{'steps/rank':>12}"
-        f"{'records/s':>12}{'peak MB':>10}"
+        f"{'records/s':>12}{'peak MB':>10}{'refused':>10}"
     )
-    for load in rate_rows + memory_rows:
-        rate, memory = measure(load)
+    for load in rate_rows + memory_rows + burst_rows:
+        if args.ranks is not None and load.ranks != args.ranks:
+            continue
+        rate, memory, refused = measure(load)
         print(
             f"{load.ranks:>6}{load.layers:>8}{load.records:>14,}{load.steps:>12,}"
-            f"{rate:>12,.0f}{memory:>10.0f}",
+            f"{rate:>12,.0f}{memory:>10.0f}{refused:>10,}",
             flush=True,
         )
     return 0

@@ -28,10 +28,13 @@ class RunList(OptionList):
 
     def show(self, monitor: MonitorState, selected: str | None) -> None:
         """Redraw from the monitor's runs: a job's ranks together under its name."""
-        items = list_items(monitor)
         # several entries (runs, or jobs): one job alone has its ranks panel instead
-        entries = sum(1 for _, label, header in items if header or not label.plain.startswith("  "))
+        jobs = {run.job for run in monitor.runs.values() if run.job in monitor.jobs}
+        entries = len(jobs) + sum(1 for run in monitor.runs.values() if run.job not in jobs)
         self.set_class(entries > 1, "-several")
+        if entries <= 1:  # hidden: a job of 1,024 ranks made its lines in 90 ms a frame
+            return
+        items = list_items(monitor)
         ids = [item_id for item_id, _, _ in items]
         if ids != [self.get_option_at_index(i).id for i in range(self.option_count)]:
             self.set_options(

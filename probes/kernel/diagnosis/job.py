@@ -26,6 +26,7 @@ from probes.kernel.diagnosis.incidents import JOB_CONSEQUENCES, folded_name
 from probes.kernel.diagnosis.ranks import JobChecks
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import StepView
+from probes.kernel.diagnosis.vocabulary import AlertKind
 
 JOIN_STEPS = 5  # the same alert on two ranks this close is one alert
 HOLD_S = 2.0  # a rank's alert waits at most this long for the others to report its step
@@ -92,23 +93,20 @@ class JobDiagnoser:
     def quiet_ranks(self, live: list[RankProgress], now: float) -> tuple[int, Alert] | None:
         """A connected rank quiet for ``rank_stall_s`` while another went on past it has
         stalled: that rank and the incident."""
-        if self.checks is None or len(live) < 2:
-            return None
+        if self.checks is None or len(live) < 2 or AlertKind.RANK_STALLED in self.checks.found:
+            return None  # (one stall per job: once found, none is looked for)
+        ahead = _furthest_heard_since(live)
         for rank in live:
             quiet = now - rank.last_frame_at
-            ahead = {
-                other.rank: other.last_step
-                for other in live
-                if other.rank != rank.rank
-                and other.last_step > rank.last_step
-                and now - other.last_frame_at < quiet
-            }
-            if quiet > self.thresholds.rank_stall_s and ahead:
+            further = ahead.get(rank.rank)
+            if quiet <= self.thresholds.rank_stall_s or further is None:
+                continue
+            if further[1] > rank.last_step:
                 found = self.checks.stalled(
                     rank.rank,
                     last_step=rank.last_step,
                     reason=f"quiet for {quiet:.0f} s",
-                    others=ahead,
+                    others={further[0]: further[1]},
                 )
                 if found is not None:
                     return rank.rank, self._incident(found)
@@ -136,15 +134,15 @@ class JobDiagnoser:
         the least of their steps; None: no rank is connected), that waited ``HOLD_S``,
         or all with ``force``. An alert another rank raised already is joined to it,
         neither raised nor folded. ``ranks``: every rank of the job."""
-        ready = [
-            h
-            for h in self._held
-            if force or complete is None or h[1].step <= complete or now - h[2] > HOLD_S
-        ]
+        ready: list[tuple[int, Alert, float]] = []
+        waiting: list[tuple[int, Alert, float]] = []
+        for held in self._held:  # (one pass: a thousand ranks may hold the same alert)
+            due = force or complete is None or held[1].step <= complete or now - held[2] > HOLD_S
+            (ready if due else waiting).append(held)
         released = Released([], [])
         if not ready:
             return released
-        self._held = [h for h in self._held if h not in ready]
+        self._held = waiting
         for rank, alert, _ in ready:
             if self._fold(alert):
                 released.folded.append((rank, alert, self._folded_under(alert)))
@@ -212,3 +210,25 @@ class JobDiagnoser:
         self.incidents.append(labelled)
         self.entries.append(AlertEntry(labelled))
         return labelled
+
+
+def _furthest_heard_since(live: list[RankProgress]) -> dict[int, tuple[int, int]]:
+    """Per rank, the rank heard from after it that is furthest on, and its step (absent:
+    none was heard after it). One sort, not a pass over the others per rank: a tick
+    looks at every rank of a job of a thousand."""
+    out: dict[int, tuple[int, int]] = {}
+    best: tuple[int, int] | None = None  # (rank, step) furthest among those heard later
+    newest_first = sorted(live, key=lambda r: r.last_frame_at, reverse=True)
+    index = 0
+    while index < len(newest_first):  # ranks heard at the same moment: none is "after"
+        moment = newest_first[index].last_frame_at
+        same = []
+        while index < len(newest_first) and newest_first[index].last_frame_at == moment:
+            same.append(newest_first[index])
+            index += 1
+        if best is not None:
+            out.update((r.rank, best) for r in same)
+        for r in same:
+            if best is None or r.last_step > best[1]:
+                best = (r.rank, r.last_step)
+    return out

@@ -50,9 +50,10 @@ KEPT_STEPS = 64
 DATA_PARALLEL = frozenset({"ddp", "fsdp"})
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Shown:
-    """What one rank's record shows of its last step (and of its span)."""
+    """What one rank's record shows of its last step (and of its span). Only the step's
+    first rank keeps its per-layer norms once compared (``JobChecks.observe``)."""
 
     rank: int
     first: int  # the first step of its span
@@ -133,7 +134,7 @@ class JobChecks:
         reference = next(iter(peers.values()))
         # The highest loss at most factor x the lowest: no outlier (the common case, O(1)).
         suspicious = bad or high > self.thresholds.rank_loss_factor * low
-        return [
+        found = [
             alert
             for alert in (
                 self._outlier(view.step, peers) if suspicious else None,
@@ -144,6 +145,9 @@ class JobChecks:
             )
             if alert is not None
         ]
+        if shown is not reference:  # compared: its norms are never read again (a job of
+            shown.grads, shown.params = (), None  # 1,024 ranks kept 200 MB of them)
+        return found
 
     # --- the checks ----------------------------------------------------------------------
 

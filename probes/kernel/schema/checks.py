@@ -11,7 +11,7 @@ check per type here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from probes.kernel.schema.spec import FRAMES, FrameSpec, Type
 
@@ -25,8 +25,7 @@ def check_frame(frame: Frame) -> None:
     kind = frame["kind"]
     if kind not in PROBE_KINDS:
         raise ValueError(f"a {kind} frame comes from a monitor, not from a probe")
-    for check, name in _PLANS[kind]:
-        check(frame, name)
+    _PLANS[kind](frame)
 
 
 def _integer(frame: Frame, name: str, *, required: bool = False) -> None:
@@ -172,13 +171,47 @@ CHECKS: dict[Type, Check] = {
 }
 
 
-def _plan(spec: FrameSpec) -> list[tuple[Check, str]]:
-    """The checks of a kind of frame, in the spec's order (its key field's first)."""
-    return [
-        (_required_integer if field.name == spec.key else CHECKS[field.type], field.name)
-        for field in spec
-        if field.checked and CHECKS[field.type] is not _unchecked
-    ]
+#: Each type's test of a value that passes its check, as an expression over ``value``:
+#: the common case answered inline, the check itself run only when it fails (to raise,
+#: or to accept what the test does not, such as a dict subclass). The monitor checks
+#: some twenty fields a record: a call per field was a sixth of its time per record.
+FAST_PASS: dict[Type, str] = {
+    Type.INT: "type(value) is int and -BOUND <= value <= BOUND",
+    Type.NUMBER: "type(value) is float or type(value) is int",
+    Type.NUMBERS: "type(value) is list and set(map(type, value)) <= NUMBER_TYPES",
+    Type.NULLABLE_NUMBERS: (
+        "type(value) is list and set(map(type, value)) <= NULLABLE_NUMBER_TYPES"
+    ),
+    Type.COUNTS: "type(value) is list and set(map(type, value)) <= NULLABLE_INT_TYPES",
+    Type.SCALARS: "type(value) is dict and set(map(type, value.values())) <= NUMBER_TYPES",
+}
+
+
+def _plan(spec: FrameSpec) -> Callable[[Frame], None]:
+    """The check of a kind of frame: its fields' checks in the spec's order (its key
+    field's first), made one function, as ``views`` makes its readers."""
+    lines = ["def check(frame):", "    get = frame.get"]
+    namespace: dict[str, Any] = {
+        "BOUND": 2**63,
+        "NUMBER_TYPES": NUMBER_TYPES,
+        "NULLABLE_NUMBER_TYPES": NULLABLE_NUMBER_TYPES,
+        "NULLABLE_INT_TYPES": NULLABLE_INT_TYPES,
+    }
+    for index, field in enumerate(spec):
+        check = _required_integer if field.name == spec.key else CHECKS[field.type]
+        if not field.checked or check is _unchecked:
+            continue
+        namespace[f"check_{index}"] = check
+        name = repr(field.name)
+        call = f"check_{index}(frame, {name})"
+        fast = FAST_PASS.get(field.type)
+        if fast is None:
+            lines.append(f"    {call}")
+            continue
+        absent = "" if check is _required_integer else "value is not None and "
+        lines += [f"    value = get({name})", f"    if {absent}not ({fast}):", f"        {call}"]
+    exec("\n".join(lines), namespace)  # the spec's own names and this module's checks
+    return cast("Callable[[Frame], None]", namespace["check"])
 
 
 _PLANS = {kind: _plan(spec) for kind, spec in FRAMES.items()}
