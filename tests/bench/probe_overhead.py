@@ -310,17 +310,18 @@ def table(variants: list[Variant], own: dict[str, float], budget: float) -> list
     return rows
 
 
-def run_workload(work: Workload, address: str) -> list[str]:
+def run_workload(work: Workload, address: str, *, costly_too: bool = True) -> list[str]:
     # Default settings first, on their own: other probes in the process would add
     # their sender threads to the GIL contention being measured.
     main = make_variants(work, address, ["bare", "probe", "tensorboard"])
     own = measure(main, work)
-    costly = make_variants(work, address, ["bare", "guard", "anomaly"])
-    own.update(measure(costly, work))
+    costly = make_variants(work, address, ["bare", "guard", "anomaly"]) if costly_too else []
+    if costly:
+        own.update(measure(costly, work))
     foreach, naive = floor_costs(work)
     in_step = floor_in_step(work, min(work.rounds * work.block, 400))
     budget = 1.5 * in_step + 30e-6
-    return [
+    rows = [
         f"\n{work.name}   ({work.rounds} rounds x {work.block} steps per variant)",
         f"  floor, one _foreach_norm over all grads: {in_step * 1e6:.1f} us in the step "
         f"(after backward), {foreach * 1e6:.1f} us in a tight loop",
@@ -328,9 +329,13 @@ def run_workload(work: Workload, address: str) -> list[str]:
         f"budget = 1.5 x floor in the step + 30 us = {budget * 1e6:.0f} us",
         "  default settings (probe every step, sampled statistics every 20):",
         *table(main, own, budget),
-        "  not on by default (a separate pass against its own bare loop):",
-        *table(costly, own, budget),
     ]
+    if costly:
+        rows += [
+            "  not on by default (a separate pass against its own bare loop):",
+            *table(costly, own, budget),
+        ]
+    return rows
 
 
 # --- the frameworks: a bare Trainer against the same Trainer with the callback --------
@@ -574,6 +579,9 @@ def main() -> int:
     parser.add_argument(
         "--no-frameworks", action="store_true", help="skip the HF Trainer and Lightning rows"
     )
+    parser.add_argument(
+        "--default-only", action="store_true", help="skip the guard and anomaly-step pass"
+    )
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     folder = tempfile.mkdtemp(prefix="tt-bench-")
@@ -587,7 +595,8 @@ def main() -> int:
         for work in workloads(args.quick):
             if args.only and args.only not in work.name:
                 continue
-            print("\n".join(run_workload(work, address)), flush=True)
+            rows = run_workload(work, address, costly_too=not args.default_only)
+            print("\n".join(rows), flush=True)
         if not args.no_frameworks and args.only in (None, "frameworks"):
             rounds = 2 if args.quick else 4
             print("\n".join(framework_rows(address, rounds, 60)), flush=True)
