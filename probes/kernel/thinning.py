@@ -37,8 +37,10 @@ applied by ``probes.kernel.merge.Peaks``. ``Thinner`` is the policy over a strea
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Generic, Protocol, TypeVar
 
 from probes.kernel.merge import Peaks, apply, finite_number, has_non_finite, peak_or_own
@@ -155,7 +157,13 @@ def _finite_cuts(members: Sequence[Member], reference: Ceiling) -> list[int]:
     for i, member in enumerate(members):
         watched = member.watched
         if len(watched) == len(tops):
-            grown = max(map(_growth, watched, tops))
+            # In C: a top of 0 or less never escalates (``_growth``): it divides as
+            # infinity; most steps grow nowhere near ESCALATION, which one pass against
+            # tops a little under ESCALATION times tells, before dividing out exactly.
+            safe = tops if min(tops, default=1.0) > 0 else _positive(tops)
+            grown = 0.0
+            if any(map(operator.ge, watched, map(operator.mul, safe, repeat(_NEAR)))):
+                grown = max(map(operator.truediv, watched, safe))
             tops = tuple(map(max, tops, watched))
         else:  # the first step, or another layout
             grown = max(map(_growth, watched, tops), default=0.0)
@@ -164,6 +172,13 @@ def _finite_cuts(members: Sequence[Member], reference: Ceiling) -> list[int]:
             cuts.update((i - 1, i) if i else (i,))  # alone: the step before shows the low
             escalations += 1
     return sorted(cuts)
+
+
+_NEAR = ESCALATION * (1 - 1e-9)  # below ESCALATION by more than a division's rounding
+
+
+def _positive(tops: Ceiling) -> Ceiling:
+    return tuple(top if top > 0 else math.inf for top in tops)
 
 
 def _growth(value: float, top: float) -> float:
@@ -179,9 +194,12 @@ def _top(a: Ceiling, b: Ceiling) -> Ceiling:
 
 def ceiling(members: Iterable[Member]) -> Ceiling:
     """The largest loss, total and per-layer norm of a group: the next one's reference."""
+    watched = [member.watched for member in members]
+    if watched and all(len(w) == len(watched[0]) for w in watched):
+        return tuple(map(max, *watched)) if len(watched) > 1 else watched[0]  # (in C)
     tops: Ceiling = ()
-    for member in members:
-        tops = _top(tops, member.watched)
+    for values in watched:
+        tops = _top(tops, values)
     return tops
 
 

@@ -11,8 +11,11 @@ its own left (``lm_head`` without a bias) has no row of its own.
 
 from __future__ import annotations
 
+import operator
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from torch import nn
 from torch.nn.parameter import is_lazy
@@ -119,6 +122,10 @@ def combine_layer_norms(
     Returns:
         One norm per layer; ``None`` for a layer none of whose parameters is present.
     """
+    if present is None and len(param_norms) == len(layer_map.param_layer):
+        combined = _combine_all(param_norms, layer_map.param_layer)
+        if combined is not None:
+            return combined
     sums: list[float | None] = [None] * layer_map.num_layers
     indices = range(len(param_norms)) if present is None else present
     param_layer = layer_map.param_layer
@@ -127,6 +134,55 @@ def combine_layer_norms(
         previous = sums[layer]
         sums[layer] = norm * norm if previous is None else previous + norm * norm
     return [None if s is None else s**0.5 for s in sums]
+
+
+Runs = list[tuple[int, int, int]]
+# A layout's runs of consecutive layers with as many parameters each: (first parameter,
+# layers, parameters a layer), by the ``param_layer`` tuple it was made for (its id);
+# None: a layout whose layers' parameters are not consecutive, in layer order.
+_RUNS: dict[int, tuple[tuple[int, ...], Runs | None]] = {}
+
+
+def _combine_all(
+    param_norms: list[float], param_layer: tuple[int, ...]
+) -> list[float | None] | None:
+    """``combine_layer_norms`` of every parameter, in C-level passes: a layer's
+    parameters are consecutive (``map_layers``), so a run of layers with k parameters
+    each is k strided slices added, in the order (and to the bits) of the loop above.
+    None for another layout (the loop then)."""
+    known = _RUNS.get(id(param_layer))
+    if known is None or known[0] is not param_layer:
+        known = _RUNS[id(param_layer)] = (param_layer, _runs(param_layer))
+    if known[1] is None:
+        return None
+    squares = list(map(operator.mul, param_norms, param_norms))
+    sums: list[float] = []
+    for start, layers, width in known[1]:
+        end = start + layers * width
+        run = squares[start:end:width]
+        for offset in range(1, width):
+            run = list(map(operator.add, run, squares[start + offset : end : width]))
+        sums += run
+    return list(map(pow, sums, repeat(0.5)))  # (s ** 0.5, as above)
+
+
+def _runs(param_layer: tuple[int, ...]) -> Runs | None:
+    if list(param_layer) != sorted(param_layer) or set(param_layer) != set(
+        range(len(set(param_layer)))
+    ):
+        return None
+    counts = Counter(param_layer)
+    runs: Runs = []
+    start = 0
+    for layer in sorted(counts):
+        width = counts[layer]
+        if runs and runs[-1][2] == width:
+            first, layers, _ = runs[-1]
+            runs[-1] = (first, layers + 1, width)
+        else:
+            runs.append((start, 1, width))
+        start += width
+    return runs
 
 
 def count_parameters(model: nn.Module) -> int:

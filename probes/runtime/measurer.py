@@ -12,8 +12,11 @@ into a ``Measurement`` whose copy to the host the sender reads later.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Callable
+from itertools import repeat
+from typing import cast
 
 import torch
 from torch import nn
@@ -28,11 +31,14 @@ from probes.runtime.stats import (
     CLIP_TOTAL,
     INPUT_RMS,
     LOCAL_GRAD_NORM,
+    HostRing,
     Measurement,
     NormReducer,
     compose_order,
     to_host,
 )
+
+_GRAD = operator.attrgetter("grad")
 
 
 class StepMeasurer:
@@ -70,6 +76,7 @@ class StepMeasurer:
             optimizer.register_step_post_hook if optimizer is not None else None
         )
         self.norms = NormReducer()
+        self._ring = HostRing()  # pinned buffers and events, reused (CUDA)
         self.activations = ActivationStats(model, layers.names, on_error=on_error)
         # a data-parallel job's rank: its own gradients, before the all-reduce
         self.local = LocalGradients(layers.params, on_error) if local_grads else None
@@ -231,7 +238,9 @@ class StepMeasurer:
             step.lrs = self._learning_rates()
         step.tensor_scalar_names = self._append_tensor_scalars(step, values)
         if values:
-            step.values, step.event = to_host(values)
+            step.values, step.event = to_host(values, self._ring)
+            if step.event is not None:
+                step.ring = self._ring
         step.grad_norms = []  # the values hold them now
         return step
 
@@ -239,20 +248,23 @@ class StepMeasurer:
 
     def read_grads(self, step: Measurement) -> None:
         """Launch the batched per-parameter gradient norms (nothing is read yet)."""
-        grads: list[torch.Tensor] = []
-        present: list[int] = []
-        for index, param in enumerate(self.layers.params):
-            grad = param.grad
-            if grad is not None:
-                grads.append(grad)
-                present.append(index)
+        # One C-level pass over the parameters (a Python loop cost more than the norms
+        # of a small model); the indices only when some gradient is missing.
+        every = list(map(_GRAD, self.layers.params))
         step.grads_read = True
         if self.local is not None and step.sampled:
             local = self.local.take()
             if local is not None:
                 step.tensor_scalars[LOCAL_GRAD_NORM] = local
-        step.none_grads = len(self.layers.params) - len(grads)
-        step.grad_present = tuple(present) if step.none_grads else None
+        if all(map(operator.is_not, every, repeat(None))):
+            grads = cast(list[torch.Tensor], every)
+            step.none_grads = 0
+            step.grad_present = None
+        else:
+            present = tuple(i for i, grad in enumerate(every) if grad is not None)
+            grads = [every[i] for i in present]
+            step.none_grads = len(every) - len(grads)
+            step.grad_present = present
         if grads and grads[0].requires_grad:
             # Grads made by backward(create_graph=True): the norms must not grow a graph.
             with torch.no_grad():

@@ -7,7 +7,8 @@ no monitor listens it retries with back-off; on connect it sends the hello and t
 history, so a monitor started late still sees the run from step 0. When the queue is
 full the oldest entries are dropped and counted, and the count travels in every step
 frame. Commands from the monitor are read on the same connection and handed to a
-callback. Nothing here imports torch.
+callback. The sender's own CPU time on step records is the probe's cost too: it is
+added to the ``probe_time`` of the records built next. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -173,6 +174,11 @@ class Sender:
         self._bye_reason = "closed"
         self._hello_state = hello_state
         self.dropped = 0
+        # The sender's CPU seconds on step records (thinning them, building, encoding and
+        # sending them: ``time.thread_time`` on this thread), all of it so far, and what
+        # is not yet counted in a record's ``probe_time`` (the next records built share it).
+        self.cpu_seconds = 0.0
+        self._cpu_owed = 0.0
         # Told (on this thread) each step whose numbers read non-finite: the probe's
         # automatic check of the next step (``probes.runtime.auto_anomaly``).
         self.on_non_finite: Callable[[int], None] | None = None
@@ -210,11 +216,18 @@ class Sender:
         try:
             while True:
                 stopping = self._stop.is_set()
-                self._collect(final=stopping)
+                started = time.thread_time()
+                built = self._collect(final=stopping)
+                spent = time.thread_time() - started
                 if self._sock is None and (stopping or time.monotonic() >= self._next_attempt):
-                    self._connect()
-                if self._sock is not None and self._outbox:
+                    self._connect()  # (once per connection: not a step's cost)
+                sent = bool(self._sock is not None and self._outbox)
+                if sent:
+                    started = time.thread_time()
                     self._send_outbox()
+                    spent += time.thread_time() - started
+                if built or sent:  # (an idle wake-up is no step's cost)
+                    self._count_cpu(spent)
                 if stopping:
                     self._say_bye()
                     return
@@ -224,12 +237,21 @@ class Sender:
         finally:
             self._disconnect()
 
-    def _collect(self, *, final: bool) -> None:
-        """Move what is ready from the queue into the history (and the outbox).
+    def _count_cpu(self, seconds: float) -> None:
+        """The sender spent ``seconds`` of CPU on step records: the probe's cost too."""
+        self.cpu_seconds += seconds
+        self._cpu_owed += seconds
+
+    def _collect(self, *, final: bool) -> int:
+        """Move what is ready from the queue into the history (and the outbox); the
+        number of step records built from measurements.
 
         Step measurements beyond ``max_steps_per_s`` are thinned here, before they are
         turned into records, so a fast run costs the sender little per step; thinning
         keeps a non-finite step over its neighbours (see ``probes.kernel.thinning``).
+        The sender's own CPU time on the records before (``_cpu_owed``) is added to the
+        ``probe_time`` of the step records built now, shared alike: the probe's time is
+        the training thread's and the sender's, which shares its GIL and its cores.
         """
         queue = self._queue
         while queue:  # popleft and append are atomic: no lock with the training thread
@@ -250,13 +272,22 @@ class Sender:
         self._last_collect = now
         kept = self._thinner.thin(ready, budget)  # the first step alone, as the first sent
         connected = self._sock is not None
+        built = sum(1 for item in kept if not isinstance(item, dict))
+        share = self._cpu_owed / built if built else 0.0
+        if built:
+            self._cpu_owed = 0.0
         for item in kept:
-            record = item if isinstance(item, dict) else item.to_record()
+            if isinstance(item, dict):
+                record = item
+            else:
+                record = item.to_record()
+                record["probe_time"] = record.get("probe_time", 0.0) + share
             self._seq += 1
             record["seq"] = self._seq
             self._history.add(record)
             if connected:
                 self._outbox.append(record)
+        return built
 
     def _tell_non_finite(self, ready: list[Record | PendingRecord]) -> None:
         """Tell ``on_non_finite`` the steps whose delayed read shows a non-finite number

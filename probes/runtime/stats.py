@@ -10,7 +10,11 @@ later; the training thread never waits for the device.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import operator
+from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -37,6 +41,7 @@ class Measurement:
     """
 
     __slots__ = (
+        "_grad_layers",
         "_host",
         "activation_totals",
         "clip_norm_type",
@@ -65,6 +70,7 @@ class Measurement:
         "param_count",
         "param_order",
         "probe_time",
+        "ring",
         "sampled",
         "span",
         "step",
@@ -83,7 +89,7 @@ class Measurement:
         self.time = time
         self.sampled = sampled  # costlier statistics are taken on this step
         self.duration = 0.0  # the step's wall seconds, the probe's own time included
-        self.probe_time = 0.0  # seconds of the probe's own code on the training thread
+        self.probe_time = 0.0  # the probe's seconds on the training thread (+ the sender's)
         # launched during the step
         self.grads_read = False
         self.grad_norms: list[torch.Tensor] = []
@@ -109,6 +115,7 @@ class Measurement:
         # set when the step ends: the layout of ``values``
         self.values: torch.Tensor | list[torch.Tensor] | None = None  # see ``to_host``
         self.event: torch.cuda.Event | None = None
+        self.ring: HostRing | None = None  # where ``values`` and ``event`` go back, once read
         self.grad_count = 0
         self.param_count = 0  # >0 on sampled steps: parameter norms follow the updates
         self.param_order: tuple[int, ...] | None = None
@@ -123,6 +130,9 @@ class Measurement:
         # wait for), by name: written into the record and merged as the spec says.
         self.layer_values: dict[str, list[Any]] = {}
         self._host: list[float] | None = None
+        # The per-layer gradient norms and their total, made once (thinning reads them,
+        # and the record of a step sent is made of them again).
+        self._grad_layers: tuple[list[float | None], float | None] | None = None
 
     def has_non_finite(self) -> bool:
         """True if any norm or scalar of the step is NaN or Inf (cheap: one sum)."""
@@ -136,15 +146,26 @@ class Measurement:
                 self.event.synchronize()  # only when forced (closing, far behind)
             if self.values is None:
                 self._host = []
-            elif isinstance(self.values, list):
-                self._host = [t.item() for t in self.values]
-            else:
+            elif not isinstance(self.values, list):
                 self._host = self.values.tolist()
+                if self.ring is not None and self.event is not None:  # read: reusable now
+                    self.ring.give_back(self.values, self.event)
+                    self.values, self.event, self.ring = None, None, None
+            else:  # 0-d CPU tensors: read one by one in C (stacking them costs more)
+                self._host = list(map(torch.Tensor.item, self.values))
         return self._host
+
+    def _grads_by_layer(self) -> tuple[list[float | None], float | None]:
+        """The per-layer gradient norms and their total (made once)."""
+        if self._grad_layers is None:
+            grads = self._values()[: self.grad_count]
+            layers = combine_layer_norms(grads, self.grad_present, self.layer_map)
+            self._grad_layers = layers, _total(grads)
+        return self._grad_layers
 
     def ready(self) -> bool:
         """True once ``values`` can be read without waiting for the device."""
-        return self.event is None or self.event.query()
+        return self._host is not None or self.event is None or self.event.query()
 
     def to_record(self) -> dict[str, Any]:
         """The step record (a dict of plain numbers); waits for the copy if needed."""
@@ -157,7 +178,8 @@ class Measurement:
             at += count
             return values[at - count : at]
 
-        grads = take(self.grad_count)
+        take(self.grad_count)
+        grad_layers, grad_total = self._grads_by_layer()
         updates = take(self.update_count)
         params = take(self.param_count)
         counts = take(sum(1 for total in self.activation_totals if total))
@@ -169,8 +191,8 @@ class Measurement:
             "probe_time": self.probe_time,
             "scalars": self._scalars(values[at:]),
             "lr": self._lrs(values[at:]),
-            "grad_norms": combine_layer_norms(grads, self.grad_present, layers),
-            "grad_norm_total": _total(grads),
+            "grad_norms": list(grad_layers),  # (its own list: merging writes over it)
+            "grad_norm_total": grad_total,
             "none_grads": self.none_grads,
         }
         if self.grad_present is not None and self.none_grads:
@@ -235,20 +257,19 @@ class Measurement:
 
     def _peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]:
         values = self._values()
-        grads = values[: self.grad_count]
         at = (
             self.grad_count
             + self.update_count
             + self.param_count
             + sum(1 for total in self.activation_totals if total)
         )
-        layers = combine_layer_norms(grads, self.grad_present, self.layer_map)
+        layers, total = self._grads_by_layer()
         scalars = (
             self._scalars(values[at:])
             if self.tensor_scalar_names or self.late_scalars
             else self.float_scalars
         )
-        return layers, _total(grads), scalars
+        return layers, total, scalars
 
     def _update_ratios(self, updates: list[float]) -> list[float | None]:
         """Per layer |dw|/|w|: the values are the sampled changes, then the sampled
@@ -333,7 +354,7 @@ def _loss_first(scalars: dict[str, float]) -> dict[str, float]:
 def _total(norms: list[float]) -> float | None:
     if not norms:
         return None
-    return math.sqrt(math.fsum(n * n for n in norms))
+    return math.sqrt(math.fsum(map(operator.mul, norms, norms)))
 
 
 class NormReducer:
@@ -401,25 +422,74 @@ def compose_order(
     return tuple(present[i] for i in order)
 
 
+class HostRing:
+    """Pinned host buffers and CUDA events, reused: a step's copy to the host takes a
+    free pair of its size, and the sender gives it back once it has read the values
+    (``Measurement._values``), so no step pays to pin memory or make an event. Taking
+    never waits: with no free pair of that size a new one is made (and kept, up to
+    ``slots`` per size; a measurement dropped unread keeps its own).
+
+    Args:
+        slots: pairs kept per (size, dtype).
+        pin_memory: pin the host buffers (True where CUDA copies into them).
+        make_event: how an event is made (``torch.cuda.Event``; a test's stand-in).
+    """
+
+    def __init__(
+        self,
+        slots: int = 8,
+        *,
+        pin_memory: bool = True,
+        make_event: Callable[[], Any] | None = None,
+    ) -> None:
+        self.slots = slots
+        self._pin = pin_memory
+        self._make_event = make_event or torch.cuda.Event
+        # free pairs by (size, dtype); a deque's append and pop need no lock between
+        # the training thread (take) and the sender's (give_back)
+        self._free: dict[tuple[int, torch.dtype], deque[tuple[torch.Tensor, Any]]] = {}
+        self.made = 0  # pairs made so far (a test, a benchmark)
+
+    def take(self, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
+        """A free (host buffer, event) pair of ``size`` values of ``dtype``."""
+        free = self._free.get((size, dtype))
+        if free:
+            with contextlib.suppress(IndexError):  # (the last taken meanwhile)
+                return free.pop()
+        self.made += 1
+        host = torch.empty(size, dtype=dtype, pin_memory=self._pin)
+        return host, self._make_event()
+
+    def give_back(self, host: torch.Tensor, event: Any) -> None:
+        """``host`` has been read (its copy landed): the pair may be taken again."""
+        free = self._free.setdefault((host.numel(), host.dtype), deque())
+        if len(free) < self.slots:
+            free.append((host, event))
+
+
 def to_host(
-    values: list[torch.Tensor],
+    values: list[torch.Tensor], ring: HostRing | None = None
 ) -> tuple[torch.Tensor | list[torch.Tensor], torch.cuda.Event | None]:
     """Start moving a step's 0-d tensors to host memory; return them and an event.
 
     On the CPU they are already there: the list itself is returned (stacking would
     cost the training thread a kernel; the sender reads them one by one). On CUDA
-    they are stacked and copied to pinned memory without blocking, and the event
-    tells when the copy has landed. Other devices: stacked, read later (blocking)
-    by the sender thread.
+    they are stacked and copied to pinned memory without blocking, into a buffer of
+    ``ring`` when given (the caller gives it back once read), and the event tells when
+    the copy has landed. Other devices: stacked, read later (blocking) by the sender
+    thread.
     """
     first = values[0]
     if first.is_cpu:
         return values, None
     vector = torch.stack(values)
     if first.is_cuda:
-        host = torch.empty(vector.shape, dtype=vector.dtype, pin_memory=True)
+        if ring is not None:
+            host, event = ring.take(vector.numel(), vector.dtype)
+        else:
+            host = torch.empty(vector.shape, dtype=vector.dtype, pin_memory=True)
+            event = torch.cuda.Event()
         host.copy_(vector, non_blocking=True)
-        event = torch.cuda.Event()
         event.record()
         return host, event
     return vector, None

@@ -44,6 +44,7 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
 # A hand-written norm's class name: LayerNorm, RMSNorm, LlamaRMSNorm, T5LayerNorm ...
 NORM_NAME = re.compile(r"norm(\d*d)?$", re.IGNORECASE)
 NAMES_SHOWN = 6
+_VERSION = operator.attrgetter("_version")
 
 
 def watch_time_alerts(
@@ -195,8 +196,8 @@ def _numel(param: torch.Tensor) -> int:
 
 class UpdateCheck:
     """Which layers did ``optimizer.step()`` leave untouched? Read from the version
-    counters of their parameters (every in-place update bumps them): two passes over
-    plain attributes a step, nothing on the device. A custom optimizer that writes
+    counters of their parameters (every in-place update bumps them): two C-level passes
+    over plain attributes a step, nothing on the device. A custom optimizer that writes
     through ``.data`` bumps no counter; the monitor then sees weights change on sampled
     steps although the counters did not, and stops trusting them."""
 
@@ -207,14 +208,14 @@ class UpdateCheck:
         self._before: list[int] | None = None
 
     def before(self) -> None:
-        self._before = [p._version for p in self.params]
+        self._before = list(map(_VERSION, self.params))  # (in C: no Python loop a step)
 
     def after(self) -> list[int] | None:
         """The layers none of whose parameters changed version (None: not checked)."""
         before, self._before = self._before, None
         if before is None:
             return None
-        now = [p._version for p in self.params]
+        now = list(map(_VERSION, self.params))
         if all(map(operator.ne, now, before)):  # the common step: every tensor updated
             return []
         layer = self.param_layer

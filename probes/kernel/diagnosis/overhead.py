@@ -1,7 +1,8 @@
 """Rung 7, the probe itself: does watching the run slow it down visibly?
 
 Step records carry ``duration`` (the step's seconds) and ``probe_time`` (the probe's
-own seconds on the training thread), both summed over a thinned record's span. A record
+own seconds: its code on the training thread, and its sender thread's CPU time on the
+records), both summed over a thinned record's span. A record
 without ``probe_time`` (an older probe) says nothing here.
 """
 

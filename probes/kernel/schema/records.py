@@ -78,7 +78,7 @@ class _StepRecordRequired(TypedDict):
     step: int
     time: float  # wall time at the step's start
     duration: float  # the step's seconds (summed over a span)
-    probe_time: float  # the probe's own seconds on the training thread (summed too)
+    probe_time: float  # the probe's own seconds: training thread and sender (summed too)
     scalars: dict[str, float]  # the loss first
     lr: list[float]  # per param group
     grad_norms: list[float | None]  # per layer (None: no gradient)
