@@ -18,6 +18,7 @@ probe was made (``from torch.nn.functional import cross_entropy``), is not seen.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,36 @@ _open: list[InferredEvaluation] = []  # evaluations taking losses now
 _originals: dict[str, Callable[..., Any]] = {}
 
 
+def _gone() -> None:
+    return None
+
+
+class ForwardHook:
+    """The pre-hook on the watched model. ``copy.deepcopy(model)`` (an EMA twin) and
+    ``torch.save(model)`` take a model's hooks along: a bound method would take the
+    probe (its threads and locks) and fail. This one is copied, and pickled, as an inert
+    stand-in; and it only hears its own model's forwards."""
+
+    def __init__(self, owner: InferredEvaluation, module: torch.nn.Module) -> None:
+        self._owner: Callable[[], InferredEvaluation | None] = weakref.ref(owner)
+        self._module: Callable[[], torch.nn.Module | None] = weakref.ref(module)
+
+    def __call__(self, module: torch.nn.Module, args: Any) -> None:
+        owner = self._owner()
+        if owner is not None and module is self._module():
+            owner._forward(module, args)
+
+    def __reduce__(self) -> tuple[Callable[[], ForwardHook], tuple[()]]:
+        return ForwardHook.inert, ()
+
+    @staticmethod
+    def inert() -> ForwardHook:
+        """A hook that does nothing (what a copy of the model carries)."""
+        hook = object.__new__(ForwardHook)
+        hook._owner = hook._module = _gone
+        return hook
+
+
 class InferredEvaluation:
     """The watched model's evaluations, found (see the module).
 
@@ -62,7 +93,8 @@ class InferredEvaluation:
         self.open = False
         self._sum: torch.Tensor | None = None
         self._count = 0
-        self._handle: RemovableHandle | None = module.register_forward_pre_hook(self._forward)
+        hook = ForwardHook(self, module)
+        self._handle: RemovableHandle | None = module.register_forward_pre_hook(hook)
 
     def _forward(self, module: torch.nn.Module, args: Any) -> None:
         evaluating = not module.training or not torch.is_grad_enabled()
