@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from probes.kernel.thinning import ESCALATION, Member, ceiling, plan
+from probes.runtime.host_copy import HostRing
 from probes.runtime.layers import LayerMap, combine_layer_norms, map_layers
-from probes.runtime.stats import HostRing, Measurement
+from probes.runtime.stats import Measurement
 from probes.runtime.structure import UpdateCheck
 from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 

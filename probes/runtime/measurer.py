@@ -24,6 +24,7 @@ from torch.utils.hooks import RemovableHandle
 
 from probes.runtime.clearing import ClearingWatch
 from probes.runtime.guard import GuardTrip, find_non_finite
+from probes.runtime.host_copy import HostRing, to_host
 from probes.runtime.layers import LayerMap
 from probes.runtime.local_grads import LocalGradients
 from probes.runtime.sampled import ActivationStats, UpdateNorms
@@ -31,11 +32,9 @@ from probes.runtime.stats import (
     CLIP_TOTAL,
     INPUT_RMS,
     LOCAL_GRAD_NORM,
-    HostRing,
     Measurement,
     NormReducer,
     compose_order,
-    to_host,
 )
 
 _GRAD = operator.attrgetter("grad")
