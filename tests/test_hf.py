@@ -284,4 +284,8 @@ def test_a_healthy_run_at_the_trainers_defaults_raises_nothing(
     train(tmp_path, collector, max_steps=160, eval_strategy="steps", eval_steps=80)
     frames = list(collector.frames)
     assert len([s for s in kinds(frames, "step") if "update_ratios" in s]) >= 3
-    assert [a.line() for a in raised_alerts(frames)] == []
+    # Rung 7, the probe's own cost, is not the training's health: on this tiny model's
+    # ~13 ms step the probe with its sender thread is about 5%, which its info alert
+    # says, on a quiet machine or not (tests/bench/probe_overhead.py measures it).
+    training = [a for a in raised_alerts(frames) if a.kind != "probe_overhead"]
+    assert [a.line() for a in training] == []
