@@ -582,6 +582,11 @@ def main() -> int:
     parser.add_argument(
         "--default-only", action="store_true", help="skip the guard and anomaly-step pass"
     )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="add the torch.compile row (a GPT with dropout, Inductor: minutes to compile)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     folder = tempfile.mkdtemp(prefix="tt-bench-")
@@ -600,6 +605,10 @@ def main() -> int:
         if not args.no_frameworks and args.only in (None, "frameworks"):
             rounds = 2 if args.quick else 4
             print("\n".join(framework_rows(address, rounds, 60)), flush=True)
+        if args.compiled:
+            from tests.bench.compiled_overhead import compiled_rows
+
+            print("\n".join(compiled_rows(address, rounds=4 if args.quick else 10)), flush=True)
     finally:
         monitor.terminate()
         monitor.wait(5)
