@@ -146,6 +146,26 @@ def test_the_scripts_exit_status_is_its_own(tmp_path: Any) -> None:
     assert "trained a bit" in done.stdout  # its output passed through
 
 
+def test_the_environments_own_sitecustomize_still_runs(tmp_path: Any) -> None:
+    """traintop's sitecustomize comes first on the path; the one it shadows (a conda
+    environment's, a cluster's) runs after it, as it would without traintop."""
+    site = os.path.join(tmp_path, "site")
+    os.makedirs(site)
+    with open(os.path.join(site, "sitecustomize.py"), "w", encoding="utf-8") as handle:
+        # (in the process itself: traintop's own process runs it too, and an environment
+        # variable would reach the script from there)
+        handle.write("import sys\nsys.site_says = 'hello'\n")
+    script = os.path.join(tmp_path, "show.py")
+    with open(script, "w", encoding="utf-8") as handle:
+        handle.write("import sys\nprint('site:', getattr(sys, 'site_says', None))\n")
+    command = [sys.executable, "-m", "tui.cli", "run", "--headless", "--", script]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, site])}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "site: hello" in done.stdout
+    assert "traintop:" not in done.stderr
+
+
 def test_the_command_line_splits_traintops_options_from_the_scripts() -> None:
     assert split_run(["run", "--headless", "python", "train.py", "--lr", "1"]) == (
         ["run", "--headless"],

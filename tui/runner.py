@@ -39,6 +39,16 @@ try:
 except Exception as _traintop_error:  # never stop the script
     import sys as _sys
     print(f"traintop: not attached: {_traintop_error}", file=_sys.stderr)
+try:  # the environment's own sitecustomize, which this one shadows, runs as before
+    import importlib.machinery as _machinery, importlib.util as _util, os as _os, sys as _sys
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    _rest = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
+    _spec = _machinery.PathFinder.find_spec("sitecustomize", _rest)
+    if _spec is not None and _spec.loader is not None:
+        _spec.loader.exec_module(_util.module_from_spec(_spec))
+except Exception as _traintop_error:
+    import sys as _sys
+    print(f"traintop: the environment's sitecustomize failed: {_traintop_error}", file=_sys.stderr)
 """
 
 #: Set in the child's environment: attach there (``probes.attach.bootstrap``).
