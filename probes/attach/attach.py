@@ -25,6 +25,7 @@ Nothing here raises into the script: a failure is one ``traintop:`` line on stde
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 import weakref
 from collections.abc import Sequence
@@ -265,30 +266,25 @@ def _framework_owned(original: Any) -> Any:
     return run
 
 
-def hf_imported(module: ModuleType) -> None:
-    """``transformers.trainer`` was imported: its Trainer gets traintop's callback."""
-    trainer = module.Trainer
+def _adopt_trainer(trainer: Any, glue: str, run: str) -> None:
+    """``trainer`` gets the ``TraintopCallback`` of module ``glue`` (imported when a
+    Trainer is made), and its method ``run`` owns the optimizers built inside it."""
 
     def callback() -> Any:
-        from probes.hf import TraintopCallback
-
-        return TraintopCallback()
+        return importlib.import_module(glue).TraintopCallback()
 
     trainer.__init__ = _with_callback(trainer.__init__, callback)
-    trainer.train = _framework_owned(trainer.train)
+    setattr(trainer, run, _framework_owned(getattr(trainer, run)))
+
+
+def hf_imported(module: ModuleType) -> None:
+    """``transformers.trainer`` was imported: its Trainer gets traintop's callback."""
+    _adopt_trainer(module.Trainer, "probes.hf", "train")
 
 
 def lightning_imported(module: ModuleType) -> None:
     """Lightning's trainer module was imported: its Trainer gets traintop's callback."""
-    trainer = module.Trainer
-
-    def callback() -> Any:
-        from probes.lightning import TraintopCallback
-
-        return TraintopCallback()
-
-    trainer.__init__ = _with_callback(trainer.__init__, callback)
-    trainer.fit = _framework_owned(trainer.fit)
+    _adopt_trainer(module.Trainer, "probes.lightning", "fit")
 
 
 def torch_imported(module: ModuleType) -> None:
