@@ -799,3 +799,46 @@ def test_update_ratios_under_gradient_accumulation(collector: FrameCollector) ->
     }
     assert sorted(with_ratios) == [3, 11, 23]  # after the sampled steps 0, 10 and 20
     assert all(0 < r < 1 for ratios in with_ratios.values() for r in ratios)
+
+
+class SequenceBlock(nn.Module):
+    """A sequence model's feed-forward (batch-first): its ReLU's output is 4 x 128 x
+    1,024, more than an activation's sample, with a known share of dead units."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(16, 1024)
+        self.act = nn.ReLU()
+        self.down = nn.Linear(1024, 1)
+        with torch.no_grad():  # a quarter of the units dead at every position
+            self.up.bias[:256] = -1e3
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+def test_activation_of_a_sequence_is_counted_on_a_sample_and_its_infinity_anywhere(
+    collector: FrameCollector,
+) -> None:
+    model = SequenceBlock()
+    seen: list[torch.Tensor] = []
+    handle = model.act.register_forward_hook(lambda m, a, out: seen.append(out.detach()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    probe = watch_unthinned(model, opt, collector, sample_every=1)
+    x = torch.randn(4, 128, 16)
+    poisoned = x.clone()
+    poisoned[3, 127, 0] = math.inf  # the very last position: outside the counted rows
+    for inputs in (x, poisoned):
+        with probe.step():
+            opt.zero_grad()
+            model(inputs).sum().backward()
+            opt.step()
+    handle.remove()
+    records = close_and_collect(probe, collector)
+    relu = [name for name, _, _ in hello_of(collector)["activations"]].index("act")
+    naive = (seen[0] == 0).double().mean().item()
+    assert probes.runtime.sampled.activation_sample(seen[0]).numel() < seen[0].numel()
+    assert 0.25 <= naive < 0.9
+    assert abs(records[0]["activations"][relu] - naive) < 0.02
+    assert math.isnan(records[1]["activations"][relu])

@@ -248,7 +248,11 @@ class Thinner(Generic[T]):
     def __init__(self, steps: Steps[T], anchor_every: int = 0, *, first_alone: bool = True):
         self.steps = steps
         self.anchor_every = anchor_every
-        self.reference: Ceiling = ()
+        self._reference: Ceiling = ()
+        # The steps sent last, whose ceiling the reference is: taken only when a group
+        # is thinned (a run within its budget never needs it, and it costs a pass over
+        # every record sent).
+        self._sent: Sequence[T] = ()
         self._first_pending = first_alone
 
     def thin(self, items: list[Any], budget: int) -> list[Any]:
@@ -267,6 +271,17 @@ class Thinner(Generic[T]):
         if sent:
             self._first_pending = False
         return kept
+
+    @property
+    def reference(self) -> Ceiling:
+        """The ceiling of the steps sent last: what the next group is judged against."""
+        if self._sent:
+            sent, self._sent = self._sent, ()
+            self._reference = ceiling(
+                Member.of_values(self.steps.values(item), non_finite=False, keep=False)
+                for item in sent
+            )
+        return self._reference
 
     def merge(self, group: list[T]) -> list[T]:
         """What stands for ``group``: its last step (so the step count stays true),
@@ -294,17 +309,14 @@ class Thinner(Generic[T]):
             for i in range(start, end + 1):
                 peaks.add(values[i], step=steps.step(group[i]), non_finite=bad[i])
             kept.append(steps.stand_for(group[start : end + 1], rep - start, peaks))
-        self.reference = ceiling(members)
+        self._sent, self._reference = (), ceiling(members)
         return kept
 
     def note_sent(self, items: Sequence[T]) -> None:
         """The steps just sent, thinned or not: the next group is judged against them
         (a run that speeds up, or its first step sent alone, must not start from 0)."""
         if items:
-            self.reference = ceiling(
-                Member.of_values(self.steps.values(item), non_finite=False, keep=False)
-                for item in items
-            )
+            self._sent = items  # (its ceiling is taken when a group needs it)
 
 
 def group_within(
