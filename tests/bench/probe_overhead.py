@@ -310,6 +310,11 @@ def table(variants: list[Variant], own: dict[str, float], budget: float) -> list
     return rows
 
 
+def bare_median(variants: list[Variant]) -> float:
+    """The bare loop's median step (the first variant)."""
+    return statistics.median(variants[0].times)
+
+
 def run_workload(work: Workload, address: str, *, costly_too: bool = True) -> list[str]:
     # Default settings first, on their own: other probes in the process would add
     # their sender threads to the GIL contention being measured.
@@ -329,6 +334,9 @@ def run_workload(work: Workload, address: str, *, costly_too: bool = True) -> li
         f"budget = 1.5 x floor in the step + 30 us = {budget * 1e6:.0f} us",
         "  default settings (probe every step, sampled statistics every 20):",
         *table(main, own, budget),
+        # The per-layer gradient norms every step cost at least the floor: a whole-step
+        # ratio below this one is out of reach whatever else the probe cuts.
+        f"  the floor alone would make the whole step {1 + in_step / bare_median(main):.3f}",
     ]
     if costly:
         rows += [
