@@ -248,7 +248,7 @@ class ActivationStats:
                 # them) in one pass with no mask: isfinite(x).all() cost 28x more.
                 # x - x is 0 for a finite x (no overflow, float16 too), NaN otherwise.
                 low, high = torch.aminmax(output)
-                hits = hits.to(torch.float32) + (low - low) + (high - high)
+                hits = hits.to(torch.float32) + (low - low + (high - high)).float()
             tally = self._tallies[index]
             tally.hits = hits if tally.hits is None else tally.hits + hits
             tally.total += counted.numel()
