@@ -43,6 +43,7 @@ class Measurement:
     __slots__ = (
         "_grad_layers",
         "_host",
+        "_non_finite",
         "activation_totals",
         "clip_norm_type",
         "clip_total",
@@ -130,15 +131,19 @@ class Measurement:
         # wait for), by name: written into the record and merged as the spec says.
         self.layer_values: dict[str, list[Any]] = {}
         self._host: list[float] | None = None
+        self._non_finite: bool | None = None  # (``has_non_finite``, once read)
         # The per-layer gradient norms and their total, made once (thinning reads them,
         # and the record of a step sent is made of them again).
         self._grad_layers: tuple[list[float | None], float | None] | None = None
 
     def has_non_finite(self) -> bool:
-        """True if any norm or scalar of the step is NaN or Inf (cheap: one sum)."""
-        total = sum(self._values()) + sum(self.float_scalars.values())
-        total += sum(float(t) for t in self.late_scalars.values())
-        return not math.isfinite(total)
+        """True if any norm or scalar of the step is NaN or Inf (cheap: one sum, once:
+        the sender asks twice of every step, and nothing changes once it is queued)."""
+        if self._non_finite is None:
+            total = sum(self._values()) + sum(self.float_scalars.values())
+            total += sum(float(t) for t in self.late_scalars.values())
+            self._non_finite = not math.isfinite(total)
+        return self._non_finite
 
     def _values(self) -> list[float]:
         if self._host is None:
