@@ -111,6 +111,83 @@ def test_a_forgotten_zero_grad_under_two_optimizers_is_seen(collector: FrameColl
     assert [bool(s.get("grads_not_cleared")) for s in steps] == [False, True, True, True]
 
 
+def train_gan_accumulating(
+    probe: Any, gan: Gan, opt_g: Any, opt_d: Any, steps: int, *, micro: int = 2
+) -> None:
+    """The GAN loop accumulating ``micro`` batches into each optimizer's step, each
+    optimizer cleared where its own accumulation starts (``zero_grad`` as given)."""
+    ones, zeros = torch.ones(8, 1), torch.zeros(8, 1)
+    for _ in range(steps):
+        with probe.step():
+            opt_d.zero_grad()
+            for _ in range(micro):
+                real, fake = torch.randn(8, 2) + 3, gan.g(torch.randn(8, 2)).detach()
+                d_loss = F.binary_cross_entropy_with_logits(gan.d(real), ones)
+                d_loss = d_loss + F.binary_cross_entropy_with_logits(gan.d(fake), zeros)
+                (d_loss / micro).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            for _ in range(micro):
+                g_loss = F.binary_cross_entropy_with_logits(gan.d(gan.g(torch.randn(8, 2))), ones)
+                (g_loss / micro).backward()  # into D's gradients too, after D stepped
+            opt_g.step()
+            probe.log(loss=g_loss + d_loss)
+
+
+def uncleared_flags(probe: Any, collector: FrameCollector) -> list[bool]:
+    steps = [f for f in frames_of(probe, collector) if f["kind"] == "step"]
+    return [bool(s.get("grads_not_cleared")) for s in steps]
+
+
+@pytest.mark.parametrize("forgotten", ["g", "d"])
+def test_a_forgotten_zero_grad_of_either_network_is_seen(
+    forgotten: str, collector: FrameCollector
+) -> None:
+    """The discriminator's gradient grows by two passes a step without its clear (its
+    own backward and the generator's, after it stepped): seen as one pass is."""
+    gan = Gan()
+    opt_g = torch.optim.SGD(gan.g.parameters(), lr=1e-3)
+    opt_d = torch.optim.SGD(gan.d.parameters(), lr=1e-3)
+    never = opt_g if forgotten == "g" else opt_d
+    never.zero_grad = lambda set_to_none=True: None  # type: ignore[method-assign]
+    probe = watch_unthinned(gan, [opt_g, opt_d], collector, sample_every=1)
+    train_gan(probe, gan, opt_g, opt_d, 4)
+    assert uncleared_flags(probe, collector) == [False, True, True, True]
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_gan_accumulating_micro_batches_and_clearing_raises_nothing(
+    set_to_none: bool, collector: FrameCollector
+) -> None:
+    gan = Gan()
+    opt_g = torch.optim.SGD(gan.g.parameters(), lr=1e-3)
+    opt_d = torch.optim.SGD(gan.d.parameters(), lr=1e-3)
+    for opt in (opt_g, opt_d):
+        clear = opt.zero_grad
+        opt.zero_grad = lambda set_to_none=set_to_none, clear=clear: clear(set_to_none)  # type: ignore[method-assign]
+    probe = watch_unthinned(gan, [opt_g, opt_d], collector, sample_every=1)
+    train_gan_accumulating(probe, gan, opt_g, opt_d, 5, micro=3)
+    frames = frames_of(probe, collector)
+    steps = [f for f in frames if f["kind"] == "step"]
+    assert len(steps) == 5
+    assert not any(s.get("grads_not_cleared") for s in steps)
+    assert [f["alert"]["kind"] for f in frames if f["kind"] == "alert"] == []
+
+
+@pytest.mark.parametrize("forgotten", ["g", "d"])
+def test_a_gan_accumulating_micro_batches_without_a_clear_is_seen(
+    forgotten: str, collector: FrameCollector
+) -> None:
+    gan = Gan()
+    opt_g = torch.optim.SGD(gan.g.parameters(), lr=1e-3)
+    opt_d = torch.optim.SGD(gan.d.parameters(), lr=1e-3)
+    never = opt_g if forgotten == "g" else opt_d
+    never.zero_grad = lambda set_to_none=True: None  # type: ignore[method-assign]
+    probe = watch_unthinned(gan, [opt_g, opt_d], collector, sample_every=1)
+    train_gan_accumulating(probe, gan, opt_g, opt_d, 4, micro=3)
+    assert uncleared_flags(probe, collector) == [False, True, True, True]
+
+
 def test_the_optimizer_argument() -> None:
     model = nn.Linear(2, 2)
     one = torch.optim.SGD(model.parameters(), lr=0.1)

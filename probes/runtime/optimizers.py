@@ -28,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from probes.runtime.hooks import unwrap_optimizer
 from probes.runtime.layers import LayerMap
+from probes.runtime.optimizer_clearing import OptimizerClearing
 from probes.runtime.stats import Measurement, compose_order
 
 
@@ -150,17 +151,17 @@ class PerOptimizerReads:
         self.owner = [owners.get(id(p)) for p in layers.params]
         self._count = len(layers.params)
         self._params = layers.params
-        self._check_clearing = False  # set by ``attach``: the measurer's own is off then
         self._current = current
         self._step: Measurement | None = None
         self._grads: dict[int, torch.Tensor] = {}  # parameter -> its kept gradient norm
         self._updates: dict[int, torch.Tensor] = {}  # update_order index -> kept norm
         self._stepping: int | None = None  # the optimizer whose step() ran last
-        # per optimizer: its first parameter with a gradient at its last step, that
-        # gradient and its version (the clearing check, one optimizer at a time)
-        self._notes: dict[int, tuple[int, weakref.ref[torch.Tensor], int]] = {}
-        self._firsts = [
-            [i for i, o in enumerate(self.owner) if o == index] for index in range(len(optimizers))
+        # per optimizer, the clearing check of its own gradients (made when ``attach``
+        # turns it on: its hooks land on one parameter of each optimizer)
+        self._clearings: list[OptimizerClearing] = []
+        self._optimizer_params = [
+            [p for p, o in zip(layers.params, self.owner, strict=True) if o == index]
+            for index in range(len(optimizers))
         ]
         self._layer_first = _first_params(layers)
         self._layer_owner = [self.owner[i] for i in self._layer_first]
@@ -172,11 +173,19 @@ class PerOptimizerReads:
             self._handles.append(optimizer.register_step_pre_hook(self._before(index)))
             self._handles.append(optimizer.register_step_post_hook(self._after(index)))
 
+    def check_clearing(self) -> None:
+        """Check each optimizer's own gradients were cleared since its last step."""
+        self._clearings = [
+            OptimizerClearing(params, self._on_error) for params in self._optimizer_params
+        ]
+
     def remove(self) -> None:
         """Remove its hooks (idempotent)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for clearing in self._clearings:
+            clearing.remove()
 
     def _of(self, step: Measurement) -> None:
         if self._step is not step:  # a new step: nothing kept yet
@@ -193,7 +202,7 @@ class PerOptimizerReads:
                 if step is not None:
                     self._of(step)
                 self._count_passes(index)
-                if self._check_clearing and self._not_cleared(index) and step is not None:
+                if self._clearings and self._clearings[index].before_step() and step is not None:
                     step.not_cleared = True
             except Exception as exc:
                 self._on_error(exc)
@@ -203,6 +212,8 @@ class PerOptimizerReads:
     def _after(self, index: int) -> Callable[..., None]:
         def after(optimizer: Any, args: Any, kwargs: Any) -> None:
             try:
+                if self._clearings:
+                    self._clearings[index].after_step()
                 self._keep(index)
             except Exception as exc:
                 # Switching off removes post-hooks, and torch is iterating them now:
@@ -226,21 +237,6 @@ class PerOptimizerReads:
             if owner[param] == index:
                 self._grads[param] = norm
         step.grads_read = False
-
-    def _not_cleared(self, index: int) -> bool:
-        """Does optimizer ``index`` hold the very gradient of its last step, grown by one
-        more backward (no zero_grad in between)? Noted for its next step."""
-        params, note = self._params, self._notes.pop(index, None)
-        held = False
-        if note is not None:
-            grad = params[note[0]].grad
-            held = grad is not None and note[1]() is grad and grad._version == note[2] + 1
-        for param_index in self._firsts[index]:
-            grad = params[param_index].grad
-            if grad is not None:
-                self._notes[index] = (param_index, weakref.ref(grad), grad._version)
-                break
-        return held
 
     def _count_passes(self, index: int) -> None:
         """Per layer of optimizer ``index``, the backward passes into its gradient since
@@ -327,7 +323,9 @@ def attach(
     measurer.merge_reads, measurer.merge_updates = reads.merge_reads, reads.merge_updates
     # One note for the whole step would compare one optimizer's gradient with another's
     # step (a GAN's generator backward adds into the discriminator's after it stepped).
-    reads._check_clearing, measurer.check_clearing = measurer.check_clearing, False
+    if measurer.check_clearing:
+        reads.check_clearing()
+    measurer.check_clearing = False
     return reads
 
 
