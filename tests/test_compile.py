@@ -12,12 +12,15 @@ run eagerly are measured afresh on every sampled step.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
 
+import probes
+from probes.runtime.first_forward import COMPILE_WARNING
 from probes.runtime.hooks import compiled_modules, entry_pre_hook, unwrap
 from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 from tests.compiled_gpt import Trained, compile_in_place, compile_wrapped, train_compiled
@@ -206,3 +209,47 @@ def test_a_gpt_compiled_by_inductor_trains_the_same_watched(
         torch.set_num_threads(threads)
     assert_untouched(bare, watched)
     assert_measured(collector)
+
+
+def ours_filtering() -> bool:
+    """Is the probe's filter of torch.compile's warning among the warning filters?"""
+    return any(f[1] is not None and f[1].pattern == COMPILE_WARNING for f in warnings.filters)
+
+
+def compiled_calls_warn(user_global_hook: bool) -> tuple[list[str], bool, bool]:
+    """The warnings ``torch.compile(model)`` prints through a run watched by ``watch()``
+    alone (its step 0 found by a global forward pre-hook, there until the first
+    forward); whether the probe's filter was there before it, and after the run."""
+    torch._dynamo.reset()
+    model = dead_relu_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x, y = torch.randn(32, 16), torch.randn(32, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # (before the probe's filter: that one comes first)
+        own = (
+            torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: None)
+            if user_global_hook
+            else None
+        )
+        probe = probes.watch(model, optimizer, address="tcp://127.0.0.1:9")
+        before = ours_filtering()
+        compiled = torch.compile(model, backend="eager")
+        for _ in range(3):
+            optimizer.zero_grad()
+            nn.functional.mse_loss(compiled(x), y).backward()
+            optimizer.step()
+        after = ours_filtering()
+        probe.close()
+        if own is not None:
+            own.remove()
+    return [str(w.message) for w in caught if "global hooks" in str(w.message)], before, after
+
+
+def test_the_probes_global_hook_makes_torch_compile_print_nothing() -> None:
+    # the filter there while the hook is, gone with it
+    assert compiled_calls_warn(user_global_hook=False) == ([], True, False)
+
+
+def test_a_global_hook_of_the_users_own_keeps_torch_compiles_warning() -> None:
+    messages, before, after = compiled_calls_warn(user_global_hook=True)
+    assert len(messages) == 3 and not before and not after  # one a call ("always")

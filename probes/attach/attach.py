@@ -122,7 +122,9 @@ def _note_pending(optimizer: torch.optim.Optimizer) -> None:
     global _forward_hook
     _pending.append(weakref.ref(optimizer))
     if _forward_hook is None:
-        _forward_hook = torch_module.register_module_forward_pre_hook(_first_forward)
+        from probes.runtime.first_forward import FirstForwardHook
+
+        _forward_hook = FirstForwardHook(_first_forward)
 
 
 @_safely

@@ -43,12 +43,12 @@ from typing import Any, Protocol
 
 import torch
 from torch.amp.grad_scaler import GradScaler
-from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.hooks import RemovableHandle
 
 from probes.runtime import amp
 from probes.runtime.autoeval import InferredEvaluation
+from probes.runtime.first_forward import FirstForwardHook
 from probes.runtime.layers import LayerMap
 from probes.runtime.stats import Measurement
 from probes.runtime.unbracketed import UNBRACKETED_UPDATES
@@ -130,11 +130,11 @@ class InferredSteps:
         self._after_backward: tuple[list[int], Any, int] | None = None  # no optimizer
         self._module = weakref.ref(module)
         self._evaluation: InferredEvaluation | None = None  # (``find_evaluations``)
-        self._first_forward: RemovableHandle | None = None
+        self._first_forward: FirstForwardHook | None = None
         if self.active:
             _install(self)
             # A global hook, one call: the model's own hook dictionaries stay as they were.
-            self._first_forward = register_module_forward_pre_hook(self._forward_begins)
+            self._first_forward = FirstForwardHook(self._forward_begins)
 
     def _forward_begins(self, module: torch.nn.Module, args: Any) -> None:
         """Step 0 begins at the model's first forward with gradients on (or, failing
