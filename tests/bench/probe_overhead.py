@@ -37,6 +37,23 @@ from torch import nn
 import probes
 from probes.runtime.probe import Probe
 
+#: Where the plain workloads train (``--device``): on a GPU every timed step ends with
+#: a synchronisation, the bare one's and the probed one's alike.
+DEVICE = torch.device("cpu")
+
+
+def sync() -> None:
+    """Wait for the device (a no-op on the CPU): a step's time is then its whole time."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
+def on_device(
+    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    x, y = batch
+    return model.to(DEVICE), x.to(DEVICE), y.to(DEVICE)
+
 
 @dataclass
 class Workload:
@@ -148,8 +165,7 @@ def make_variants(work: Workload, address: str, names: list[str]) -> list[Varian
     """Copies of one model (same initial weights, same batch), one per variant asked:
     ``bare``, ``probe``, ``guard``, ``anomaly``, ``tensorboard`` (if installed)."""
     torch.manual_seed(0)
-    base = work.build()
-    x, y = work.batch()
+    base, x, y = on_device(work.build(), work.batch())
 
     def bare() -> Variant:
         model = copy.deepcopy(base)
@@ -217,8 +233,7 @@ def make_variants(work: Workload, address: str, names: list[str]) -> list[Varian
 def floor_costs(work: Workload) -> tuple[float, float]:
     """(bare _foreach_norm over all grads, naive p.grad.norm().item() loop), seconds."""
     torch.manual_seed(0)
-    model = work.build()
-    x, y = work.batch()
+    model, x, y = on_device(work.build(), work.batch())
     work.loss(model(x), y).backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     repeats = 200 if sum(g.numel() for g in grads) < 1e6 else 40
@@ -227,8 +242,10 @@ def floor_costs(work: Workload) -> tuple[float, float]:
         fn()
         samples = []
         for _ in range(repeats):
+            sync()
             start = time.perf_counter()
             fn()
+            sync()
             samples.append(time.perf_counter() - start)
         return statistics.median(samples)
 
@@ -241,14 +258,14 @@ def floor_in_step(work: Workload, steps: int) -> float:
     """One bare ``_foreach_norm`` over all grads timed where the probe runs it: right
     after backward, when caches hold the backward's data, not the norm's."""
     torch.manual_seed(0)
-    model = work.build()
+    model, x, y = on_device(work.build(), work.batch())
     opt = work.optimizer(model.parameters())
-    x, y = work.batch()
     samples = []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         work.loss(model(x), y).backward()
         grads = [p.grad for p in model.parameters()]
+        sync()  # (on a GPU: the launch's cost, what the probe's own time counts)
         start = time.perf_counter()
         torch._foreach_norm(grads)
         samples.append(time.perf_counter() - start)
@@ -274,6 +291,7 @@ def measure(variants: list[Variant], work: Workload) -> dict[str, float]:
             for _ in range(work.block):
                 start = time.perf_counter()
                 variant.step()
+                sync()
                 variant.times.append(time.perf_counter() - start)
     own = {}
     for variant in probed:
@@ -591,18 +609,26 @@ def main() -> int:
         "--default-only", action="store_true", help="skip the guard and anomaly-step pass"
     )
     parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where (a), (b), (c) train, e.g. cuda (the framework and compiled rows stay "
+        "on the CPU)",
+    )
+    parser.add_argument(
         "--compiled",
         action="store_true",
         help="add the torch.compile row (a GPT with dropout, Inductor: minutes to compile)",
     )
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     folder = tempfile.mkdtemp(prefix="tt-bench-")
     address = f"unix:{folder}/monitor.sock"
     monitor = start_monitor(address)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"probes {probes.__name__}, monitor pid {monitor.pid}"
+        f"probes {probes.__name__}, monitor pid {monitor.pid}, workloads on {DEVICE}"
     )
     try:
         for work in workloads(args.quick):
@@ -610,7 +636,7 @@ def main() -> int:
                 continue
             rows = run_workload(work, address, costly_too=not args.default_only)
             print("\n".join(rows), flush=True)
-        if not args.no_frameworks and args.only in (None, "frameworks"):
+        if not args.no_frameworks and args.only in (None, "frameworks") and DEVICE.type == "cpu":
             rounds = 2 if args.quick else 4
             print("\n".join(framework_rows(address, rounds, 60)), flush=True)
         if args.compiled:
