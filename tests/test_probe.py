@@ -62,8 +62,9 @@ def test_close_removes_every_hook() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     assert len(optimizer._optimizer_step_pre_hooks) == 0
     probe = probes.watch(model, optimizer)
-    # the probe's (gradients, guard) and the update check's, with its post hook
-    assert len(optimizer._optimizer_step_pre_hooks) == 2
+    # one pre-hook (the gradients, guard, and the update check's versions) and one
+    # post-hook (the update check, the clearing watch's note)
+    assert len(optimizer._optimizer_step_pre_hooks) == 1
     assert len(optimizer._optimizer_step_post_hooks) == 1
     for i in range(3):
         with probe.step():
