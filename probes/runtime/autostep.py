@@ -404,6 +404,8 @@ def _scaler_step(self: GradScaler, optimizer: Any, *args: Any, **kwargs: Any) ->
 
 
 def _after_any_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if not _watchers:  # (every optimizer's every step: no probe infers now)
+        return
     for watcher in _active():
         _safely(watcher, watcher.after_optimizer_step, optimizer)
 
