@@ -62,8 +62,9 @@ def test_close_removes_every_hook() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     assert len(optimizer._optimizer_step_pre_hooks) == 0
     probe = probes.watch(model, optimizer)
-    # the probe's (gradients, guard) and the update check's, with its post hook
-    assert len(optimizer._optimizer_step_pre_hooks) == 2
+    # one pre-hook (the gradients, guard, and the update check's versions) and one
+    # post-hook (the update check, the clearing watch's note)
+    assert len(optimizer._optimizer_step_pre_hooks) == 1
     assert len(optimizer._optimizer_step_post_hooks) == 1
     for i in range(3):
         with probe.step():
@@ -742,3 +743,20 @@ def test_an_eval_reaches_the_monitor_after_the_step_it_belongs_to(
     for frame in collector.frames:
         diagnoser.observe(frame)
     assert diagnoser.active["non_finite"].subject == "loss"
+
+
+def test_a_logged_tensor_is_kept_off_the_graph_and_a_detached_one_as_it_is() -> None:
+    """``log`` keeps no autograd graph alive until the step is sent; a tensor that
+    records none (a framework's loss, detached already) is not copied again."""
+    from probes.runtime.scalars import ScalarFiler
+
+    tensors: dict[str, torch.Tensor] = {}
+    floats: dict[str, float] = {}
+    weight = torch.ones(1, requires_grad=True)
+    with_graph = (weight * 2).sum()
+    plain = with_graph.detach()
+    ScalarFiler().file(tensors, floats, {"loss": with_graph, "plain": plain, "lr": 0.5})
+    assert tensors["loss"].grad_fn is None and not tensors["loss"].requires_grad
+    assert tensors["loss"].item() == 2.0
+    assert tensors["plain"] is plain
+    assert floats == {"lr": 0.5}

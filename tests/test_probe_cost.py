@@ -157,6 +157,43 @@ def test_the_update_check_still_names_the_layers_a_step_left_alone() -> None:
     assert check.after() is None  # nothing noted before
 
 
+def test_the_update_check_answers_again_when_the_untouched_tensors_change() -> None:
+    """Its answer is kept for as long as the same tensors are left alone (worked out
+    once, not every step); each step gets its own list; a new set, a new answer."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
+    check = UpdateCheck(map_layers(model))
+
+    def step(*moved: nn.Parameter) -> list[int] | None:
+        check.before()
+        with torch.no_grad():
+            for param in moved:
+                param.add_(1.0)
+        return check.after()
+
+    first = step(model[1].weight, model[1].bias, model[2].weight)
+    assert first == [0]
+    first.append(99)  # the record's list, not the check's
+    assert step(model[1].weight, model[1].bias, model[2].weight) == [0]
+    assert step(model[1].weight) == [0, 2]  # a layer counts as touched if any tensor moved
+    assert step(model[2].bias) == [0, 1]
+    assert step(*model.parameters()) == []
+    assert step() == [0, 1, 2]  # nothing moved: a fused optimizer's step
+
+
+def test_a_fused_optimizer_moves_no_version_counter_and_every_layer_reads_untouched() -> None:
+    """Torch's fused AdamW (the HF Trainer's default) bumps no version counter: every
+    layer reads untouched (the monitor stops trusting the counters once a sampled step's
+    update ratios show the weights moved)."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    check = UpdateCheck(map_layers(model))
+    for _ in range(2):
+        model(torch.randn(3, 2)).sum().backward()
+        check.before()
+        optimizer.step()
+        assert check.after() == [0, 1]
+
+
 def test_gradients_read_in_one_pass_still_name_the_missing_ones(
     collector: FrameCollector,
 ) -> None:

@@ -34,13 +34,19 @@ torch_update = GradScaler.update
 _lock = threading.Lock()
 _installed = 0
 
+#: Whether any GradScaler scaled a loss while a probe was open (reset by the last
+#: ``uninstall``): until one does, ``still_scaled`` (and the probe's step, which reads
+#: this first) costs one global read a step (the table's ``len`` is a Python call).
+any_scaled = False
+
 #: The last loss a GradScaler scaled, and what it returned (``unscaled``).
 _last_scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
 
 
 @functools.wraps(torch_scale)
 def _scale(self: GradScaler, outputs: Any) -> Any:
-    global _last_scaled
+    global _last_scaled, any_scaled
+    any_scaled = True
     _scaled[self] = True
     result = torch_scale(self, outputs)
     if isinstance(result, torch.Tensor) and isinstance(outputs, torch.Tensor):
@@ -68,7 +74,7 @@ def still_scaled(optimizer: torch.optim.Optimizer | None) -> float | None:
     a loss since its last update and has not unscaled this optimizer (None: none has,
     the common case, which costs one look at an empty table). Reads the scale (a host
     sync on an accelerator) only then: in the case that is a bug."""
-    if not _scaled:
+    if not any_scaled or not _scaled:
         return None
     for scaler in list(_scaled.keys()):
         if not scaler.is_enabled():
@@ -96,7 +102,7 @@ def install() -> None:
 def uninstall() -> None:
     """Undo one ``install``; the last one puts torch's methods back, unless someone
     replaced ours since (theirs is left alone)."""
-    global _installed, _last_scaled
+    global _installed, _last_scaled, any_scaled
     with _lock:
         if _installed == 0:
             return
@@ -109,3 +115,4 @@ def uninstall() -> None:
             GradScaler.update = torch_update  # type: ignore[method-assign]
         _scaled.clear()
         _last_scaled = None
+        any_scaled = False

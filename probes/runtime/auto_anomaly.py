@@ -45,7 +45,8 @@ class AutoAnomaly:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self._pending: int | None = None  # the non-finite step that armed a check
+        # the non-finite step that armed a check (read each step: a plain attribute)
+        self.pending: int | None = None
         self._quiet_until = -1  # non-finite steps up to here belong to the last incident
 
     def saw_non_finite(self, step: int) -> None:
@@ -53,18 +54,18 @@ class AutoAnomaly:
         if not self.enabled:
             return
         if step > self._quiet_until:
-            self._pending = step
+            self.pending = step
         self._quiet_until = max(self._quiet_until, step + REARM_AFTER_STEPS)
 
     def covered(self, step: int) -> None:
         """An anomaly step (the ``a`` key's) runs at ``step``: what turns non-finite
         there or soon after is its to report, not a second check's."""
-        self._pending = None
+        self.pending = None
         self._quiet_until = max(self._quiet_until, step + REARM_AFTER_STEPS)
 
     def take(self) -> int | None:
         """The step that armed a check, once (None: none armed)."""
-        pending, self._pending = self._pending, None
+        pending, self.pending = self.pending, None
         return pending if self.enabled else None
 
     def switch_off(self, reason: BaseException) -> None:

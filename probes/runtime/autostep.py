@@ -171,6 +171,7 @@ class InferredSteps:
         """The step API is used: inference ends; an open inferred step is dropped, and
         held ones too (their updates were warm-ups: the explicit steps count from 0)."""
         self.active = False  # (the patches stay until close: others may wrap them now)
+        _forget(self)  # torch's backward and step hooks no longer look at this probe
         self._stop_waiting()
         self._evaluations_off()
         boundary = self._boundary
@@ -403,6 +404,8 @@ def _scaler_step(self: GradScaler, optimizer: Any, *args: Any, **kwargs: Any) ->
 
 
 def _after_any_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if not _watchers:  # (every optimizer's every step: no probe infers now)
+        return
     for watcher in _active():
         _safely(watcher, watcher.after_optimizer_step, optimizer)
 
@@ -425,6 +428,12 @@ def _install(watcher: InferredSteps) -> None:
             _post_hook = register_optimizer_step_post_hook(_after_any_step)
             torch.autograd.backward = _backward
             GradScaler.step = _scaler_step  # type: ignore[method-assign]
+
+
+def _forget(watcher: InferredSteps) -> None:
+    """``watcher`` infers no more: the patches skip it (they stay installed)."""
+    with _lock:
+        _watchers[:] = [r for r in _watchers if r() is not None and r() is not watcher]
 
 
 def _uninstall(watcher: InferredSteps) -> None:

@@ -30,30 +30,18 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from operator import add, attrgetter, sub
-from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 _GRAD = attrgetter("grad")
-
-
-class _Held(NamedTuple):
-    """A gradient tensor and the version it had (or is expected to have)."""
-
-    grad: weakref.ref[torch.Tensor]
-    version: int
-
-
-class _PassNote(NamedTuple):
-    """Per layer, its gradient's version and backward passes at the last update; and
-    the anchor's gradient then (a new tensor since: the gradients were set to None)."""
-
-    grad: weakref.ref[torch.Tensor]
-    versions: list[int | None]
-    passes: list[int | None]
+_VERSION = attrgetter("_version")
+# A gradient tensor held weakly (the loop's clear must free it), with a version it had.
+# Kept as two plain attributes each, not a small object: the hooks run every pass.
+_Ref = weakref.ref[torch.Tensor] | None
 
 
 class ClearingWatch:
@@ -71,13 +59,21 @@ class ClearingWatch:
         self._on_error = on_error
         self._anchor: nn.Parameter | None = None
         self._handles: list[RemovableHandle] = []
-        self._reference: _Held | None = None  # the anchor's grad at the last update
+        # the anchor's grad at the last update (None: none), and its version then
+        self._reference: _Ref = None
+        self._reference_version = 0
         self._armed = False  # the next pass is the first since an update: check it
         self._uncleared = False  # a pass since the last ``take`` found it uncleared
-        self._after_pass: _Held | None = None  # the anchor's grad after its last pass
+        # the anchor's grad after its last pass (None: none), and its version then
+        self._after: _Ref = None
+        self._after_version = 0
         self._known_ops = 0  # in-place ops we know of since the anchor's last pass
         self._head = 0  # in-place changes before this update's first pass (a clear)
-        self._pass_note: _PassNote | None = None
+        # Per layer, its gradient's version and backward passes at the last update, and
+        # the anchor's gradient then (None: no note; a new tensor since: set to None).
+        self._note: _Ref = None
+        self._note_versions: list[int | None] = []
+        self._note_passes: list[int | None] = []
         self.passes = 0  # backward passes into the anchor's gradient since it was cleared
         if self._layer_params:
             self._hook(self._layer_params[0])
@@ -102,14 +98,14 @@ class ClearingWatch:
         try:
             anchor = self._anchor
             held = None if anchor is None else anchor.grad
-            after = self._after_pass
-            if held is None or after is None or after.grad() is not held:
+            after = self._after
+            if held is None or after is None or after() is not held:
                 self.passes = 0  # a new tensor will be made: counted from this pass
             if self._armed:
                 self._armed = False
                 reference = self._reference
-                if reference is not None and held is not None and reference.grad() is held:
-                    moved = held._version - reference.version
+                if reference is not None and held is not None and reference() is held:
+                    moved = held._version - self._reference_version
                     if moved == 0:
                         self._uncleared = True  # the last update's gradient, untouched
                     else:
@@ -122,7 +118,11 @@ class ClearingWatch:
     def _after_pass_hook(self, param: torch.Tensor) -> None:
         try:
             grad = param.grad
-            self._after_pass = None if grad is None else _Held(weakref.ref(grad), grad._version)
+            if grad is None:
+                self._after = None
+            else:
+                self._after = weakref.ref(grad)
+                self._after_version = grad._version
             self._known_ops = 0
         except Exception as exc:
             self._on_error(exc)
@@ -134,16 +134,18 @@ class ClearingWatch:
         returned): the next pass must find them cleared."""
         anchor = self._anchor
         grad = None if anchor is None else anchor.grad
-        self._reference = None if grad is None else _Held(weakref.ref(grad), grad._version)
+        if grad is None:
+            self._reference = None
+        else:
+            self._reference = weakref.ref(grad)
+            self._reference_version = grad._version
         self._armed = True
 
     def step_ended(self) -> None:
         """A step without an optimizer ended (its update was somewhere inside it): the
         next pass must find the gradient of this step's last pass cleared."""
-        after = self._after_pass
-        self._reference = (
-            None if after is None else _Held(after.grad, after.version + self._known_ops)
-        )
+        self._reference = self._after
+        self._reference_version = self._after_version + self._known_ops
         self._armed = True
 
     def in_place_op(self) -> None:
@@ -160,38 +162,49 @@ class ClearingWatch:
     def count_passes(self) -> list[int | None]:
         """Per layer, the backward passes accumulated into its gradient since it was last
         cleared, at an update (see the module); the note for the next one."""
-        self._reanchor_if_idle()
-        grads = list(map(_GRAD, self._layer_params))  # (in C)
-        raw: list[int | None] = [None if g is None else g._version for g in grads]
+        if not self.passes:
+            self._reanchor_if_idle()
+        raw: list[int | None]
+        try:  # (in C: every layer has a gradient, the common case)
+            raw = list(map(_VERSION, map(_GRAD, self._layer_params)))
+        except AttributeError:  # a layer without one
+            raw = [None if g is None else g._version for g in map(_GRAD, self._layer_params)]
         anchor = None if self._anchor is None else self._anchor.grad
-        after = self._after_pass
+        after = self._after
         tail = 0  # the anchor's in-place changes since its last pass (unscale_, clips)
-        if anchor is not None and after is not None and after.grad() is anchor:
-            tail = anchor._version - after.version
+        if anchor is not None and after is not None and after() is anchor:
+            tail = anchor._version - self._after_version
         head, self._head = self._head, 0
-        note = self._pass_note
-        if note is not None and (anchor is None or note.grad() is not anchor):
+        note = self._note
+        if note is not None and (anchor is None or note() is not anchor):
             note = None  # a new tensor (set to None since): counted from 1
+        versions, before = self._note_versions, self._note_passes
         passes: list[int | None]
-        if note is not None and head:  # cleared in place: what moved since, less the clear
+        if note is None and None not in raw:  # every gradient new since (in C)
+            passes = list(map(add, raw, repeat(1 - tail)))
+        elif note is None:
+            passes = [None if v is None else v - tail + 1 for v in raw]
+        elif head:  # cleared in place: what moved since, less the clear
             passes = [
                 None if v is None or n is None else v - n - head - tail
-                for v, n in zip(raw, note.versions, strict=True)
+                for v, n in zip(raw, versions, strict=True)
             ]
-        elif note is not None and None not in raw and None not in note.passes:  # (in C)
-            passes = list(map(add, note.passes, map(sub, raw, note.versions)))
+        elif None not in raw and None not in before:  # (in C)
+            passes = list(map(add, before, map(sub, raw, versions)))
             if tail:
                 passes = [p - tail for p in passes]  # type: ignore[operator]
-        elif note is not None:
+        else:
             passes = [
                 None
                 if v is None
                 else (v - tail + 1 if p is None or n is None else p + v - tail - n)
-                for v, n, p in zip(raw, note.versions, note.passes, strict=True)
+                for v, n, p in zip(raw, versions, before, strict=True)
             ]
+        if anchor is None:
+            self._note = None
         else:
-            passes = [None if v is None else v - tail + 1 for v in raw]
-        self._pass_note = None if anchor is None else _PassNote(weakref.ref(anchor), raw, passes)
+            self._note = weakref.ref(anchor)
+            self._note_versions, self._note_passes = raw, passes
         return passes
 
     def _reanchor_if_idle(self) -> None:

@@ -1,13 +1,14 @@
 """Every hook on the watched optimizer, in one owner: registered here, removed on close.
 
-Three hooks stay for the life of the probe: before ``optimizer.step()`` the step
-boundary reads the gradients (``StepBoundary.before_optimizer_step``), then the update
-check notes the parameters' versions; after it, the update check names the layers the
-step left untouched (``probes.runtime.structure.UpdateCheck``), and the clearing watch
-notes the gradients the update used (``probes.runtime.clearing``: the next backward
-must find them cleared). The measurer adds a post-hook of
-its own on the steps that measure the update (``add_post_hook``): registered then, so it
-runs after any hook the training code added meanwhile, as it always has.
+Two hooks stay for the life of the probe, one on each side of ``optimizer.step()``
+(one Python call each a step, not one per part): before it the step boundary reads the
+gradients (``StepBoundary.before_optimizer_step``), then the update check notes the
+parameters' versions; after it, the update check names the layers the step left
+untouched (``probes.runtime.structure.UpdateCheck``), and the clearing watch notes the
+gradients the update used (``probes.runtime.clearing``: the next backward must find
+them cleared). The measurer adds a post-hook of its own on the steps that measure the
+update (``add_post_hook``): registered then, so it runs after any hook the training
+code added meanwhile, as it always has.
 
 A hook of ours is never removed while torch runs the optimizer's hooks: removing one
 there (the probe switched off by an error inside a hook) would change the dictionary
@@ -69,6 +70,7 @@ class OptimizerHooks:
         self._handles: list[RemovableHandle] = []
         self._transient: RemovableHandle | None = None  # the measurer's, this step
         self._check: UpdateCheck | None = None
+        self._before_step: PreHook | None = None  # the step boundary's
         self._measurer: CurrentStep | None = None
         self._updated: Callable[[], None] | None = None
         self._check_spent = 0.0  # the pre-hook's check seconds, added to probe_time after
@@ -91,15 +93,12 @@ class OptimizerHooks:
             return
         self._measurer = measurer
         self._updated = updated
-        self._handles.append(optimizer.register_step_pre_hook(self._guarded(before_step)))
+        self._before_step = before_step
         if layers.params:
             self._check = UpdateCheck(layers)
-            self._handles.append(
-                optimizer.register_step_pre_hook(self._guarded(self._check_before))
-            )
-            self._handles.append(
-                optimizer.register_step_post_hook(self._guarded(self._check_after))
-            )
+        self._handles.append(optimizer.register_step_pre_hook(self._before))
+        if self._check is not None:
+            self._handles.append(optimizer.register_step_post_hook(self._after))
 
     def add_post_hook(self, hook: PostHook) -> RemovableHandle:
         """Register ``hook`` after ``optimizer.step()`` for now (the measurer's, on the
@@ -143,17 +142,30 @@ class OptimizerHooks:
 
         return guarded
 
-    def _check_before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        started = time.perf_counter()
+    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """Before ``optimizer.step()``: the boundary's reading, then the update check's
+        versions (the (args, kwargs) the boundary returns, with a closure wrapped)."""
+        self._running += 1
         try:
-            if self._measurer is not None and self._measurer.current is not None:
-                assert self._check is not None
-                self._check.before()
-        except Exception as exc:  # never into the user's optimizer.step()
-            self._on_error(exc)
-        self._check_spent = time.perf_counter() - started
+            assert self._before_step is not None
+            result = self._before_step(optimizer, args, kwargs)
+            check = self._check
+            if check is not None:
+                started = time.perf_counter()
+                try:
+                    if self._measurer is not None and self._measurer.current is not None:
+                        check.before()
+                except Exception as exc:  # never into the user's optimizer.step()
+                    self._on_error(exc)
+                self._check_spent = time.perf_counter() - started
+            return result
+        finally:
+            self._running -= 1
 
-    def _check_after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """After ``optimizer.step()``: the layers it left untouched, and the gradients
+        it used (the next backward must find them cleared)."""
+        self._running += 1
         started = time.perf_counter()
         try:
             step = self._measurer.current if self._measurer is not None else None
@@ -173,3 +185,5 @@ class OptimizerHooks:
                 step.probe_time += self._check_spent + time.perf_counter() - started
         except Exception as exc:
             self._on_error(exc)
+        finally:
+            self._running -= 1

@@ -11,7 +11,6 @@ batched copy to the host, and every hook handle is removed when the step ends.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -68,12 +67,6 @@ def _inputs_known(model: nn.Module, layers: set[str]) -> set[str]:
     return known
 
 
-@dataclass
-class _Tally:
-    hits: torch.Tensor | None = None
-    total: int = 0
-
-
 class ActivationStats:
     """Fraction of dead or saturated outputs per activation module, on sampled steps,
     counted on the first ``ACTIVATION_ROWS`` rows of the batch (enough to estimate a
@@ -123,9 +116,18 @@ class ActivationStats:
         # The RMS of the model's first floating input this step (a 0-d tensor, unread):
         # the scale of this rank's data, compared across a job's ranks.
         self.input_rms: torch.Tensor | None = None
-        self._count_model_inputs = False
+        # which tensors are the model's inputs is noted only where layer inputs are counted
+        self._count_model_inputs = any(family == "input" for _, family, _, _ in self.modules)
         self._handles: list[RemovableHandle | EntryHandle] = []
-        self._tallies: list[_Tally] = []
+        # Per module this step: its hit count so far (None: it has not run) and the
+        # elements counted; two lists, not an object per module (made on each sampled step).
+        self._hits: list[torch.Tensor | None] = []
+        self._totals: list[int] = []
+        # Per module, how its hook is registered (a pre-hook for a layer's input).
+        self._registers = [
+            "register_forward_pre_hook" if family == "input" else "register_forward_hook"
+            for _, family, _, _ in self.modules
+        ]
         self._plain_hooks = [
             self._hook(i, family) for i, (_, family, _, _) in enumerate(self.modules)
         ]
@@ -141,21 +143,20 @@ class ActivationStats:
     def attach(self) -> None:
         """Start counting (one step)."""
         self.detach()
-        self._tallies = [_Tally() for _ in self.modules]
+        count = len(self.modules)
+        self._hits = [None] * count
+        self._totals = [0] * count
         self._model_inputs.clear()
         hooks, inputs_hook = self._hooks_now()
         self.input_rms = None
         # One hook on the model: its input's scale, and (when layer inputs are counted)
         # which tensors are its inputs.
-        self._count_model_inputs = any(family == "input" for _, family, _, _ in self.modules)
-        self._handles.append(entry_pre_hook(self._model, inputs_hook))
-        for (_, family, module, _), hook in zip(self.modules, hooks, strict=True):
-            register = (
-                module.register_forward_pre_hook
-                if family == "input"
-                else module.register_forward_hook
-            )
-            self._handles.append(register(hook))
+        handles = self._handles
+        handles.append(entry_pre_hook(self._model, inputs_hook))
+        for (_, _, module, _), register, hook in zip(
+            self.modules, self._registers, hooks, strict=True
+        ):
+            handles.append(getattr(module, register)(hook))
 
     def _hooks_now(self) -> tuple[list[Callable[..., None]], Callable[..., None]]:
         """The hooks, made once: plain, or eager once anything can be compiled."""
@@ -182,10 +183,9 @@ class ActivationStats:
             first = next(
                 (a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None
             )
-            if first is not None and first.numel():
-                with torch.no_grad():
-                    sample = first.detach().reshape(-1)[:INPUT_SAMPLE].float()
-                    self.input_rms = sample.square().mean().sqrt()
+            if first is not None and first.numel():  # (detached: no graph, no no_grad)
+                sample = first.detach().reshape(-1)[:INPUT_SAMPLE].float()
+                self.input_rms = sample.square().mean().sqrt()
         except Exception as exc:  # never into the user's forward
             if self.on_error is not None:
                 self.on_error(exc)
@@ -200,10 +200,9 @@ class ActivationStats:
         """Detach; return the hit counts (0-d tensors) and element totals of the modules
         that ran. Modules that did not run this step are left out (total 0)."""
         self.detach()
-        tallies, self._tallies = self._tallies, []
-        counts = [t.hits for t in tallies if t.hits is not None]
-        totals = [t.total for t in tallies]
-        return counts, totals
+        hits, totals = self._hits, self._totals
+        self._hits, self._totals = [], []
+        return [h for h in hits if h is not None], totals
 
     def _hook(self, index: int, family: str) -> Callable[..., None]:
         def count(module: nn.Module, args: object, output: object) -> None:
@@ -227,31 +226,34 @@ class ActivationStats:
                     self.on_error(exc)
 
         def tally(module: nn.Module, output: object) -> None:
-            if not isinstance(output, torch.Tensor) or index >= len(self._tallies):
+            if not isinstance(output, torch.Tensor) or index >= len(self._hits):
                 return
+            # detached: what is computed here grows no graph (cheaper than no_grad's
+            # context manager, a few Python calls a hook)
+            output = output.detach()
             if output.dim() > 1 and output.shape[0] > ACTIVATION_ROWS:
                 output = output[:ACTIVATION_ROWS]  # a fraction: a few samples estimate it
             if not output.numel():
                 return
             counted = activation_sample(output)
-            with torch.no_grad():  # count_nonzero: half the cost of a comparison + sum
-                if family in ("relu", "input"):
-                    hits = counted.numel() - torch.count_nonzero(counted)
-                elif family == "tanh":
-                    hits = torch.count_nonzero(counted.abs() > TANH_SATURATED)
-                else:
-                    saturated = (counted < SIGMOID_SATURATED) | (counted > 1 - SIGMOID_SATURATED)
-                    hits = torch.count_nonzero(saturated)
-                # A non-finite output makes its fraction NaN: the first module (in
-                # forward order) whose output is not finite is named on this very step.
-                # Its smallest and largest tell (NaN propagates, an infinity is one of
-                # them) in one pass with no mask: isfinite(x).all() cost 28x more.
-                # x - x is 0 for a finite x (no overflow, float16 too), NaN otherwise.
-                low, high = torch.aminmax(output)
-                hits = hits.to(torch.float32) + (low - low + (high - high)).float()
-            tally = self._tallies[index]
-            tally.hits = hits if tally.hits is None else tally.hits + hits
-            tally.total += counted.numel()
+            # count_nonzero: half the cost of a comparison + sum
+            if family in ("relu", "input"):
+                hits = torch.rsub(torch.count_nonzero(counted), counted.numel())
+            elif family == "tanh":
+                hits = torch.count_nonzero(counted.abs() > TANH_SATURATED)
+            else:
+                saturated = (counted < SIGMOID_SATURATED) | (counted > 1 - SIGMOID_SATURATED)
+                hits = torch.count_nonzero(saturated)
+            # A non-finite output makes its fraction NaN: the first module (in forward
+            # order) whose output is not finite is named on this very step. Its
+            # smallest and largest tell (NaN propagates, an infinity is one of them) in
+            # one pass with no mask: isfinite(x).all() cost 28x more. x - x is 0 for a
+            # finite x (no overflow, float16 too), NaN otherwise.
+            low, high = torch.aminmax(output)
+            hits = hits.float() + (low - low + (high - high)).float()
+            held = self._hits[index]
+            self._hits[index] = hits if held is None else held + hits
+            self._totals[index] += counted.numel()
 
         return count_input if family == "input" else count
 

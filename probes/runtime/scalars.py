@@ -26,7 +26,9 @@ class ScalarFiler:
         per name (a mistake in what is logged must not stop the measuring)."""
         for name, value in scalars.items():
             if isinstance(value, torch.Tensor) and value.numel() == 1:
-                tensors[name] = value.detach()
+                # kept off the graph; one that records none already (a framework's
+                # loss, detached) is kept as it is: no new tensor on every step
+                tensors[name] = value.detach() if value.requires_grad else value
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 floats[name] = float(value)
             elif name not in self._bad_names:

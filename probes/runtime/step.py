@@ -224,11 +224,56 @@ class StepBoundary:
         if self.in_step:  # a step never ended (a framework's hook skipped): end it
             self.end_step()
         self._step_started = started
-        try:
-            self._enter_step(index, flush)
+        try:  # (one function, not two: this runs every step)
+            next_index = self.index + 1 if index is None else index
+            self._measurer.index = next_index
+            if flush:  # (an inferred step begun after optimizer.step(): at its first backward)
+                self.skipped = False
+            if self._lr_experiment is not None:
+                self._check_lr_experiment(next_index)
+            if self._control.busy:  # commands to apply, or paused: may block here
+                self._control.boundary(next_index, self.flush_last)
+                # A pause is neither the step's time nor the probe's.
+                self._step_started = time.perf_counter()
+            if flush and (self._last is not None or self._after_last):
+                self.flush_last()
+            self.index = next_index
+            self.in_step = True
+            if self._control.state.anomaly_armed and self._control.take_anomaly_step():
+                self._begin_anomaly(next_index)
+            elif self.auto.pending is not None and self._anomaly is None and self._check is None:
+                armed_by = self.auto.take()
+                if armed_by is not None:
+                    self._check = ScopedCheck(
+                        self._module, next_index, armed_by, self.auto.switch_off
+                    )
+                    self._check.start()
+            if next_index % self._options.every == 0:
+                sampled = next_index % self._options.sample_every == 0
+                if sampled and next_index > 0:
+                    for alert in self.wiring.check(next_index):
+                        self._sender.put(
+                            {"kind": "alert", "step": next_index, "alert": alert.to_dict()}
+                        )
+                self._measurer.begin(next_index, time.time(), sampled)
         except Exception as exc:
             self._fail(exc)
         self._probe_time = time.perf_counter() - self._step_started
+
+    def _begin_anomaly(self, index: int) -> None:
+        """The monitor's anomaly step begins. In a multi-rank job a backward stopped on
+        one rank would leave the others waiting in DDP's all-reduce: anomaly mode then
+        only records, never stops."""
+        self._anomaly = AnomalyStep(
+            self._module,
+            index,
+            on_error=self._fail,
+            on_caught=self._anomaly_caught,
+            catch=self._options.on_anomaly == "pause",
+            check_nan=not self._identity.distributed,
+        )
+        self._anomaly.start()
+        self.auto.covered(index)
 
     def gradients_final(self) -> None:
         """Read the gradients now if not read yet (``Probe.gradients_final``)."""
@@ -252,70 +297,23 @@ class StepBoundary:
         started = time.perf_counter()
         swallow = False
         try:
-            swallow = self._exit_step(error, started)
+            if self._check is not None:
+                self._finish_check()
+            if self._anomaly is not None:
+                swallow = self._finish_anomaly(error)
+            if error is not None and not swallow:
+                self._measurer.abandon()
+            else:
+                last = self._measurer.finish()
+                if last is not None:
+                    now = time.perf_counter()
+                    last.duration = now - self._step_started
+                    last.probe_time += self._probe_time + (now - started)  # (hooks: theirs)
+                    self._last = last
         except Exception as exc:
+            swallow = False  # the probe failed: the step's own error goes on as it came
             self._fail(exc)
         self.in_step = False
-        return swallow
-
-    def _enter_step(self, index: int | None, flush: bool = True) -> None:
-        next_index = self.index + 1 if index is None else index
-        self._measurer.index = next_index
-        if flush:  # (an inferred step begun after optimizer.step(): at its first backward)
-            self.skipped = False
-        if self._lr_experiment is not None:
-            self._check_lr_experiment(next_index)
-        if self._control.busy:  # commands to apply, or paused: may block here
-            self._control.boundary(next_index, self.flush_last)
-            # A pause is neither the step's time nor the probe's.
-            self._step_started = time.perf_counter()
-        if flush:
-            self.flush_last()
-        self.index = next_index
-        self.in_step = True
-        if self._control.state.anomaly_armed and self._control.take_anomaly_step():
-            # In a multi-rank job a backward stopped on one rank would leave the others
-            # waiting in DDP's all-reduce: anomaly mode then only records, never stops.
-            self._anomaly = AnomalyStep(
-                self._module,
-                next_index,
-                on_error=self._fail,
-                on_caught=self._anomaly_caught,
-                catch=self._options.on_anomaly == "pause",
-                check_nan=not self._identity.distributed,
-            )
-            self._anomaly.start()
-            self.auto.covered(next_index)
-        elif self._anomaly is None and self._check is None:
-            armed_by = self.auto.take()
-            if armed_by is not None:
-                self._check = ScopedCheck(self._module, next_index, armed_by, self.auto.switch_off)
-                self._check.start()
-        if next_index % self._options.every == 0:
-            sampled = next_index % self._options.sample_every == 0
-            if sampled and next_index > 0:
-                for alert in self.wiring.check(next_index):
-                    self._sender.put(
-                        {"kind": "alert", "step": next_index, "alert": alert.to_dict()}
-                    )
-            self._measurer.begin(next_index, time.time(), sampled)
-
-    def _exit_step(self, error: BaseException | None, started: float) -> bool:
-        """End the step; True to swallow ``error`` (the anomaly step's own)."""
-        swallow = False
-        if self._check is not None:
-            self._finish_check()
-        if self._anomaly is not None:
-            swallow = self._finish_anomaly(error)
-        if error is not None and not swallow:
-            self._measurer.abandon()
-            return False
-        last = self._measurer.finish()
-        if last is not None:
-            now = time.perf_counter()
-            last.duration = now - self._step_started
-            last.probe_time += self._probe_time + (now - started)  # (hooks added theirs)
-            self._last = last
         return swallow
 
     def _finish_anomaly(self, error: BaseException | None) -> bool:
@@ -440,7 +438,8 @@ class StepBoundary:
             return
         started = time.perf_counter()
         try:
-            self._note_scaled()
+            if amp.any_scaled:  # (a GradScaler at work: else nothing to ask, every step)
+                self._note_scaled()
             trip = self._measurer.before_optimizer_step(guard=self._control.state.guard)
             if trip is not None:
                 self._guard_tripped(trip)

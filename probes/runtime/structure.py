@@ -198,14 +198,23 @@ class UpdateCheck:
     """Which layers did ``optimizer.step()`` leave untouched? Read from the version
     counters of their parameters (every in-place update bumps them): two C-level passes
     over plain attributes a step, nothing on the device. A custom optimizer that writes
-    through ``.data`` bumps no counter; the monitor then sees weights change on sampled
-    steps although the counters did not, and stops trusting them."""
+    through ``.data`` bumps no counter, and neither do torch's fused ones
+    (``fused=True``, the HF Trainer's default AdamW): the monitor then sees weights
+    change on sampled steps although the counters did not, and stops trusting them.
+
+    A step that leaves some tensors alone (a fused optimizer: all of them; parameters
+    without a gradient: the same ones step after step) costs one more C-level pass:
+    the layers are worked out again only when the set of untouched tensors changes."""
 
     def __init__(self, layers: LayerMap) -> None:
         self.params = layers.params
         self.param_layer = layers.param_layer
         self.layer_count = layers.num_layers
         self._before: list[int] | None = None
+        # the last answer that was not "every layer touched", and which tensors it
+        # was of (True: unchanged)
+        self._unchanged: tuple[bool, ...] | None = None
+        self._untouched: list[int] = []
 
     def before(self) -> None:
         self._before = list(map(_VERSION, self.params))  # (in C: no Python loop a step)
@@ -218,8 +227,15 @@ class UpdateCheck:
         now = list(map(_VERSION, self.params))
         if all(map(operator.ne, now, before)):  # the common step: every tensor updated
             return []
+        unchanged = tuple(map(operator.eq, now, before))  # (in C)
+        if unchanged != self._unchanged:
+            self._unchanged = unchanged
+            self._untouched = self._layers_untouched(unchanged)
+        return list(self._untouched)  # (a copy: the record keeps it)
+
+    def _layers_untouched(self, unchanged: tuple[bool, ...]) -> list[int]:
         layer = self.param_layer
-        changed = {layer[i] for i, version in enumerate(now) if version != before[i]}
+        changed = {layer[i] for i, same in enumerate(unchanged) if not same}
         if len(changed) == self.layer_count:
             return []
         return [i for i in range(self.layer_count) if i not in changed]
