@@ -270,3 +270,36 @@ def test_cuda_steps_reuse_their_pinned_buffers(collector: FrameCollector) -> Non
     wait_for_bye(collector)
     assert len(collector.kinds("step")) == 50
     assert ring.made < 25  # most steps took a pair given back
+
+
+def test_our_hooks_inside_forward_and_backward_count_as_the_probes_time(
+    collector: FrameCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The activation counts (a sampled step's forward) and the clearing watch (every
+    backward pass) run where the step's boundary does not see them: their time is
+    added to the step's ``probe_time`` all the same. Their clocks here advance 1 ms a
+    reading, so each hook call spends 1 ms."""
+    import itertools
+
+    import probes.runtime.clearing as clearing
+    import probes.runtime.sampled as sampled
+
+    for module in (clearing, sampled):
+        ticks = itertools.count()
+        monkeypatch.setattr(module, "perf_counter", lambda ticks=ticks: next(ticks) * 1e-3)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = watch_unthinned(model, optimizer, collector, sample_every=2)
+    for _ in range(4):
+        with probe.step():
+            optimizer.zero_grad()
+            model(torch.randn(16, 4)).sum().backward()
+            optimizer.step()
+    probe.close()
+    wait_for_bye(collector)
+    spent = {r["step"]: r["probe_time"] for r in collector.kinds("step")}
+    # the backward's two hooks on the anchor (the rest of the probe: a fraction of 1 ms)
+    assert spent[1] >= 0.002 and spent[3] >= 0.002
+    # and the forward's: the model's input (its scale) and the ReLU's count
+    assert spent[0] >= 0.004 and spent[2] >= 0.004

@@ -32,6 +32,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import add, attrgetter, sub
+from time import perf_counter
 
 import torch
 from torch import nn
@@ -75,6 +76,9 @@ class ClearingWatch:
         self._note_versions: list[int | None] = []
         self._note_passes: list[int | None] = []
         self.passes = 0  # backward passes into the anchor's gradient since it was cleared
+        # Seconds in its hooks (inside the user's backward, where the step's boundary
+        # does not see them): the probe's own time too, drained by the measurer.
+        self.spent = 0.0
         if self._layer_params:
             self._hook(self._layer_params[0])
 
@@ -95,6 +99,7 @@ class ClearingWatch:
     # --- the hooks (autograd calls them; they never raise) --------------------------------
 
     def _before_pass(self, incoming: torch.Tensor) -> None:
+        started = perf_counter()
         try:
             anchor = self._anchor
             held = None if anchor is None else anchor.grad
@@ -114,8 +119,10 @@ class ClearingWatch:
             self.passes += 1
         except Exception as exc:  # never into the user's backward
             self._on_error(exc)
+        self.spent += perf_counter() - started
 
     def _after_pass_hook(self, param: torch.Tensor) -> None:
+        started = perf_counter()
         try:
             grad = param.grad
             if grad is None:
@@ -126,6 +133,7 @@ class ClearingWatch:
             self._known_ops = 0
         except Exception as exc:
             self._on_error(exc)
+        self.spent += perf_counter() - started
 
     # --- what the step boundary and the optimizer's hooks tell it ---------------------------
 

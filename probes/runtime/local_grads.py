@@ -13,6 +13,7 @@ the passes of an accumulation in quadrature. The job's cross-rank check compares
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from time import perf_counter
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -34,6 +35,7 @@ class LocalGradients:
         self._on_error = on_error
         self._handles: list[RemovableHandle] = []
         self._norms: list[torch.Tensor] = []
+        self.spent = 0.0  # seconds in its hooks (inside backward): drained by the measurer
 
     def attach(self) -> None:
         """A sampled step begins: a hook on each parameter until ``take``."""
@@ -59,9 +61,12 @@ class LocalGradients:
         self._handles = []
 
     def _note(self, grad: torch.Tensor) -> None:
+        started = perf_counter()
         try:
-            if grad.is_sparse or not torch.is_floating_point(grad):
-                return  # (a sparse embedding's rows: not this check's)
-            self._norms.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32))
+            # (a sparse embedding's rows are not this check's)
+            if not grad.is_sparse and torch.is_floating_point(grad):
+                norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32)
+                self._norms.append(norm)
         except Exception as exc:  # a hook of ours must never raise into backward
             self._on_error(exc)
+        self.spent += perf_counter() - started  # (the probe's own time: the measurer's)

@@ -16,7 +16,7 @@ import operator
 import time
 from collections.abc import Callable
 from itertools import repeat
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -38,6 +38,12 @@ from probes.runtime.stats import (
 )
 
 _GRAD = operator.attrgetter("grad")
+
+
+class HookClock(Protocol):
+    """A holder of hooks of ours that counts the seconds they spend."""
+
+    spent: float
 
 
 class StepMeasurer:
@@ -93,6 +99,12 @@ class StepMeasurer:
         layer_params = [layers.params[firsts[layer]] for layer in range(len(layers.names))]
         # cleared between updates? passes per layer? (one tensor hook a backward pass)
         self.clearing = ClearingWatch(layer_params, on_error=on_error)
+        # What hooks of ours run inside the user's forward and backward (where the
+        # step's boundary does not see them) spends: each one's ``spent`` seconds are
+        # added to the step's probe time at its end.
+        self.hook_clocks: list[HookClock] = [self.clearing]
+        if self.local is not None:
+            self.hook_clocks.append(self.local)
         self._post_hook: RemovableHandle | None = None
         # Update ratios are taken across the first optimizer.step() from a sampled step
         # on: under gradient accumulation the sampled step may have none of its own.
@@ -227,7 +239,8 @@ class StepMeasurer:
             param_norms, step.param_order = self._param_norms()
             step.param_count = len(param_norms)
             values += param_norms
-            counts, totals = self.activations.take()
+            counts, totals, hooked = self.activations.take()
+            step.probe_time += hooked  # (the forward's hooks: the boundary did not see them)
             if self.activations.input_rms is not None:  # compared across a job's ranks
                 step.tensor_scalars[INPUT_RMS] = self.activations.input_rms
             if counts:
@@ -241,7 +254,16 @@ class StepMeasurer:
             if step.event is not None:
                 step.ring = self._ring
         step.grad_norms = []  # the values hold them now
+        step.probe_time += self._hook_seconds()
         return step
+
+    def _hook_seconds(self) -> float:
+        """The seconds our hooks in forward and backward spent since the last call."""
+        total = 0.0
+        for clock in self.hook_clocks:
+            total += clock.spent
+            clock.spent = 0.0
+        return total
 
     # --- pieces ------------------------------------------------------------------------
 

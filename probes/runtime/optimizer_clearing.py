@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from time import perf_counter
 
 import torch
 from torch import nn
@@ -49,6 +50,7 @@ class OptimizerClearing:
         self._version = 0  # its version then, and after each pass since
         self._passes = 0  # passes onto that very tensor since the step
         self._cleared = False  # a clear seen since the step
+        self.spent = 0.0  # seconds in its hooks (inside backward): the probe's own time
 
     def before_step(self) -> bool:
         """The optimizer is about to step: True when its gradient is the last step's
@@ -90,6 +92,7 @@ class OptimizerClearing:
         ]
 
     def _before_pass(self, incoming: torch.Tensor) -> None:
+        started = perf_counter()
         try:
             held = None if self._anchor is None else self._anchor.grad
             stepped = None if self._stepped is None else self._stepped()
@@ -97,8 +100,10 @@ class OptimizerClearing:
                 self._cleared = True  # set to None, or changed where no pass explains it
         except Exception as exc:
             self._on_error(exc)
+        self.spent += perf_counter() - started
 
     def _after_pass(self, param: torch.Tensor) -> None:
+        started = perf_counter()
         try:
             grad = param.grad
             if grad is not None and self._stepped is not None and self._stepped() is grad:
@@ -106,3 +111,4 @@ class OptimizerClearing:
                 self._version = grad._version
         except Exception as exc:
             self._on_error(exc)
+        self.spent += perf_counter() - started

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any, Protocol
 
 import torch
@@ -159,6 +160,7 @@ class PerOptimizerReads:
         # per optimizer, the clearing check of its own gradients (made when ``attach``
         # turns it on: its hooks land on one parameter of each optimizer)
         self._clearings: list[OptimizerClearing] = []
+        self.spent = 0.0  # seconds in its hooks on each optimizer: the probe's own time
         self._optimizer_params = [
             [p for p, o in zip(layers.params, self.owner, strict=True) if o == index]
             for index in range(len(optimizers))
@@ -173,11 +175,13 @@ class PerOptimizerReads:
             self._handles.append(optimizer.register_step_pre_hook(self._before(index)))
             self._handles.append(optimizer.register_step_post_hook(self._after(index)))
 
-    def check_clearing(self) -> None:
-        """Check each optimizer's own gradients were cleared since its last step."""
+    def check_clearing(self) -> list[OptimizerClearing]:
+        """Check each optimizer's own gradients were cleared since its last step; the
+        checks (their hooks' time is the probe's own)."""
         self._clearings = [
             OptimizerClearing(params, self._on_error) for params in self._optimizer_params
         ]
+        return self._clearings
 
     def remove(self) -> None:
         """Remove its hooks (idempotent)."""
@@ -193,6 +197,7 @@ class PerOptimizerReads:
 
     def _before(self, index: int) -> Callable[..., None]:
         def before(optimizer: Any, args: Any, kwargs: Any) -> None:
+            started = perf_counter()
             if self._failed is not None:  # (said here, not where torch iterates post-hooks)
                 failed, self._failed = self._failed, None
                 self._on_error(failed)
@@ -206,11 +211,13 @@ class PerOptimizerReads:
                     step.not_cleared = True
             except Exception as exc:
                 self._on_error(exc)
+            self.spent += perf_counter() - started
 
         return before
 
     def _after(self, index: int) -> Callable[..., None]:
         def after(optimizer: Any, args: Any, kwargs: Any) -> None:
+            started = perf_counter()
             try:
                 if self._clearings:
                     self._clearings[index].after_step()
@@ -219,6 +226,7 @@ class PerOptimizerReads:
                 # Switching off removes post-hooks, and torch is iterating them now:
                 # the next optimizer step says it.
                 self._failed = exc
+            self.spent += perf_counter() - started
 
         return after
 
@@ -305,6 +313,7 @@ class MergingMeasurer(Protocol):
 
     current: Measurement | None
     check_clearing: bool
+    hook_clocks: list[Any]  # whose ``spent`` (seconds in hooks) it adds to a step's
     merge_reads: Callable[[Measurement], None] | None
     merge_updates: Callable[[Measurement], None] | None
 
@@ -324,8 +333,9 @@ def attach(
     # One note for the whole step would compare one optimizer's gradient with another's
     # step (a GAN's generator backward adds into the discriminator's after it stepped).
     if measurer.check_clearing:
-        reads.check_clearing()
+        measurer.hook_clocks.extend(reads.check_clearing())
     measurer.check_clearing = False
+    measurer.hook_clocks.append(reads)
     return reads
 
 

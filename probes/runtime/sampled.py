@@ -11,6 +11,7 @@ batched copy to the host, and every hook handle is removed when the step ends.
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter
 
 import torch
 from torch import nn
@@ -132,6 +133,9 @@ class ActivationStats:
             self._hook(i, family) for i, (_, family, _, _) in enumerate(self.modules)
         ]
         self._plain_inputs_hook = self._note_model_inputs
+        # Seconds in these hooks (inside the user's forward, where the step's boundary
+        # does not see them): the probe's own time too, taken by ``take``.
+        self.spent = 0.0
         self._eager_hooks: list[Callable[..., None]] | None = None
         self._eager_inputs_hook: Callable[..., None] | None = None
 
@@ -143,6 +147,7 @@ class ActivationStats:
     def attach(self) -> None:
         """Start counting (one step)."""
         self.detach()
+        self.spent = 0.0
         count = len(self.modules)
         self._hits = [None] * count
         self._totals = [0] * count
@@ -170,9 +175,11 @@ class ActivationStats:
     def _note_model_inputs(self, module: nn.Module, args: object) -> None:
         """The model's own inputs are data, not activations: their zeros say nothing.
         Their scale is this rank's data's (``input_rms``)."""
+        started = perf_counter()
         self._note_input_scale(module, args)
         if self._count_model_inputs and isinstance(args, tuple):
             self._model_inputs.update(id(a) for a in args if isinstance(a, torch.Tensor))
+        self.spent += perf_counter() - started
 
     def _note_input_scale(self, module: nn.Module, args: object) -> None:
         """The RMS of the first floating input of the step's first forward, on a sample
@@ -196,23 +203,28 @@ class ActivationStats:
             handle.remove()
         self._handles.clear()
 
-    def take(self) -> tuple[list[torch.Tensor], list[int]]:
+    def take(self) -> tuple[list[torch.Tensor], list[int], float]:
         """Detach; return the hit counts (0-d tensors) and element totals of the modules
-        that ran. Modules that did not run this step are left out (total 0)."""
+        that ran, and the seconds spent in the hooks. Modules that did not run this step
+        are left out (total 0)."""
         self.detach()
         hits, totals = self._hits, self._totals
         self._hits, self._totals = [], []
-        return [h for h in hits if h is not None], totals
+        spent, self.spent = self.spent, 0.0
+        return [h for h in hits if h is not None], totals, spent
 
     def _hook(self, index: int, family: str) -> Callable[..., None]:
         def count(module: nn.Module, args: object, output: object) -> None:
+            started = perf_counter()
             try:
                 tally(module, output)
             except Exception as exc:  # never into the user's forward
                 if self.on_error is not None:
                     self.on_error(exc)
+            self.spent += perf_counter() - started
 
         def count_input(module: nn.Module, args: object) -> None:
+            started = perf_counter()
             try:
                 first = args[0] if isinstance(args, tuple) and args else None
                 if (
@@ -224,6 +236,7 @@ class ActivationStats:
             except Exception as exc:
                 if self.on_error is not None:
                     self.on_error(exc)
+            self.spent += perf_counter() - started
 
         def tally(module: nn.Module, output: object) -> None:
             if not isinstance(output, torch.Tensor) or index >= len(self._hits):
