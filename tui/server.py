@@ -7,6 +7,10 @@ it; a wrong or replayed answer gets a ``refuse``, a right one a ``welcome`` prov
 monitor holds the token too (the sequence: ``probes.kernel.wire``). A frame of another
 protocol version gets a ``refuse`` frame and the connection is closed; a malformed
 frame later on is counted and skipped, never a crash.
+
+On taking a probe's hello the monitor sends a ``welcome`` naming what it reads beyond
+plain JSON (``reads``: the packed float32 lists, ``probes.kernel.wire``); a probe packs
+its step records' norms only once that has arrived, and one from before ignores it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Protocol
 
 from probes.kernel import auth
 from probes.kernel.wire import (
+    READS,
     Address,
     Frame,
     FrameError,
@@ -234,6 +239,7 @@ class MonitorServer:
                         return False, f"refused: {problem}"
                     greeted = True
                     self.connections[conn.id] = conn
+                    conn.send(make_frame("welcome", reads=list(READS)))
                 self.sink.frame_received(conn, item)
 
     async def _authenticate(

@@ -18,8 +18,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
+from probes.kernel.schema.floats import Float32List
 from probes.kernel.schema.records import validation_loss
 from probes.kernel.schema.spec import EVAL, STEP, Field, FrameSpec, Shape, Type
 
@@ -317,6 +318,8 @@ def _floats(values: Any) -> list[float | None]:
     """A record's list of numbers (or None) as floats: the monitor reads a few hundred per
     record, so a list of floats, as nearly all are, is taken as it is (its types
     gathered in C; the record is not changed after)."""
+    if type(values) is Float32List:  # read packed: floats only, nothing to gather
+        return cast("list[float | None]", values)
     if isinstance(values, list) and set(map(type, values)) <= _FLOATS_OR_NONE:
         return values
     return [v if type(v) is float else _opt_num(v) for v in values]
