@@ -38,7 +38,7 @@ from tests.frames import hello, step
 from tests.waiting import until, wait_until
 from tui.monitor import Monitor
 from tui.runlog import read_run_log
-from tui.server import MonitorServer
+from tui.server import Connection, MonitorServer
 
 FLOAT32S = [float(array("f", [v])[0]) for v in (0.1, 1.5e-8, 3.0e38, 123.456, -2.5, 0.0)]
 
@@ -106,6 +106,51 @@ def test_a_bad_packed_list_is_a_one_line_error_for_its_frame(text: str) -> None:
     message = str(items[1])
     assert "grad_norms is not packed float32" in message and "\n" not in message
     assert [i["step"] for i in items if isinstance(i, dict)] == [0, 2]
+
+
+def _fed(frames: list[dict], *, packed: bool) -> Monitor:
+    """A monitor fed ``frames`` through a frame reader, their norms packed or plain."""
+    monitor = Monitor()
+    conn = Connection(1, "local", None)
+    reader = FrameReader()
+    for frame in frames:
+        frame = dict(frame)
+        for name in FLOAT32_FIELDS:
+            if packed and frame.get(name):
+                frame[name] = pack_float32(frame[name]) or frame[name]
+        for item in reader.feed(encode_frame(frame)):
+            assert not isinstance(item, FrameError), item
+            monitor.frame_received(conn, item)
+    return monitor
+
+
+def test_the_monitor_keeps_the_same_run_from_either_form() -> None:
+    """Read packed, a record's lists skip their readers' scans and conversions (the
+    heatmap, the sparklines keep its float32 array): what the run holds is the same."""
+    layers = ["a", "b", "c"]
+    frames: list[dict] = [hello(layers=layers)]
+    for index in range(40):
+        grads = [float(array("f", [0.5 + 0.01 * index + i])[0]) for i in range(3)]
+        if index == 30:
+            grads[1] = math.nan  # a non-finite step: the heatmap's slow path
+        frame = step(index, grad_norms=grads)
+        if index % 10 == 0:
+            frame["param_norms"] = [5.0, 6.0, 7.0]
+        frames.append(frame)
+    plain = _fed(frames, packed=False).state.runs["run-a"]
+    packed = _fed(frames, packed=True).state.runs["run-a"]
+    assert packed.step_records == plain.step_records == 40
+    assert repr(packed.grad_norms) == repr(plain.grad_norms)
+    assert packed.param_norms == plain.param_norms == [5.0, 6.0, 7.0]
+    for layer in range(3):
+        assert repr(packed.grad_history(layer)) == repr(plain.grad_history(layer))
+        assert packed.heatmap.row(layer) == plain.heatmap.row(layer)
+    assert packed.heatmap.row(1)[30] == math.inf  # NaN kept as the heatmap's non-finite
+    assert [e.alert.key for e in packed.alerts] == [e.alert.key for e in plain.alerts]
+    assert any(e.alert.kind == "non_finite" for e in packed.alerts)
+    # the sparkline keeps the packed float32 array itself: 4 bytes a value
+    kept = [norms for norms in packed.grad_records if isinstance(norms, array)]
+    assert kept and {norms.typecode for norms in kept} == {"f"}
 
 
 # --- the monitor says it reads the packed form, and reads both -----------------------

@@ -193,7 +193,7 @@ def unpack_float32(name: str, text: str) -> Float32List:
     values.frombytes(data)
     if _SWAP:
         values.byteswap()
-    return Float32List(values)
+    return Float32List.of(values)
 
 
 # The C scanner of a default decoder: NaN and Infinity allowed, as ``json.loads``.

@@ -16,11 +16,15 @@ from array import array
 
 
 class Float32List(list[float]):
-    """Floats read from float32 values (``packed``: the same values as ``array('f')``,
-    never changed after; share it, do not modify it)."""
+    """Floats read from float32 values; ``packed``: the same values as ``array('f')``,
+    never changed after (share it, do not modify it). Made by ``of``."""
 
     __slots__ = ("packed",)
+    packed: array
 
-    def __init__(self, packed: array) -> None:
-        super().__init__(packed.tolist())
-        self.packed = packed
+    @classmethod
+    def of(cls, packed: array) -> Float32List:
+        """The list of ``packed``'s values (an ``array('f')``), holding it."""
+        values = cls(packed.tolist())
+        values.packed = packed
+        return values
