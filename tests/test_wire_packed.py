@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from array import array
+from asyncio import selector_events
 
 import pytest
 
@@ -187,6 +188,33 @@ async def test_the_monitor_welcomes_a_hello_with_what_it_reads(socket_path: str)
         assert run.grad_norms == grads
         assert monitor.state.rejected_frames == 1
         assert "grad_norms" in monitor.state.last_rejection
+    finally:
+        await server.close()
+
+
+async def test_a_run_gone_before_its_hello_is_read_loses_no_frame(
+    socket_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short run (or a rank of a job starting on a busy monitor) may write its last
+    frame and close before the monitor reads its hello: the welcome finds it gone, and
+    what it wrote is read all the same (a failed write through asyncio's transport
+    closed the connection, and its frames still to be read were lost)."""
+    # small reads, as on a busy monitor: most of what the run wrote is still to be read
+    # when its hello is (its frames here fit the socket's buffer, and one read of 256 KiB)
+    monkeypatch.setattr(selector_events._SelectorTransport, "max_size", 4096)
+    monitor = Monitor()
+    server = MonitorServer(Address("unix", path=socket_path), monitor)
+    await server.start()
+    try:
+        # written and closed without letting the monitor's loop run in between
+        frames = [hello(), *(step(i) for i in range(50)), make_frame("bye", reason="closed")]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(socket_path)
+            sock.sendall(b"".join(encode_frame(f) for f in frames))
+        await until(lambda: "run-a" in monitor.state.runs)
+        run = monitor.state.runs["run-a"]
+        await until(lambda: not run.connected)
+        assert run.step_records == 50 and run.ended and run.end_reason == "closed"
     finally:
         await server.close()
 
