@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from probes.kernel.fold import fold_pairs
+from probes.kernel.schema.floats import Float32List
 
 MISSING = -1.0  # no gradient in this column (no record yet, or .grad was None)
 NON_FINITE = math.inf  # NaN or Inf: larger than any norm, so max() keeps it
@@ -95,7 +96,7 @@ class GradHeatmap:
         values = _stored(norms)
         newest = len(self.sealed)  # the index of the newest column, open or not yet
         if self.newest is not None and last > newest:  # a new column begins: seal
-            self.sealed.append(array("f", self.newest))
+            self.sealed.append(_column(self.newest))
             self.newest = None
             newest += 1
         for column in range(first, min(last, newest)):  # a span over older columns
@@ -151,10 +152,21 @@ def _larger(older: array, newer: array) -> array:
     return array("f", map(max, older, newer))
 
 
+def _column(values: list[float]) -> array:
+    """The newest column, sealed: float32 (a list read packed holds its array already,
+    never changed: shared, not copied)."""
+    return values.packed if type(values) is Float32List else array("f", values)
+
+
 def _stored(norms: Sequence[float | None]) -> list[float]:
     """Norms as kept: None as ``MISSING``, non-finite as ``NON_FINITE``, finite ones
-    within float32 (``array('f')`` would turn 1e39 into inf: a false non-finite)."""
-    if None in norms:
+    within float32 (``array('f')`` would turn 1e39 into inf: a false non-finite). A list
+    read packed is float32 already, with no None: kept as it is when all are finite."""
+    if type(norms) is Float32List:
+        if math.isfinite(sum(norms)):
+            return norms
+        values: list[float] = list(norms)
+    elif None in norms:
         values = [MISSING if v is None else v for v in norms]
     else:
         values = list(cast("Sequence[float]", norms))

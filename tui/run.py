@@ -11,16 +11,19 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from probes.kernel.diagnosis import Alert, AlertChange, Diagnoser, RunInfo
 from probes.kernel.diagnosis.book import MAX_ALERTS, AlertBook, AlertEntry
 from probes.kernel.diagnosis.vocabulary import AlertKind
 from probes.kernel.endings import RunEnd
 from probes.kernel.schema import EvalView, StepView, validation_loss_name
+from probes.kernel.schema.floats import Float32List
 from probes.kernel.wire import Frame
 from tui.heatmap import GradHeatmap
 from tui.series import BucketedSeries
+
+_Value = TypeVar("_Value")
 
 SPARK_HISTORY = 48  # grad-norm values kept per layer for the sparkline
 RATE_WINDOW = 32  # step records used to estimate steps per second
@@ -234,7 +237,7 @@ class RunState:
         if view.grad_norm_total is not None:
             self.grad_total.append(step, view.grad_norm_total)
         self._apply_layer_values(view)
-        self.learning_rates = list(view.lrs)
+        self.learning_rates = _shared(view.lrs)
         self.none_grads = view.none_grads
         return True
 
@@ -250,18 +253,22 @@ class RunState:
 
     def _apply_layer_values(self, view: StepView) -> None:
         count = len(self.layers)
-        if len(view.grad_norms) == count and count:
-            self.grad_norms = list(view.grad_norms)
+        grads = view.grad_norms
+        if len(grads) == count and count:
+            self.grad_norms = norms = _shared(grads)
             # Kept as 8 bytes a value, not a float object each (32 with its pointer): a
-            # monitor of 1,024 ranks holds 48 records of each.
-            norms = self.grad_norms
-            kept = norms if None in norms else array("d", cast("list[float]", norms))
+            # monitor of 1,024 ranks holds 48 records of each. Read packed, the norms
+            # come as float32 already (4 bytes, nothing to convert or scan).
+            if type(grads) is Float32List:
+                kept: Sequence[float | None] = grads.packed
+            else:
+                kept = norms if None in norms else array("d", cast("list[float]", norms))
             self.grad_records.append(kept)
-            self.heatmap.add(view.step, self.grad_norms, first_step=view.first_step)
+            self.heatmap.add(view.step, grads, first_step=view.first_step)
         if view.param_norms is not None and len(view.param_norms) == count:
-            self.param_norms = list(view.param_norms)
+            self.param_norms = _shared(view.param_norms)
         if view.update_ratios is not None and len(view.update_ratios) == count:
-            self.update_ratios = list(view.update_ratios)
+            self.update_ratios = _shared(view.update_ratios)
 
     def diagnose(self, view: StepView | EvalView) -> list[AlertChange]:
         """Run the diagnosis rules on a step or eval record; its book keeps what they
@@ -279,3 +286,10 @@ class RunState:
         if series is None:
             series = table[name] = BucketedSeries()
         return series
+
+
+def _shared(values: Sequence[_Value]) -> list[_Value]:
+    """A record's per-layer list as the run keeps it: the record's own list (a record
+    is never changed once read, and its views share its lists already), not a copy of
+    it; one a record of each rank, at a thousand ranks, kept the collector busy."""
+    return values if isinstance(values, list) else list(values)

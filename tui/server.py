@@ -7,6 +7,10 @@ it; a wrong or replayed answer gets a ``refuse``, a right one a ``welcome`` prov
 monitor holds the token too (the sequence: ``probes.kernel.wire``). A frame of another
 protocol version gets a ``refuse`` frame and the connection is closed; a malformed
 frame later on is counted and skipped, never a crash.
+
+On taking a probe's hello the monitor sends a ``welcome`` naming what it reads beyond
+plain JSON (``reads``: the packed float32 lists, ``probes.kernel.wire``); a probe packs
+its step records' norms only once that has arrived, and one from before ignores it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Protocol
 
 from probes.kernel import auth
 from probes.kernel.wire import (
+    READS,
     Address,
     Frame,
     FrameError,
@@ -64,6 +69,28 @@ class Connection:
         """Queue a frame to the probe (buffered by asyncio; never blocks the UI)."""
         if self._writer is not None and not self._writer.is_closing():
             self._writer.write(encode_frame(frame))
+
+    def announce(self, frame: Frame) -> None:
+        """Send a frame the probe may do without (the ``welcome`` after its hello): to
+        the socket at once, and dropped if the probe has gone. A run may write its last
+        frames and close before the monitor reads its hello (a short run, a job's start
+        on a busy monitor): a write through asyncio's transport would then fail and
+        close the connection, losing those frames still to be read."""
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            return
+        data = encode_frame(frame)
+        sock = writer.get_extra_info("socket")
+        if sock is not None and writer.transport.get_write_buffer_size() == 0:
+            try:
+                sent = os.write(sock.fileno(), data)  # (non-blocking, as asyncio's)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:  # the probe has gone: read what it wrote, say nothing
+                return
+            data = data[sent:]
+        if data:  # (the rest of a short write, after what asyncio still holds)
+            writer.write(data)
 
     def refuse(self, reason: str) -> None:
         """Tell the probe why it is being turned away, then close."""
@@ -234,6 +261,7 @@ class MonitorServer:
                         return False, f"refused: {problem}"
                     greeted = True
                     self.connections[conn.id] = conn
+                    conn.announce(make_frame("welcome", reads=list(READS)))
                 self.sink.frame_received(conn, item)
 
     async def _authenticate(

@@ -135,6 +135,8 @@ class MonitorState:
                 AlertRaised(run, c.alert) if c.raised else AlertCleared(run, c.alert, run.last_step)
                 for c in changes
             ]
+        if not changes and not force and not job.diagnoser.holding:
+            return []  # nearly every record of a rank: nothing raised, cleared or waiting
         job.hold(run, [c.alert for c in changes if c.raised])
         events: list[MonitorEvent] = [
             AlertCleared(run, c.alert, run.last_step)

@@ -30,12 +30,14 @@ from probes.kernel.replay import ReplayHistory
 from probes.kernel.schema.spec import FLOAT32_FIELDS
 from probes.kernel.thinning import Thinner
 from probes.kernel.wire import (
+    PACKED_FLOAT32,
     Address,
     Frame,
     FrameError,
     FrameReader,
     encode_frame,
     make_frame,
+    pack_float32,
 )
 from probes.runtime.link import Refused, missing_token, open_connection, refusal
 from probes.runtime.link import warn as warn  # where every probe module finds it
@@ -166,6 +168,9 @@ class Sender:
         self._outbox: list[Record] = []
         self._sock: socket.socket | None = None
         self._reader = FrameReader()
+        # The monitor said it reads packed float32 lists (its ``welcome``): step frames
+        # carry their norms packed from then on (``probes.kernel.wire``), per connection.
+        self._packed = False
         self._seq = 0
         self._next_attempt = 0.0
         self._refused_until = 0.0  # until then, a refusal stands (closing does not retry)
@@ -350,11 +355,14 @@ class Sender:
         frame = record if "v" in record else make_frame(record["kind"], **_without_kind(record))
         frame["run"] = self.run_id
         if frame["kind"] == "step":
+            if frame is record:  # (packed lists must not reach the history, kept to replay)
+                frame = dict(record)
             frame["dropped"] = self.dropped
             for key in FLOAT32_FIELDS:
                 values = frame.get(key)
                 if values:
-                    frame[key] = [_wire_float(v) for v in values]
+                    packed = pack_float32(values) if self._packed else None
+                    frame[key] = [_wire_float(v) for v in values] if packed is None else packed
         try:
             data = encode_frame(frame)
         except FrameError as exc:
@@ -393,6 +401,9 @@ class Sender:
                 return False
             elif item["kind"] == "command" and self._on_command is not None:
                 self._on_command(item)
+            elif item["kind"] == "welcome":  # (a token's proof was read before the hello)
+                reads = item.get("reads")
+                self._packed = isinstance(reads, list) and PACKED_FLOAT32 in reads
         return True
 
     def _refused(self, message: str) -> None:
@@ -407,6 +418,7 @@ class Sender:
 
     def _disconnect(self) -> None:
         sock, self._sock = self._sock, None
+        self._packed = False  # the next monitor says again what it reads
         self.connected.clear()
         if sock is not None:
             with contextlib.suppress(OSError):

@@ -1,6 +1,6 @@
 """How many step records a second one monitor absorbs, and its memory, by ranks x layers.
 
-    python tests/bench/monitor_ingest.py [--quick]
+    python tests/bench/monitor_ingest.py [--quick] [--ranks N] [--plain] [--cpu]
 
 The monitor is the real one (``MonitorServer`` feeding ``Monitor`` and its state,
 diagnosis and cross-rank checks, as ``traintop --headless`` runs them) in this process,
@@ -19,12 +19,19 @@ clock starts (each retrying with back-off when refused, as a probe's sender does
 second where the others send 10). Its ranks are written by a few client processes,
 each holding many connections (a thousand processes would crowd the machine measured);
 the row says how many connects were refused.
+
+The ranks' norms travel packed (base64 float32, as a probe sends them to a monitor whose
+welcome said it reads that form), or as plain lists with ``--plain`` (to a monitor from
+before). ``--cpu`` gives, instead of the rows, the monitor's CPU time a record of the
+thousand-rank job in one process without sockets, both ways: steadier than the rates
+on a machine shared with other work.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -39,9 +46,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from probes.kernel.wire import Address, encode_frame, make_frame
+from probes.kernel.schema.spec import FLOAT32_FIELDS
+from probes.kernel.wire import (
+    Address,
+    FrameError,
+    FrameReader,
+    encode_frame,
+    make_frame,
+    pack_float32,
+)
 from tui.monitor import Monitor
-from tui.server import MonitorServer
+from tui.server import Connection, MonitorServer, collect_less_often
 from tui.state import MonitorState
 
 
@@ -53,14 +68,18 @@ class Load:
     steps: int  # per rank: records * span
     burst: bool = False  # every rank connects when the clock starts (retrying if refused)
     rank0_records: int | None = None  # rank 0's records, if not ``records``
+    plain: bool = False  # norms as plain lists (to a monitor from before), not packed
 
     @property
     def span(self) -> int:
         return max(1, self.steps // self.records)
 
 
-def rank_frames(load: Load, rank: int, job: str) -> bytes:
-    """A rank's hello and step records, encoded as a probe sends them."""
+def rank_frames(load: Load, rank: int, job: str, *, packed: bool = True) -> bytes:
+    """A rank's hello and step records, encoded as a probe sends them: with ``packed``,
+    their norms in the packed form (base64 float32, ``probes.kernel.wire``), as a probe
+    sends them once the monitor's welcome has said it reads it; else plain lists (as to
+    a monitor from before)."""
     rng = random.Random(rank)
     layers = [
         f"blocks.{i // 4}.{('attn', 'mlp', 'norm1', 'norm2')[i % 4]}" for i in range(load.layers)
@@ -114,6 +133,10 @@ def rank_frames(load: Load, rank: int, job: str) -> bytes:
             frame["scalars_min"] = {"loss": frame["scalars"]["loss"] * 0.95}
         if last // 20 != (last - span) // 20:  # a sampled step in its span
             frame["param_norms"] = [float(f"{5.0 + 0.001 * i:.9g}") for i in range(load.layers)]
+        if packed:
+            for name in FLOAT32_FIELDS:
+                if frame.get(name):
+                    frame[name] = pack_float32(frame[name]) or frame[name]
         out.append(encode_frame(frame))
     return b"".join(out)
 
@@ -122,7 +145,7 @@ def client(path: str, load: Load, rank: int, job: str, ready: Any, go: Any) -> N
     """One rank: make its records (here, not in the monitor's process, whose memory is
     measured), connect, say it is ready, wait for the start, then write them all on one
     connection."""
-    data = rank_frames(load, rank, job)
+    data = rank_frames(load, rank, job, packed=not load.plain)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     ready.release()
@@ -166,7 +189,7 @@ def burst_client(
     """Some ranks of the thousand-rank row: make their records, wait for the start, then
     connect them all (retrying with back-off when refused) and write each rank's records
     as its socket takes them."""
-    pending = [BurstRank(rank_frames(load, rank, job)) for rank in ranks]
+    pending = [BurstRank(rank_frames(load, rank, job, packed=not load.plain)) for rank in ranks]
     ready.release()
     go.wait()
     selector = selectors.DefaultSelector()
@@ -271,11 +294,65 @@ def measure(load: Load) -> tuple[float, float, int]:
     return rate, memory, refused
 
 
+def cpu_per_record(load: Load) -> float:
+    """The monitor's CPU time a step record (us), its sockets left out: every rank's
+    frames made first, then fed to one monitor a frame of each rank in turn (as the
+    ranks' records arrive together), through a frame reader per rank, as the server
+    does; in a fresh process."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(reader)
+        job = f"job-{load.ranks}x{load.layers}"
+        lines = [
+            rank_frames(load, rank, job, packed=not load.plain).splitlines(keepends=True)
+            for rank in range(load.ranks)
+        ]
+        collect_less_often()
+        monitor = Monitor(MonitorState())
+        conns = [Connection(rank + 1, "local", None) for rank in range(load.ranks)]
+        readers = [FrameReader() for _ in range(load.ranks)]
+        started = time.process_time()
+        for index in range(max(map(len, lines))):
+            for rank, frames in enumerate(lines):
+                if index < len(frames):
+                    for item in readers[rank].feed(frames[index]):
+                        if not isinstance(item, FrameError):
+                            monitor.frame_received(conns[rank], item)
+        spent = time.process_time() - started
+        records = sum(run.step_records for run in monitor.state.runs.values())
+        os.write(writer, json.dumps(spent / records * 1e6).encode())
+        os._exit(0)
+    os.close(writer)
+    data = b""
+    while chunk := os.read(reader, 4096):
+        data += chunk
+    os.waitpid(pid, 0)
+    return float(json.loads(data))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer and smaller rows")
     parser.add_argument("--ranks", type=int, help="only the rows of this many ranks")
+    parser.add_argument(
+        "--plain", action="store_true", help="norms as plain lists (as to a monitor from before)"
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="only the monitor's CPU time a record, in one process without sockets",
+    )
     args = parser.parse_args()
+    if args.cpu:
+        for plain in (True, False):
+            load = Load(1024, 200, 40, 40, rank0_records=240, plain=plain)
+            print(
+                f"1,024 x 200, 40 records a rank (rank 0: 240), "
+                f"{'plain lists' if plain else 'packed'}: {cpu_per_record(load):.0f} us a record",
+                flush=True,
+            )
+        return 0
     scale = 4 if args.quick else 1
     rate_rows = [
         Load(1, 200, 20000 // scale, 20000 // scale),
@@ -299,7 +376,7 @@ def main() -> int:
     for load in rate_rows + memory_rows + burst_rows:
         if args.ranks is not None and load.ranks != args.ranks:
             continue
-        rate, memory, refused = measure(load)
+        rate, memory, refused = measure(dataclasses.replace(load, plain=args.plain))
         print(
             f"{load.ranks:>6}{load.layers:>8}{load.records:>14,}{load.steps:>12,}"
             f"{rate:>12,.0f}{memory:>10.0f}{refused:>10,}",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
+from probes.kernel.schema.floats import Float32List
 from probes.kernel.schema.spec import FRAMES, FrameSpec, Type
 
 Frame = dict[str, Any]
@@ -55,7 +56,7 @@ NULLABLE_INT_TYPES = frozenset({int, type(None)})
 
 def _numbers(frame: Frame, name: str, *, nullable: bool = False) -> None:
     values = frame.get(name)
-    if values is None:
+    if values is None or type(values) is Float32List:  # (read from floats: floats)
         return
     if not isinstance(values, list):
         raise ValueError(f"{name} must be a list, got {type(values).__name__}")
@@ -179,8 +180,9 @@ FAST_PASS: dict[Type, str] = {
     Type.INT: "type(value) is int and -BOUND <= value <= BOUND",
     Type.NUMBER: "type(value) is float or type(value) is int",
     Type.NUMBERS: "type(value) is list and set(map(type, value)) <= NUMBER_TYPES",
-    Type.NULLABLE_NUMBERS: (
-        "type(value) is list and set(map(type, value)) <= NULLABLE_NUMBER_TYPES"
+    Type.NULLABLE_NUMBERS: (  # (a list read packed holds floats only: nothing to scan)
+        "type(value) is Float32List or "
+        "(type(value) is list and set(map(type, value)) <= NULLABLE_NUMBER_TYPES)"
     ),
     Type.COUNTS: "type(value) is list and set(map(type, value)) <= NULLABLE_INT_TYPES",
     Type.SCALARS: "type(value) is dict and set(map(type, value.values())) <= NUMBER_TYPES",
@@ -196,6 +198,7 @@ def _plan(spec: FrameSpec) -> Callable[[Frame], None]:
         "NUMBER_TYPES": NUMBER_TYPES,
         "NULLABLE_NUMBER_TYPES": NULLABLE_NUMBER_TYPES,
         "NULLABLE_INT_TYPES": NULLABLE_INT_TYPES,
+        "Float32List": Float32List,
     }
     for index, field in enumerate(spec):
         check = _required_integer if field.name == spec.key else CHECKS[field.type]

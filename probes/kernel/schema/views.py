@@ -18,8 +18,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
+from probes.kernel.schema.floats import Float32List
 from probes.kernel.schema.records import validation_loss
 from probes.kernel.schema.spec import EVAL, STEP, Field, FrameSpec, Shape, Type
 
@@ -306,10 +307,6 @@ def _wall_time(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _opt_list(values: Any) -> list[float | None] | None:
-    return None if values is None else _floats(values)
-
-
 _FLOATS_OR_NONE = frozenset({float, type(None)})
 
 
@@ -317,6 +314,8 @@ def _floats(values: Any) -> list[float | None]:
     """A record's list of numbers (or None) as floats: the monitor reads a few hundred per
     record, so a list of floats, as nearly all are, is taken as it is (its types
     gathered in C; the record is not changed after)."""
+    if type(values) is Float32List:  # read packed: floats only, nothing to gather
+        return cast("list[float | None]", values)
     if isinstance(values, list) and set(map(type, values)) <= _FLOATS_OR_NONE:
         return values
     return [v if type(v) is float else _opt_num(v) for v in values]
@@ -349,26 +348,31 @@ def _expression(spec_field: Field) -> str:
     kind, name, default = spec_field.type, repr(spec_field.name), spec_field.default
     value = f"get({name})" if default is None else f"get({name}, {default!r})"
     optional = not spec_field.required
-    # An int or a float, as nearly every one is, is taken as it is (no call).
+    # An int or a float, as nearly every one is, is taken as it is (no call), and so is
+    # an absent field (no call to read None as None, for the dozen a record lacks).
     if kind is Type.INT:
-        slow = "_opt_int(_v)" if default is None else "int(_v or 0)"
-        return f"(_v if type(_v := {value}) is int else {slow})"
+        if default is None:
+            return f"(_v if type(_v := {value}) is int or _v is None else _opt_int(_v))"
+        return f"(_v if type(_v := {value}) is int else int(_v or 0))"
     if kind is Type.NUMBER:
-        slow = "_opt_num(_v)" if default is None else "as_number(_v)"
-        return f"(_v if type(_v := {value}) is float else {slow})"
+        if default is None:
+            return f"(_v if type(_v := {value}) is float or _v is None else as_number(_v))"
+        return f"(_v if type(_v := {value}) is float else as_number(_v))"
     if kind is Type.FLAG:
         return f"{value} is not False" if default is True else f"bool({value})"
     if kind is Type.NUMBERS:
-        return f"[as_number(x) for x in {value} or ()]"
+        return f"([as_number(x) for x in _v] if (_v := {value}) else [])"
     if kind is Type.NULLABLE_NUMBERS:
-        return f"_opt_list({value})" if optional else f"_floats({value} or ())"
+        if optional:
+            return f"(None if (_v := {value}) is None else _floats(_v))"
+        return f"_floats({value} or ())"
     if kind is Type.COUNTS:
-        return f"_opt_counts({value})"
+        return f"(None if (_v := {value}) is None else _opt_counts(_v))"
     if kind is Type.INDICES:
-        return f"[int(i) for i in {value} or ()]"
+        return f"([int(i) for i in _v] if (_v := {value}) else [])"
     if kind is Type.SCALARS:
         if optional:
-            return f"_opt_dict({value})"
+            return f"(None if (_v := {value}) is None else _opt_dict(_v))"
         return f"{{str(k): as_number(v) for k, v in ({value} or {{}}).items()}}"
     raise TypeError(f"a view does not read {spec_field.name} ({kind.name})")
 
@@ -411,7 +415,6 @@ def _reader(spec: FrameSpec, view: type, derived: str) -> Callable[[type, Record
 _PARSERS = (
     "_opt_int",
     "_opt_num",
-    "_opt_list",
     "_opt_counts",
     "_opt_dict",
     "_floats",
