@@ -136,6 +136,13 @@ class Diagnoser:
         self.rules = [
             rule(self.thresholds) for rule in RULES if layer_rules or rule not in LAYER_RULES
         ]
+        # Each rule that reads step records, by index (a rule whose ``on_step`` is the
+        # base's reads none): every record of every rank goes through these.
+        self._step_rules = [
+            (index, rule.on_step)
+            for index, rule in enumerate(self.rules)
+            if type(rule).on_step is not Rule.on_step
+        ]
         self.last_view: StepView | None = None  # the latest step record, as read
         self.active: dict[str, Alert] = {}  # raised and holding, by key
         self.raised_count: dict[str, int] = {}
@@ -168,9 +175,12 @@ class Diagnoser:
     def observe_step(self, view: StepView) -> list[AlertChange]:
         """Take one step record, parsed (``probes.kernel.schema``: the monitor parses once)."""
         self.last_view = view
-        self.history.add_step(view, keep_first=self.thresholds.smoothing_steps)
-        for index, rule in enumerate(self.rules):
-            self._update(index, rule.on_step(self.history, view))
+        history, found = self.history, self._findings
+        history.add_step(view, keep_first=self.thresholds.smoothing_steps)
+        for index, on_step in self._step_rules:
+            findings = on_step(history, view)
+            if findings is not None:  # (None: the rule has nothing new to say)
+                found[index] = findings
         return self._settle(view.first, view.step)
 
     def observe_eval(self, view: EvalView) -> list[AlertChange]:
