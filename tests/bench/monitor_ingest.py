@@ -285,13 +285,18 @@ def measure(load: Load) -> tuple[float, float, int]:
         report = [applied / seconds, (peak - before) / 1024, refused]
         os.write(writer, json.dumps(report).encode())
         os._exit(0)
+    rate, memory, refused = child_result(pid, reader, writer)
+    return rate, memory, refused
+
+
+def child_result(pid: int, reader: int, writer: int) -> Any:
+    """What the forked child ``pid`` wrote as JSON to the pipe, once it has exited."""
     os.close(writer)
     data = b""
     while chunk := os.read(reader, 4096):
         data += chunk
     os.waitpid(pid, 0)
-    rate, memory, refused = json.loads(data)
-    return rate, memory, refused
+    return json.loads(data)
 
 
 def cpu_per_record(load: Load) -> float:
@@ -323,12 +328,7 @@ def cpu_per_record(load: Load) -> float:
         records = sum(run.step_records for run in monitor.state.runs.values())
         os.write(writer, json.dumps(spent / records * 1e6).encode())
         os._exit(0)
-    os.close(writer)
-    data = b""
-    while chunk := os.read(reader, 4096):
-        data += chunk
-    os.waitpid(pid, 0)
-    return float(json.loads(data))
+    return float(child_result(pid, reader, writer))
 
 
 def main() -> int:
