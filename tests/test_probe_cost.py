@@ -303,3 +303,32 @@ def test_our_hooks_inside_forward_and_backward_count_as_the_probes_time(
     assert spent[1] >= 0.002 and spent[3] >= 0.002
     # and the forward's: the model's input (its scale) and the ReLU's count
     assert spent[0] >= 0.004 and spent[2] >= 0.004
+
+
+def test_a_fused_optimizer_is_not_version_checked_and_its_clearing_still_is(
+    collector: FrameCollector,
+) -> None:
+    """Every param group fused: no ``not_stepped`` list of every layer on every record
+    (the counters say nothing there), and the clearing check, which the same hook after
+    ``optimizer.step()`` feeds, still sees a forgotten ``zero_grad``."""
+    from probes.runtime.structure import counters_blind
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 4), nn.Linear(4, 1))
+    fused = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    assert counters_blind(fused)
+    assert not counters_blind(torch.optim.AdamW(model.parameters(), lr=0.1))
+    mixed = torch.optim.AdamW([{"params": model[0].parameters()}], lr=0.1, fused=True)
+    mixed.add_param_group({"params": model[1].parameters(), "fused": False})
+    assert not counters_blind(mixed)
+    probe = watch_unthinned(model, fused, collector)
+    for _ in range(3):
+        with probe.step():  # (no zero_grad: the gradients add up)
+            model(torch.randn(8, 2)).sum().backward()
+            fused.step()
+    probe.close()
+    wait_for_bye(collector)
+    records = collector.kinds("step")
+    assert len(records) == 3
+    assert not any("not_stepped" in r for r in records)
+    assert [bool(r.get("grads_not_cleared")) for r in records] == [False, True, True]

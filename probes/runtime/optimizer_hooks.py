@@ -27,7 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from probes.runtime.layers import LayerMap
 from probes.runtime.stats import Measurement
-from probes.runtime.structure import UpdateCheck
+from probes.runtime.structure import UpdateCheck, counters_blind
 
 PreHook = Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[Any, Any] | None]
 PostHook = Callable[[Any, Any, Any], None]
@@ -95,7 +95,7 @@ class OptimizerHooks:
         self._updated = updated
         self._before_step = before_step
         if layers.params:
-            self._check = UpdateCheck(layers)
+            self._check = UpdateCheck(layers, blind=counters_blind(optimizer))
         self._handles.append(optimizer.register_step_pre_hook(self._before))
         if self._check is not None:
             self._handles.append(optimizer.register_step_post_hook(self._after))

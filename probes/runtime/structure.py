@@ -194,6 +194,13 @@ def _numel(param: torch.Tensor) -> int:
     return 0 if isinstance(param, nn.parameter.UninitializedParameter) else param.numel()
 
 
+def counters_blind(optimizer: torch.optim.Optimizer) -> bool:
+    """True when every param group steps fused (``fused=True``): torch's fused kernels
+    write the parameters without bumping their version counters."""
+    groups = optimizer.param_groups
+    return bool(groups) and all(group.get("fused") is True for group in groups)
+
+
 class UpdateCheck:
     """Which layers did ``optimizer.step()`` leave untouched? Read from the version
     counters of their parameters (every in-place update bumps them): two C-level passes
@@ -202,11 +209,14 @@ class UpdateCheck:
     (``fused=True``, the HF Trainer's default AdamW): the monitor then sees weights
     change on sampled steps although the counters did not, and stops trusting them.
 
-    A step that leaves some tensors alone (a fused optimizer: all of them; parameters
+    An optimizer known to step fused (``blind``: every param group ``fused=True``) is
+    not checked at all: its counters say nothing, and a record listing every layer as
+    untouched would only be noise. A step that leaves some tensors alone (parameters
     without a gradient: the same ones step after step) costs one more C-level pass:
     the layers are worked out again only when the set of untouched tensors changes."""
 
-    def __init__(self, layers: LayerMap) -> None:
+    def __init__(self, layers: LayerMap, *, blind: bool = False) -> None:
+        self.blind = blind
         self.params = layers.params
         self.param_layer = layers.param_layer
         self.layer_count = layers.num_layers
@@ -217,7 +227,8 @@ class UpdateCheck:
         self._untouched: list[int] = []
 
     def before(self) -> None:
-        self._before = list(map(_VERSION, self.params))  # (in C: no Python loop a step)
+        if not self.blind:
+            self._before = list(map(_VERSION, self.params))  # (in C: no Python loop a step)
 
     def after(self) -> list[int] | None:
         """The layers none of whose parameters changed version (None: not checked)."""
