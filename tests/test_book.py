@@ -168,7 +168,7 @@ def test_run_info_reads_who_the_run_is() -> None:
     assert (info.name, info.host, info.pid) == ("mlp", "box", 123)
     assert (info.job, info.rank, info.world_size, info.sync) == ("j1", 1, 2, "ddp")
     assert info.param_counts == (10, 10, 10) and info.control == {"paused": True}
-    assert not info.layer_rules  # rank 1 of a DDP job: rank 0's gradients
+    assert not info.replica_rules  # rank 1 of a DDP job: rank 0's gradients
     alone = RunInfo.from_hello(rank_hello(world_size=1, rank=True, sync=None))
     assert (alone.job, alone.rank, alone.world_size, alone.sync) == (None, 0, 1, "unknown")
     assert RunInfo.from_hello({"kind": "hello"}).name is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from probes.kernel.diagnosis import Thresholds
 from probes.kernel.diagnosis.ranks import JobChecks
@@ -192,6 +193,48 @@ def test_the_same_alert_on_every_rank_is_one_alert_naming_all() -> None:
             ]
     assert [e.alert.kind for e in raised] == ["exploding_gradient"]
     assert raised[0].alert.ranks == (0, 1) and "ranks=all" in raised[0].alert.line()
+
+
+def raised_in_job(frames_of: Callable[[int, str], dict], steps: int) -> list[AlertRaised]:
+    """What a 2-rank DDP job raises over ``steps`` steps of ``frames_of(index, run)``,
+    rank 0's record of each step first (as they arrive), and past any hold at the end."""
+    state, _ = job_state()
+    events = []
+    for index in range(steps):
+        for rank in (0, 1):
+            events += state.apply(rank, frames_of(index, f"r{rank}"))
+    events += state.tick(time.monotonic() + 10)
+    return [e for e in events if isinstance(e, AlertRaised)]
+
+
+def test_what_follows_an_all_reduced_explosion_on_another_rank_folds_under_it() -> None:
+    # The all-reduced gradients explode on every rank; each rank's own loss climbs, then
+    # is NaN. Rank 0's explosion holds for both ranks, and rank 1's loss rules (the
+    # ones it runs itself) find the same consequences rank 0 folded: they fold too (they
+    # were raised as rank 1's, with no explosion beside them: three alerts for one cause).
+    def frames(index: int, run: str) -> dict:
+        growth = 1.5 ** max(0, index - 20) if index < 50 else math.inf
+        own = 0.01 * int(run[1:])
+        loss = (0.6 + own) * (growth if index >= 20 else 1 / (1 + index / 8))
+        grads = [0.5 * growth, 0.9 * growth, 0.4 * growth]
+        return step(index, run=run, loss=loss if index < 50 else math.nan, grad_norms=grads)
+
+    raised = raised_in_job(frames, 60)
+    assert [(e.alert.kind, e.alert.ranks) for e in raised] == [("exploding_gradient", (0, 1))]
+
+
+def test_a_replicated_streak_is_rank_0s_and_what_follows_it_folds_on_every_rank() -> None:
+    # optimizer.step() never runs on any rank (the gradients are fine): the weights stand
+    # still, so every rank's loss is flat. The streak is judged on rank 0 alone, for both
+    # ranks; rank 1's flat loss is its consequence there too.
+    def frames(index: int, run: str) -> dict:
+        frame = step(index, run=run, loss=1.0 + 0.001 * math.sin(index))
+        frame["optimizer_step"] = False
+        return frame
+
+    raised = raised_in_job(frames, 260)
+    assert [(e.alert.kind, e.alert.ranks) for e in raised] == [("no_updates", (0, 1))]
+    assert raised[0].run.rank == 0
 
 
 def test_a_ranks_alert_waits_for_the_other_ranks_step() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from probes.kernel.diagnosis import RULES, RUNGS, Alert, AlertKind, Rung, Severity, rung_of
 from probes.kernel.diagnosis.catalog import CATALOG, CHECK_RUNGS, ENDED_BY_FIRST_STEP, UNKNOWN_RUNG
-from probes.kernel.diagnosis.diagnoser import LAYER_KINDS, LAYER_RULES
+from probes.kernel.diagnosis.diagnoser import REPLICA_KINDS, REPLICA_RULES
 from probes.kernel.diagnosis.incidents import (
     CONSEQUENCES,
     JOB_CONSEQUENCES,
@@ -91,10 +91,10 @@ def test_every_kind_a_rule_raises_is_in_the_catalog() -> None:
     assert AlertKind.SATURATED_ACTIVATIONS in raised and AlertKind.EVAL_WITH_GRAD in raised
 
 
-def test_the_kinds_shared_by_a_ddp_job_are_derived_from_the_layer_rules() -> None:
-    """The kinds rank 0 speaks for under DDP: what the per-layer rules raise (it was a
-    hand-kept copy of them)."""
-    assert set(RULES) >= LAYER_RULES
+def test_the_kinds_shared_by_a_ddp_job_are_derived_from_the_replica_rules() -> None:
+    """The kinds rank 0 speaks for under DDP: what the rules over the replicated values
+    raise (it was a hand-kept copy of them)."""
+    assert set(RULES) >= REPLICA_RULES
     assert {
         "exploding_gradient",
         "vanishing_gradient",
@@ -105,7 +105,11 @@ def test_the_kinds_shared_by_a_ddp_job_are_derived_from_the_layer_rules() -> Non
         "updates_not_applied",
         "update_ratio",
         "lr_too_low_to_update",
-    } == LAYER_KINDS
+        "skipped_updates",
+        "no_updates",
+        "clip_always_active",
+        "grads_still_scaled",
+    } == REPLICA_KINDS
 
 
 # --- wire compatibility ---------------------------------------------------------------------

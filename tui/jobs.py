@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from probes.kernel.diagnosis import Alert, Thresholds
 from probes.kernel.diagnosis.book import AlertEntry
+from probes.kernel.diagnosis.diagnoser import REPLICA_KINDS
 from probes.kernel.diagnosis.job import JobDiagnoser, RankProgress
 from probes.kernel.diagnosis.views import StepView
 from tui.run import RunState
@@ -177,7 +178,9 @@ class JobState:
         if not self.diagnoser.holding:  # nearly every record: nothing waits
             return [], []
         complete = min((r.last_step for r in self.rank_runs(runs) if r.connected), default=None)
-        released = self.diagnoser.release(complete, now, self.ranks, force=force)
+        released = self.diagnoser.release(
+            complete, now, self.ranks, force=force, replica_causes=self._replica_causes(runs)
+        )
         raised = [
             (run, alert)
             for rank, alert in released.raised
@@ -189,6 +192,14 @@ class JobState:
             if (run := runs.get(self.ranks.get(rank, ""))) is not None
         ]
         return raised, folded
+
+    def _replica_causes(self, runs: dict[str, RunState]) -> dict[str, Alert]:
+        """Rank 0's live causes of the kinds it finds for every replica (DDP)."""
+        first = runs.get(self.ranks.get(0, ""))
+        if first is None:
+            return {}
+        causes = first.diagnoser.live_causes()
+        return {kind: alert for kind, alert in causes.items() if kind in REPLICA_KINDS}
 
     def _named_run(self, alert: Alert, runs: dict[str, RunState]) -> RunState | None:
         rank = alert.evidence.get("rank")

@@ -50,8 +50,14 @@ Record = Mapping[str, Any]
 
 # Along the checklist; when several alerts rise on one record, they are reported in
 # checklist order (and the growth that led to a non-finite value before it).
-#: Rules over the per-layer gradients and updates (the others read losses and records).
-LAYER_RULES: frozenset[type[Rule]] = frozenset(
+#: Rules over what every replica of a DDP job holds alike: the all-reduced gradients,
+#: the weights they update, and what follows from them on every rank at once (whether
+#: GradScaler skipped the update, whether the optimizer stepped, the clip, the scale
+#: left on the gradients). On a rank other than 0 they would repeat rank 0's findings,
+#: so they run on rank 0 alone and what they find holds for every rank. A rank's own
+#: values (its shard's loss, its inputs, its time) are judged on every rank, and where
+#: one rank's replicated values part from the others', the cross-rank checks say so.
+REPLICA_RULES: frozenset[type[Rule]] = frozenset(
     {
         ExplodingGradient,
         VanishingGradient,
@@ -61,11 +67,15 @@ LAYER_RULES: frozenset[type[Rule]] = frozenset(
         UpdatesNotApplied,
         UpdateRatio,
         LrTooLowToUpdate,
+        SkippedUpdates,
+        NoUpdates,
+        ClipAlwaysActive,
+        GradsStillScaled,
     }
 )
 
-#: What the per-layer rules raise: under DDP, rank 0's finding holds for every rank.
-LAYER_KINDS: frozenset[str] = frozenset(kind for rule in LAYER_RULES for kind in rule.raises())
+#: What the replica rules raise: under DDP, rank 0's finding holds for every rank.
+REPLICA_KINDS: frozenset[str] = frozenset(kind for rule in REPLICA_RULES for kind in rule.raises())
 
 RULES: tuple[type[Rule], ...] = (
     NonFinite,
@@ -132,9 +142,9 @@ class Diagnoser:
     def __init__(self, info: RunInfo | None = None, thresholds: Thresholds | None = None) -> None:
         self.thresholds = thresholds or Thresholds()
         self.history = RecentPast(info or RunInfo())
-        layer_rules = self.history.info.layer_rules
+        replica_rules = self.history.info.replica_rules
         self.rules = [
-            rule(self.thresholds) for rule in RULES if layer_rules or rule not in LAYER_RULES
+            rule(self.thresholds) for rule in RULES if replica_rules or rule not in REPLICA_RULES
         ]
         # Each rule that reads step records, by index (a rule whose ``on_step`` is the
         # base's reads none): every record of every rank goes through these.
@@ -230,7 +240,7 @@ class Diagnoser:
             self._pending.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)
         ):
             del self._pending[key]
-            cause = cause_for(alert, self._live_causes())
+            cause = cause_for(alert, self.live_causes())
             if cause is not None:
                 self._fold(key, alert, cause)
             else:
@@ -257,7 +267,7 @@ class Diagnoser:
                 continue
             if key in self.folded:
                 continue
-            cause = cause_for(alert, self._live_causes())
+            cause = cause_for(alert, self.live_causes())
             if cause is not None:
                 self._fold(key, alert, cause)
                 self._pending.pop(key, None)
@@ -301,7 +311,7 @@ class Diagnoser:
         for key, alert in sorted(
             self._pending.items(), key=lambda kv: (depth(kv[1].kind), kv[1].rung)
         ):
-            cause = cause_for(alert, self._live_causes())
+            cause = cause_for(alert, self.live_causes())
             if cause is not None:
                 del self._pending[key]
                 self._fold(key, alert, cause)
@@ -340,9 +350,9 @@ class Diagnoser:
         self._roots[alert.kind] = alert.key
         return AlertChange(alert, raised=True)
 
-    def _live_causes(self) -> dict[str, Alert]:
+    def live_causes(self) -> dict[str, Alert]:
         """Causes by kind: alerts that hold now (raised or folded), and sticky ones that
-        were ever raised."""
+        were ever raised (what a new finding is folded under)."""
         live = {a.kind: a for a in self.active.values()}
         for kind, alert in self._causes.items():
             if (

@@ -10,7 +10,11 @@ sees them together:
   rank has reported its step, then the ranks raising the same alert (an explosion in
   all-reduced gradients shows on all) become one alert naming them all, and an alert
   that is a consequence of a job incident (``incidents.JOB_CONSEQUENCES``: the explosion
-  after one rank's bad shard) folds under it instead of being raised.
+  after one rank's bad shard) folds under it instead of being raised;
+- under DDP, the rules over what every replica holds alike run on rank 0 alone
+  (``diagnoser.REPLICA_RULES``): what they find holds for every rank, and another
+  rank's own alert that is a consequence of it (a loss that diverged after the
+  all-reduced gradients exploded) folds under it, as it does on rank 0.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from typing import NamedTuple
 
 from probes.kernel.diagnosis.alert import Alert
 from probes.kernel.diagnosis.book import AlertEntry
-from probes.kernel.diagnosis.diagnoser import LAYER_KINDS
-from probes.kernel.diagnosis.incidents import JOB_CONSEQUENCES, folded_name
+from probes.kernel.diagnosis.diagnoser import REPLICA_KINDS
+from probes.kernel.diagnosis.incidents import JOB_CONSEQUENCES, cause_for, folded_name
 from probes.kernel.diagnosis.ranks import JobChecks
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import StepView
@@ -128,12 +132,20 @@ class JobDiagnoser:
         self._held = [h for h in self._held if not (h[0] == rank and h[1].key == key)]
 
     def release(
-        self, complete: int | None, now: float, ranks: Collection[int], *, force: bool = False
+        self,
+        complete: int | None,
+        now: float,
+        ranks: Collection[int],
+        *,
+        force: bool = False,
+        replica_causes: Mapping[str, Alert] | None = None,
     ) -> Released:
         """The held alerts whose step every connected rank has reported (``complete``:
         the least of their steps; None: no rank is connected), that waited ``HOLD_S``,
         or all with ``force``. An alert another rank raised already is joined to it,
-        neither raised nor folded. ``ranks``: every rank of the job."""
+        neither raised nor folded. ``ranks``: every rank of the job. ``replica_causes``:
+        rank 0's live causes (``Diagnoser.live_causes``) that hold for every rank
+        (``REPLICA_KINDS``, under DDP): another rank's consequence of one folds under it."""
         ready: list[tuple[int, Alert, float]] = []
         waiting: list[tuple[int, Alert, float]] = []
         for held in self._held:  # (one pass: a thousand ranks may hold the same alert)
@@ -146,6 +158,10 @@ class JobDiagnoser:
         for rank, alert, _ in ready:
             if self._fold(alert):
                 released.folded.append((rank, alert, self._folded_under(alert)))
+                continue
+            cause = self._replica_cause(rank, alert, replica_causes or {})
+            if cause is not None:
+                released.folded.append((rank, alert, cause.kind))
                 continue
             if self._join(alert, rank):
                 continue
@@ -182,6 +198,13 @@ class JobDiagnoser:
                 return True
         return False
 
+    def _replica_cause(self, rank: int, alert: Alert, causes: Mapping[str, Alert]) -> Alert | None:
+        """The cause rank 0 found for every replica that ``alert`` (another rank's own)
+        is a consequence of, by the rules a run folds by (``incidents.cause_for``)."""
+        if rank == 0 or not causes or not self._replicated():
+            return None
+        return cause_for(alert, causes)
+
     def _folded_under(self, alert: Alert) -> str:
         """The kind of the job incident a folded alert is shown under."""
         return next(
@@ -201,9 +224,13 @@ class JobDiagnoser:
         return False
 
     def _shared(self, alert: Alert) -> bool:
-        """Under DDP the per-layer rules run on rank 0 alone (every rank holds the same
+        """Under DDP the replica rules run on rank 0 alone (every rank holds the same
         gradients and weights): what they find holds for all ranks."""
-        return self.checks is not None and self.checks.sync == "ddp" and alert.kind in LAYER_KINDS
+        return self._replicated() and alert.kind in REPLICA_KINDS
+
+    def _replicated(self) -> bool:
+        """True for a DDP job: its ranks are replicas of one model."""
+        return self.checks is not None and self.checks.sync == "ddp"
 
     def _incident(self, alert: Alert) -> Alert:
         labelled = replace(alert, world_size=self.world_size)

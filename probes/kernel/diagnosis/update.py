@@ -417,7 +417,9 @@ class LossSpike(Rule):
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
         self._window: deque[tuple[int, float]] = deque()  # (step, loss)
-        self._values: deque[float] = deque()  # the window's values, in step
+        # The window's least values, ascending from the front (each one the least of the
+        # window from its step on): the window's least in O(1), not a scan a record.
+        self._least: deque[tuple[int, float]] = deque()
         self._start: float | None = None  # the first finite loss: the run's scale
         self._first_step: int | None = None
         self._held: Alert | None = None  # the burst's first spike, while it lasts
@@ -458,18 +460,21 @@ class LossSpike(Rule):
         """Is ``loss`` (at ``step``; a span's from ``first``) a spike over the window
         before it? Then ``shown`` joins the window."""
         window = self._window
-        while window and window[0][0] <= step - self.t.spike_window:
+        least = self._least
+        oldest = step - self.t.spike_window
+        while window and window[0][0] <= oldest:
             window.popleft()
-            self._values.popleft()
+        while least and least[0][0] <= oldest:
+            least.popleft()
         if self._start is None:
             self._start = loss
             self._first_step = first
         found = None
         assert self._first_step is not None
         if (
-            window
+            least
             and first - self._first_step >= self.t.spike_min_steps
-            and (loss > self.t.spike_factor * min(self._values))
+            and (loss > self.t.spike_factor * least[0][1])
         ):
             # (below factor x the window's least, it is below factor x its median too)
             values = [value for _, value in window]
@@ -485,5 +490,8 @@ class LossSpike(Rule):
                     step, "loss", {"loss": loss, "baseline": median, "times": loss / median}
                 )
         window.append((step, shown))
-        self._values.append(shown)  # the window's values alone, for a min taken in C
+        if not math.isnan(shown):  # (a NaN is no bound: it never joins the least)
+            while least and least[-1][1] >= shown:
+                least.pop()
+            least.append((step, shown))
         return found

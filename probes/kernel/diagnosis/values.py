@@ -14,6 +14,7 @@ from probes.kernel.diagnosis.rule import Findings, Rule
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import EvalView, RecentPast, RunInfo, StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind
+from probes.kernel.schema.floats import Float32List
 
 
 class NonFinite(Rule):
@@ -130,7 +131,9 @@ def _all_finite(view: StepView) -> bool:
     of them non-finite (as does an overflowing sum, which the walk then clears)."""
     total = sum(view.scalars.values())
     for values in (view.grad_norms, view.param_norms, view.update_ratios, view.activations):
-        if values:
+        if type(values) is Float32List:  # read packed: floats only, none to drop
+            total += sum(values)
+        elif values:
             total += sum(filter(None, values))  # (None and 0.0 drop out: both finite)
     return math.isfinite(total) and (
         view.grad_norm_total is None or math.isfinite(view.grad_norm_total)

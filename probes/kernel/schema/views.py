@@ -43,9 +43,9 @@ class RunInfo:
     sample_every: int = 20  # ... and the costlier statistics one step in this many
     update_check: bool = False  # the probe says which layers optimizer.step() left alone
     # False for a rank other than 0 of a DDP job: its gradients and updates are rank 0's
-    # (all-reduced; the cross-rank checks say when not), so the per-layer rules run on
-    # rank 0 alone; the loss rules run on every rank.
-    layer_rules: bool = True
+    # (all-reduced; the cross-rank checks say when not), so the rules over them (the
+    # diagnosis' ``REPLICA_RULES``) run on rank 0 alone; the loss rules on every rank.
+    replica_rules: bool = True
     name: str | None = None  # the run's name (None: the hello names none)
     host: str | None = None
     pid: int | None = None
@@ -77,7 +77,7 @@ class RunInfo:
             every=max(1, int(config.get("every", 1) or 1)),
             sample_every=max(1, int(config.get("sample_every", 20) or 20)),
             update_check=bool(config.get("update_check")),
-            layer_rules=not (hello.get("sync") == "ddp" and hello.get("rank", 0) != 0),
+            replica_rules=not (hello.get("sync") == "ddp" and hello.get("rank", 0) != 0),
             name=str(hello["name"]) if "name" in hello else None,
             host=None if host is None else str(host),
             pid=_opt_int(hello.get("pid")),
