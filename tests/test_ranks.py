@@ -24,10 +24,13 @@ def view(
     grads: tuple[float, ...] = (0.5, 0.4, 0.3),
     params: tuple[float, ...] | None = None,
     first: int | None = None,
+    shown: int | None = None,
 ) -> StepView:
+    """A record of ``step`` (a span from ``first``, shown by its step ``shown``: its
+    last unless said)."""
     record: dict = {
         "kind": "step",
-        "step": step,
+        "step": step if shown is None else shown,
         "scalars": {"loss": loss},
         "grad_norms": list(grads),
         "grad_norm_total": math.hypot(*grads),
@@ -105,6 +108,23 @@ def test_small_losses_apart_by_a_factor_are_not_outliers() -> None:
     checks.observe(1, view(0, loss=2.3))
     checks.observe(0, view(500, loss=0.01))
     assert checks.observe(1, view(500, loss=0.05)) == []
+
+
+def test_spans_shown_by_their_first_non_finite_step_compare_at_that_step() -> None:
+    # A run gone non-finite shows each thinned span by its first non-finite step: rank
+    # 1's span 66..73 shows step 66 (a finite loss still climbing, its gradients inf),
+    # rank 0's 69..73 shows step 69 (an infinite loss). Compared as step 73's, rank 0
+    # read as far above the others: a false rank_outlier in a real 2-rank explosion.
+    checks = JobChecks(LAYERS, "ddp")
+    climbing = (0.0, math.inf, 7e13)
+    assert checks.observe(1, view(73, loss=3.8e25, grads=climbing, first=66, shown=66)) == []
+    gone = (math.inf, math.inf, math.inf)
+    assert checks.observe(0, view(73, loss=math.inf, grads=gone, first=69, shown=69)) == []
+    # Spans that end apart but show one step are compared (one rank's NaN is its own).
+    checks = JobChecks(LAYERS, "unknown")
+    assert checks.observe(0, view(84, loss=1.0, first=80, shown=80)) == []
+    [alert] = checks.observe(1, view(88, loss=math.nan, first=80, shown=80))
+    assert alert.kind == "rank_outlier" and (alert.step, alert.evidence["rank"]) == (80, 1)
 
 
 def test_records_of_different_steps_do_not_compare() -> None:

@@ -91,6 +91,10 @@ class JobChecks:
 
     def observe(self, rank: int, view: StepView) -> list[Alert]:
         """Take rank ``rank``'s step record; the job incidents it newly shows."""
+        # Keyed by the step whose values it shows: a thinned record's span may be shown by
+        # its first non-finite step, and another rank's record ending at the same step
+        # shows another step (compared, a climb read as one rank far above the others).
+        step = view.shown
         loss = view.loss
         if self._start_loss is None and loss is not None and math.isfinite(loss):
             self._start_loss = abs(loss)
@@ -111,22 +115,22 @@ class JobChecks:
             self._first_inputs.setdefault(rank, shown.input_rms)
         if shown.local_grad is not None:
             self._first_local.setdefault(rank, shown.local_grad)
-        peers = self._shown.get(view.step)
+        peers = self._shown.get(step)
         if peers is None:
-            peers = self._shown[view.step] = {}
-            self._order.append(view.step)
+            peers = self._shown[step] = {}
+            self._order.append(step)
             while len(self._order) > KEPT_STEPS:
                 gone = self._order.popleft()
                 self._shown.pop(gone, None)
                 self._range.pop(gone, None)
         peers[rank] = shown
-        low, high, bad = self._range.get(view.step, (math.inf, -math.inf, False))
+        low, high, bad = self._range.get(step, (math.inf, -math.inf, False))
         if loss is not None:
             if non_finite:
                 bad = True
             else:
                 low, high = min(low, loss), max(high, loss)
-            self._range[view.step] = (low, high, bad)
+            self._range[step] = (low, high, bad)
         if len(peers) < 2:
             return []
         # Each newcomer is compared with the step's first rank (one pass over the layers),
@@ -137,11 +141,11 @@ class JobChecks:
         found = [
             alert
             for alert in (
-                self._outlier(view.step, peers) if suspicious else None,
-                self._inputs(view.step, peers) if shown.input_rms is not None else None,
-                self._local_grads(view.step, peers) if shown.local_grad is not None else None,
-                self._grads(view.step, reference, shown),
-                self._params(view.step, reference, shown),
+                self._outlier(step, peers) if suspicious else None,
+                self._inputs(step, peers) if shown.input_rms is not None else None,
+                self._local_grads(step, peers) if shown.local_grad is not None else None,
+                self._grads(step, reference, shown),
+                self._params(step, reference, shown),
             )
             if alert is not None
         ]

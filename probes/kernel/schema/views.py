@@ -161,6 +161,9 @@ class StepView:
     more_layers: Mapping[str, Sequence[float | None] | None] = field(default_factory=dict)
     # A thinned record's (step, loss) of each step it stands for (None: not carried)
     step_losses: Sequence[tuple[int, float]] | None = None
+    # The step whose own values a thinned record shows (its ``step`` field): the last of
+    # its span, or the first non-finite one of a span that has one (None: ``step``).
+    shown_step: int | None = None
 
     @property
     def per_layer(self) -> Mapping[str, Sequence[float | None] | None]:
@@ -173,6 +176,12 @@ class StepView:
     def first(self) -> int:
         """The first step this record stands for."""
         return self.step if self.first_step is None else self.first_step
+
+    @property
+    def shown(self) -> int:
+        """The step whose own values (loss, gradient norms) this record shows: what
+        another rank's record of the same step is compared with."""
+        return self.step if self.shown_step is None else self.shown_step
 
     @property
     def steps(self) -> int:
@@ -424,6 +433,7 @@ _PARSERS = (
 #: The attributes of a ``StepView`` not read from one field of the spec.
 STEP_DERIVED = """
 span = get("span")
+shown_step = int(get("step", 0)) if span else None
 step = int(span[1]) if span else int(get("step", 0))
 first_step = int(span[0]) if span else None
 loss = scalars.get("loss", next(iter(scalars.values()), None))
