@@ -6,9 +6,13 @@ import math
 import time
 from collections.abc import Callable
 
-from probes.kernel.diagnosis import Thresholds
+import pytest
+
+from probes.kernel.diagnosis import Alert, Thresholds
+from probes.kernel.diagnosis.incidents import replica_cause
 from probes.kernel.diagnosis.ranks import JobChecks
 from probes.kernel.diagnosis.views import StepView
+from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 from tests.frames import hello, probe_alert, step
 from tui.events import AlertRaised, RunConnected
 from tui.monitor import Monitor, boundary_ahead
@@ -255,6 +259,45 @@ def test_a_replicated_streak_is_rank_0s_and_what_follows_it_folds_on_every_rank(
     raised = raised_in_job(frames, 260)
     assert [(e.alert.kind, e.alert.ranks) for e in raised] == [("no_updates", (0, 1))]
     assert raised[0].run.rank == 0
+
+
+def test_a_ranks_loss_apart_while_the_rate_is_far_too_high_folds_under_the_rate() -> None:
+    # Rank 0 finds the update ratios far too high from the first sampled step, for every
+    # rank. Later one rank's loss jumps far above the other's: a rate that high throws
+    # each shard's loss about (a 2-rank LSTM under torchrun at Adam 0.5 raised the rate,
+    # then a rank_outlier of its local gradients: the data rung's alert first, for a
+    # rate). The outlier, and the spike on that rank that follows from it, fold under it.
+    def frames(index: int, run: str) -> dict:
+        rank = int(run[1:])
+        loss = 400.0 if (rank, index) == (1, 40) else 2.0 + 0.3 * math.sin(index + rank)
+        frame = step(index, run=run, loss=loss)
+        if index % 10 == 0:
+            frame["update_ratios"] = [0.9, 0.8, 0.95]
+        return frame
+
+    raised = raised_in_job(frames, 60)
+    assert [(e.alert.kind, e.alert.evidence.get("side")) for e in raised] == [
+        ("update_ratio", "high")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("subject", "cause_step", "cause_severity", "folded"),
+    [
+        ("loss", 0, Severity.ERROR, True),
+        ("local_gradients", 0, Severity.ERROR, True),
+        ("inputs", 0, Severity.ERROR, False),  # data, measured before the model
+        ("loss", 40, Severity.ERROR, False),  # the cause is not first: a shard's may be
+        ("loss", 0, Severity.WARNING, False),  # milder: folding never lowers --fail-on
+    ],
+)
+def test_which_rank_outliers_a_rate_far_too_high_explains(
+    subject: str, cause_step: int, cause_severity: Severity, folded: bool
+) -> None:
+    outlier = Alert(AlertKind.RANK_OUTLIER, Severity.ERROR, 40, subject, {"rank": 1}, "", ())
+    rate = Alert(AlertKind.UPDATE_RATIO, cause_severity, cause_step, "", {"side": "high"}, "", ())
+    found = replica_cause(outlier, {AlertKind.UPDATE_RATIO: rate})
+    assert (found is rate) if folded else (found is None)
 
 
 def test_a_ranks_alert_waits_for_the_other_ranks_step() -> None:

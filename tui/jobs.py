@@ -124,10 +124,10 @@ class JobState:
     ) -> list[tuple[RunState, Alert]]:
         """A rank's step record (as its diagnosis read it): the job incidents it newly
         shows (cross-rank checks), each with the run of the rank it names (else this)."""
-        return [
-            (self._named_run(incident, runs) or run, incident)
-            for incident in self.diagnoser.observe_step(run.rank, view)
-        ]
+        found = self.diagnoser.observe_step(run.rank, view)
+        if found:  # (rare: rank 0's causes are looked up only then)
+            self.diagnoser.fold_explained(found, self._replica_causes(runs))
+        return [(self._named_run(incident, runs) or run, incident) for incident in found]
 
     def hold(self, run: RunState, alerts: list[Alert]) -> None:
         """A rank's own alerts wait until every connected rank has reported their step."""

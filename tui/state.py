@@ -158,14 +158,22 @@ class MonitorState:
         view = run.diagnoser.last_view
         if job is None or view is None:
             return []
-        found = job.observe_step(run, view, self.runs)
-        return [self._share_incident(job, named, alert) for named, alert in found]
+        return self._share_incidents(job, job.observe_step(run, view, self.runs))
 
-    def _share_incident(self, job: JobState, named: RunState, alert: Alert) -> MonitorEvent:
-        entry = job.entries[-1]  # the incident just found
-        for member in job.rank_runs(self.runs):
-            member.book.share(entry)
-        return AlertRaised(named, alert)
+    def _share_incidents(
+        self, job: JobState, found: list[tuple[RunState, Alert]]
+    ) -> list[MonitorEvent]:
+        """A job's incidents (each with the run it names), entered in every rank's book;
+        each raised unless a cause of rank 0's explains it (then kept folded under that,
+        as the ranks' own consequences are)."""
+        events: list[MonitorEvent] = []
+        for named, alert in found:
+            entry = job.diagnoser.entry_of(alert)
+            for member in job.rank_runs(self.runs):
+                member.book.share(entry)
+            if not entry.folded_under:
+                events.append(AlertRaised(named, alert))
+        return events
 
     def _ended_by_a_step(self, run: RunState, step: int) -> list[AlertChange]:
         """The probe said no step had begun; one has: those alerts clear."""
@@ -244,10 +252,7 @@ class MonitorState:
         now = time.monotonic() if now is None else now
         events: list[MonitorEvent] = []
         for job in self.jobs.values():
-            events += [
-                self._share_incident(job, run, alert)
-                for run, alert in job.quiet_ranks(self.runs, now)
-            ]
+            events += self._share_incidents(job, job.quiet_ranks(self.runs, now))
             events += self._release(job)
         if events:
             self.version += 1
@@ -267,10 +272,7 @@ class MonitorState:
         job = self.jobs.get(run.job) if run.job else None
         if job is not None:
             clean = run.ended and run.end_reason == "closed"
-            events += [
-                self._share_incident(job, run, alert)
-                for run, alert in job.rank_gone(run, clean, self.runs)
-            ]
+            events += self._share_incidents(job, job.rank_gone(run, clean, self.runs))
         return [*events, RunDisconnected(run, run.disconnect_reason)]
 
     def _forget_old_runs(self) -> None:

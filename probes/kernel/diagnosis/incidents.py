@@ -217,6 +217,31 @@ JOB_CONSEQUENCES: dict[str, frozenset[str]] = {
 }
 
 
+# A job's incident found after a cause rank 0 found for every replica, that the cause
+# explains: a rate far too high (or the explosion, the non-finite values it leads to)
+# throws each rank's loss and its own gradients about on its own shard, and one rank's
+# stands apart from the others' by chance. A rank's inputs stand apart by no fault of
+# the training (they are measured before the model): that incident is never folded.
+REPLICA_EXPLAINS: dict[str, tuple[Fold, ...]] = {
+    K.RANK_OUTLIER: (
+        Fold(K.EXPLODING_GRADIENT, follows=True),
+        Fold(K.NON_FINITE, follows=True),
+        Fold(K.UPDATE_RATIO, cause_side="high", follows=True),
+    ),
+}
+
+
+def replica_cause(incident: Alert, causes: Mapping[str, Alert]) -> Alert | None:
+    """The cause among rank 0's (``causes``, by kind) that explains a job's ``incident``
+    (``REPLICA_EXPLAINS``), no milder than it (folding never lowers ``--fail-on``)."""
+    if incident.subject == "inputs":
+        return None
+    cause = cause_for(incident, causes, REPLICA_EXPLAINS)
+    if cause is None or cause.severity.order < incident.severity.order:
+        return None
+    return cause
+
+
 def waits_for_cause(alert: Alert) -> bool:
     """Does ``alert`` wait ``consequence_grace_steps`` for a cause? Not update ratios far
     too high: seen on the first sampled step, there is nothing before them to wait for,
@@ -234,9 +259,14 @@ def depth(kind: str) -> int:
     return 1 + max((depth(f.cause) for f in folds), default=-1)
 
 
-def cause_for(alert: Alert, causes: Mapping[str, Alert]) -> Alert | None:
-    """The cause (among ``causes``, by kind) that ``alert`` is a consequence of."""
-    for fold in CONSEQUENCES.get(alert.kind, ()):
+def cause_for(
+    alert: Alert,
+    causes: Mapping[str, Alert],
+    table: Mapping[str, tuple[Fold, ...]] = CONSEQUENCES,
+) -> Alert | None:
+    """The cause (among ``causes``, by kind) that ``alert`` is a consequence of, by
+    ``table``'s folds."""
+    for fold in table.get(alert.kind, ()):
         cause = causes.get(fold.cause)
         if cause is None:
             continue

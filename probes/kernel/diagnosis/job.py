@@ -26,7 +26,12 @@ from typing import NamedTuple
 from probes.kernel.diagnosis.alert import Alert
 from probes.kernel.diagnosis.book import AlertEntry
 from probes.kernel.diagnosis.diagnoser import REPLICA_KINDS
-from probes.kernel.diagnosis.incidents import JOB_CONSEQUENCES, cause_for, folded_name
+from probes.kernel.diagnosis.incidents import (
+    JOB_CONSEQUENCES,
+    cause_for,
+    folded_name,
+    replica_cause,
+)
 from probes.kernel.diagnosis.ranks import JobChecks
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import StepView
@@ -83,6 +88,23 @@ class JobDiagnoser:
         if self.checks is None:
             return []
         return [self._incident(found) for found in self.checks.observe(rank, view)]
+
+    def fold_explained(self, incidents: list[Alert], replica_causes: Mapping[str, Alert]) -> None:
+        """Of ``incidents`` just found, those a cause of rank 0's for every replica
+        explains (a rank's loss apart while the rate is far too high:
+        ``incidents.REPLICA_EXPLAINS``; ``replica_causes`` as for ``release``) are kept
+        folded under it: their entries' ``folded_under`` says so; they are not raised."""
+        if not self._replicated():
+            return
+        for incident in incidents:
+            cause = replica_cause(incident, replica_causes)
+            if cause is not None:
+                self.entry_of(incident).folded_under = cause.kind
+
+    def entry_of(self, incident: Alert) -> AlertEntry:
+        """The entry of an incident this job raised (``observe_step``, ``rank_gone``,
+        ``quiet_ranks``), shared by its ranks' books."""
+        return next(e for e in reversed(self.entries) if e.alert is incident)
 
     def rank_gone(
         self, rank: int, *, last_step: int, clean: bool, reason: str, others: Mapping[int, int]
