@@ -63,7 +63,7 @@ def ranks_of(monitor: LiveMonitor) -> list:
 
 
 def test_pause_stops_every_rank_at_one_step_and_resume_goes_on(monitor: LiveMonitor) -> None:
-    job = start_job(monitor, name="ddp-pause", steps=400, delay=0.01, timeout_s=30.0)
+    job = start_job(monitor, name="ddp-pause", steps=200, delay=0.01, timeout_s=30.0)
     state = monitor.monitor.state
     assert monitor.wait_for(
         lambda: (
@@ -84,7 +84,7 @@ def test_pause_stops_every_rank_at_one_step_and_resume_goes_on(monitor: LiveMoni
     assert monitor.call(lambda: monitor.monitor.send_command(rank0.run_id, "resume")) is None
     status, output = finish(job)  # a collective left waiting would time out in 30 s
     assert status == 0, output
-    assert monitor.wait_for(lambda: rank0.last_step == rank1.last_step == 399)
+    assert monitor.wait_for(lambda: rank0.last_step == rank1.last_step == 199)
     assert monitor.raised() == []  # a healthy job
 
 
