@@ -209,9 +209,9 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.mark.slow
-def test_a_torchrun_ddp_script_is_one_job_of_two_ranks(tmp_path: Any) -> None:
-    torchrun = [
+def torchrun() -> list[str]:
+    """torchrun, 2 ranks on this machine (a free loopback port)."""
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -222,7 +222,11 @@ def test_a_torchrun_ddp_script_is_one_job_of_two_ranks(tmp_path: Any) -> None:
         "--master-port",
         str(_free_port()),
     ]
-    done, frames = traintop_run(tmp_path, "ddp", launcher=torchrun)
+
+
+@pytest.mark.slow
+def test_a_torchrun_ddp_script_is_one_job_of_two_ranks(tmp_path: Any) -> None:
+    done, frames = traintop_run(tmp_path, "ddp", launcher=torchrun())
     assert done.returncode == 0, done.stderr
     hellos = [f for f in frames if f["kind"] == "hello"]
     assert sorted(h["rank"] for h in hellos) == [0, 1]
@@ -232,6 +236,24 @@ def test_a_torchrun_ddp_script_is_one_job_of_two_ranks(tmp_path: Any) -> None:
         mine = [f for f in frames if f.get("run") == hello["run"]]
         assert steps(mine) == list(range(8))
         assert kinds(mine) == set()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("lr", "expected"),
+    [(3e-3, []), (0.5, [("update_ratio", "ranks=all")])],
+    ids=["healthy", "rate-far-too-high"],
+)
+def test_a_ddp_lstm_raises_one_alert_for_the_job_or_none(
+    tmp_path: Any, lr: float, expected: list[tuple[str, str]]
+) -> None:
+    # A rate far too high, found on rank 0 for both ranks, and nothing else: the other
+    # rank's diverging loss, its local gradients and its non-finite values are the
+    # rate's (each was raised on its own before: three or four alerts for one cause).
+    done, _ = traintop_run(tmp_path, "ddp_lstm", "--lr", str(lr), launcher=torchrun())
+    assert done.returncode == 0, done.stderr
+    alerts = [line.split() for line in done.stdout.splitlines() if line.startswith("ALERT ")]
+    assert [(words[2], words[-2]) for words in alerts] == expected, done.stdout
 
 
 def test_ctrl_c_reaches_the_script_as_without_traintop(tmp_path: Any) -> None:
