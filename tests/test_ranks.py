@@ -10,6 +10,7 @@ import pytest
 
 from probes.kernel.diagnosis import Alert, Thresholds
 from probes.kernel.diagnosis.incidents import replica_cause
+from probes.kernel.diagnosis.job import HOLD_S
 from probes.kernel.diagnosis.ranks import JobChecks
 from probes.kernel.diagnosis.views import StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
@@ -339,6 +340,48 @@ def test_a_rank_gone_without_a_goodbye_stalls_the_job() -> None:
     clean, _ = job_state()
     clean.apply(1, {"v": 1, "kind": "bye", "run": "r1", "reason": "closed"})
     assert not [e for e in clean.connection_closed(1, "closed") if isinstance(e, AlertRaised)]
+
+
+def ended_with(state: MonitorState, rank: int, reason: str) -> list[AlertRaised]:
+    """Rank ``rank`` says bye with ``reason`` and its connection closes: what is raised."""
+    events = state.apply(rank, {"v": 1, "kind": "bye", "run": f"r{rank}", "reason": reason})
+    events += state.connection_closed(rank, "connection closed by the run")
+    return [e for e in events if isinstance(e, AlertRaised)]
+
+
+def test_a_job_whose_every_rank_raised_one_error_has_no_stall() -> None:
+    # A shape bug on every rank (Lightning DDP on 2 processes): each rank ended with the
+    # same error. No one rank stalled the job (a rank_stalled naming rank 0 was raised).
+    state, _ = job_state()
+    for index in range(10):
+        for rank in (0, 1):
+            state.apply(rank, step(index, run=f"r{rank}"))
+    error = "error: RuntimeError: mat1 and mat2 shapes cannot be multiplied (16x9 and 8x16)"
+    assert ended_with(state, 0, error) == []
+    assert ended_with(state, 1, error) == []
+    assert [e for e in state.tick(time.monotonic() + 10) if isinstance(e, AlertRaised)] == []
+
+
+@pytest.mark.parametrize("then", ["time passes", "the other rank is killed", "the replay ends"])
+def test_a_rank_gone_with_an_error_of_its_own_stalls_the_job(then: str) -> None:
+    state, _ = job_state()
+    for index in range(10):
+        for rank in (0, 1):
+            state.apply(rank, step(index, run=f"r{rank}"))
+    assert ended_with(state, 1, "error: ValueError: a corrupt record in shard 1") == []
+    if then == "time passes":
+        events = state.tick(time.monotonic() + HOLD_S + 0.5)
+    elif then == "the other rank is killed":
+        events = state.connection_closed(0, "connection lost")
+    else:
+        events = state.mark_offline("the end of the run log")
+    [raised] = [e for e in events if isinstance(e, AlertRaised)]
+    assert (raised.alert.kind, raised.alert.evidence["rank"], raised.run.rank) == (
+        "rank_stalled",
+        1,
+        1,
+    )
+    assert "ValueError" in raised.alert.evidence["reason"]
 
 
 def test_a_quiet_rank_behind_the_others_stalls_the_job() -> None:

@@ -155,8 +155,19 @@ class JobState:
             clean=clean,
             reason=run.end_reason or run.disconnect_reason or "connection lost",
             others=others,
+            now=time.monotonic(),
         )
-        return [] if incident is None else [(run, incident)]
+        return [] if incident is None else [(self._named_run(incident, runs) or run, incident)]
+
+    def stall_due(
+        self, runs: dict[str, RunState], now: float, *, force: bool = False
+    ) -> list[tuple[RunState, Alert]]:
+        """A rank gone with an error that no other rank shared in time stalled the job."""
+        incident = self.diagnoser.stall_due(now, force=force)
+        if incident is None:
+            return []
+        named = self._named_run(incident, runs)
+        return [] if named is None else [(named, incident)]
 
     def quiet_ranks(self, runs: dict[str, RunState], now: float) -> list[tuple[RunState, Alert]]:
         """A rank quiet for ``rank_stall_s`` while another went on past it has stalled."""

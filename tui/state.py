@@ -253,6 +253,7 @@ class MonitorState:
         events: list[MonitorEvent] = []
         for job in self.jobs.values():
             events += self._share_incidents(job, job.quiet_ranks(self.runs, now))
+            events += self._share_incidents(job, job.stall_due(self.runs, now))
             events += self._release(job)
         if events:
             self.version += 1
@@ -293,6 +294,8 @@ class MonitorState:
         """Mark every connected run as gone (the end of a replay)."""
         self.version += 1
         events: list[MonitorEvent] = []
+        for job in self.jobs.values():  # a rank gone with an error, the others not
+            events += self._share_incidents(job, job.stall_due(self.runs, 0.0, force=True))
         for run in self.runs.values():
             if run.connected:
                 run.connected = False

@@ -49,6 +49,20 @@ class RankProgress(NamedTuple):
     last_frame_at: float  # time.monotonic()
 
 
+#: How a run's end reads when its training raised (the bye's reason).
+ERROR_PREFIX = "error:"
+
+
+class GoneRank(NamedTuple):
+    """A rank whose connection ended without a clean end, as it was then."""
+
+    rank: int
+    last_step: int
+    reason: str
+    others: Mapping[int, int]  # the ranks still there: rank -> last step
+    at: float  # time.monotonic()
+
+
 class Released(NamedTuple):
     """The held alerts let go: those to raise (rank, alert naming the ranks that raised
     it), and those folded under a job incident (rank, alert, the incident's kind)."""
@@ -74,6 +88,8 @@ class JobDiagnoser:
     entries: list[AlertEntry] = field(default_factory=list)
     _surfaced: list[tuple[Alert, int]] = field(default_factory=list)  # (alert, rank)
     _held: list[tuple[int, Alert, float]] = field(default_factory=list)  # (rank, alert, t)
+    _gone_with_error: GoneRank | None = None  # held: did the others fail the same way?
+    _failed_together: bool = False  # two ranks ended with one error: the job's code
 
     def start(self, layers: tuple[str, ...], sync: str) -> None:
         """The first rank said hello: the layers and how gradients are shared."""
@@ -107,13 +123,50 @@ class JobDiagnoser:
         return next(e for e in reversed(self.entries) if e.alert is incident)
 
     def rank_gone(
-        self, rank: int, *, last_step: int, clean: bool, reason: str, others: Mapping[int, int]
+        self,
+        rank: int,
+        *,
+        last_step: int,
+        clean: bool,
+        reason: str,
+        others: Mapping[int, int],
+        now: float = 0.0,
     ) -> Alert | None:
-        """Rank ``rank``'s connection ended (``reason``): without a clean end while
-        ``others`` (rank -> last step) are still there, it stalled the job (once)."""
-        if clean or self.checks is None:
+        """Rank ``rank``'s connection ended (``reason``) at ``now``: without a clean end
+        while ``others`` (rank -> last step) are still there, it stalled the job (once).
+
+        A rank that ended with an error is held ``HOLD_S`` first (``stall_due``): when
+        another rank ends with the same error, the job's code failed on every rank (a
+        shape bug, a bad config), no one rank stalled it, and no stall is raised for it.
+        Another rank gone otherwise meanwhile raises the held one's at once."""
+        if clean or self.checks is None or self._failed_together:
             return None
-        found = self.checks.stalled(rank, last_step=last_step, reason=reason, others=others)
+        held, self._gone_with_error = self._gone_with_error, None
+        if held is not None:
+            if reason == held.reason:
+                self._failed_together = True
+                return None
+            return self._stall(held)
+        gone = GoneRank(rank, last_step, reason, dict(others), now)
+        if reason.startswith(ERROR_PREFIX) and others:
+            self._gone_with_error = gone
+            return None
+        return self._stall(gone)
+
+    def stall_due(self, now: float, *, force: bool = False) -> Alert | None:
+        """The held rank gone with an error (``rank_gone``), once ``HOLD_S`` has passed
+        with no other rank ending the same way (or at once with ``force``)."""
+        held = self._gone_with_error
+        if held is None or not (force or now - held.at > HOLD_S):
+            return None
+        self._gone_with_error = None
+        return self._stall(held)
+
+    def _stall(self, gone: GoneRank) -> Alert | None:
+        assert self.checks is not None
+        found = self.checks.stalled(
+            gone.rank, last_step=gone.last_step, reason=gone.reason, others=gone.others
+        )
         return None if found is None else self._incident(found)
 
     def quiet_ranks(self, live: list[RankProgress], now: float) -> tuple[int, Alert] | None:
