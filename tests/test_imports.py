@@ -4,9 +4,11 @@ UI, the monitor never loads torch. Checked in a fresh interpreter, as harlequin 
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -22,24 +24,83 @@ def loaded_after(statement: str) -> set[str]:
 UI = {"textual", "rich", "textual_plotext", "plotext"}
 FRAMEWORKS = {"transformers", "accelerate", "pytorch_lightning", "lightning"}
 
-# Each statement that loads torch costs a fresh interpreter about 2.5 s: the training
-# side's modules are grouped, and each group is checked against both the UI and the
-# training frameworks.
-TRAINING_SIDE = [
-    "import probes",
-    "import probes; probes.watch, probes.clip_grad_norm_",
-    "import probes.kernel.wire, probes.kernel.replay",
+# A fresh interpreter that loads torch costs about 2.5 s: the statements that load it
+# anyway are each run in a fork of one interpreter that has loaded torch and nothing
+# else (``torch_side_loaded``), so torch is loaded once; a fork starts with only what
+# its parent had, and torch loads neither the UI nor a framework (checked below).
+# "import probes" must load no torch, and reaching ``probes.watch`` must load it: those
+# are checked in interpreters of their own.
+TORCH_SIDE = [
     "import probes.checks.data_checks, probes.checks.batch_checks, probes.checks.reports",
     "import probes.runtime.probe, probes.runtime.clip, probes.runtime.control, "
     "probes.runtime.anomaly, probes.runtime.evaluation, probes.runtime.lifecycle",
     "import probes.runtime.step, probes.runtime.measurer, probes.runtime.sampled",
     "import demo.trainer, demo.scenarios",
 ]
+TRAINING_SIDE = [
+    "import probes",
+    "import probes; probes.watch, probes.clip_grad_norm_",
+    "import probes.kernel.wire, probes.kernel.replay",
+    *TORCH_SIDE,
+]
+
+FORKED = """
+import json, os, sys, traceback
+import torch
+out = {"torch alone": sorted(sys.modules)}
+for statement in json.loads(sys.argv[1]):
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(reader)
+        try:
+            exec(statement, {})
+            result = sorted(sys.modules)
+        except BaseException:
+            result = {"error": traceback.format_exc()}
+        os.write(writer, json.dumps(result).encode())
+        os._exit(0)
+    os.close(writer)
+    data = b""
+    while chunk := os.read(reader, 1 << 16):
+        data += chunk
+    os.waitpid(pid, 0)
+    out[statement] = json.loads(data)
+print(json.dumps(out))
+"""
 
 
+@functools.cache
+def torch_side_loaded() -> dict[str, Any]:
+    """Each of ``TORCH_SIDE`` (and torch alone): the top-level modules loaded after it,
+    in a fork of one interpreter that has loaded torch; an error's traceback instead."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED, json.dumps(TORCH_SIDE)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    out: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return {
+        key: value if isinstance(value, dict) else {name.split(".")[0] for name in value}
+        for key, value in out.items()
+    }
+
+
+def test_torch_itself_loads_no_ui_and_no_framework() -> None:
+    loaded = torch_side_loaded()["torch alone"]
+    assert "torch" in loaded and not loaded & (UI | FRAMEWORKS | {"probes", "tui", "demo"})
+
+
+@pytest.mark.xdist_group("torch-side imports")  # (one worker: torch loads once)
 @pytest.mark.parametrize("statement", TRAINING_SIDE)
 def test_training_side_loads_no_ui_and_no_framework(statement: str) -> None:
-    loaded = loaded_after(statement)
+    if statement in TORCH_SIDE:
+        loaded = torch_side_loaded()[statement]
+        assert "error" not in loaded, loaded.get("error")
+    else:
+        loaded = loaded_after(statement)
     assert not loaded & UI
     assert not loaded & FRAMEWORKS
     if "probes.watch" in statement:
