@@ -16,6 +16,7 @@ from probes.kernel.diagnosis.views import StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 from tests.frames import hello, probe_alert, step
 from tui.events import AlertRaised, RunConnected
+from tui.format import alerts_label
 from tui.monitor import Monitor, boundary_ahead
 from tui.server import Connection
 from tui.state import MonitorState
@@ -280,6 +281,9 @@ def test_a_ranks_loss_apart_while_the_rate_is_far_too_high_folds_under_the_rate(
     assert [(e.alert.kind, e.alert.evidence.get("side")) for e in raised] == [
         ("update_ratio", "high")
     ]
+    # Each rank's status line counts what it lists: the folded outlier is in neither
+    # count (it read "alerts 2/1" in a real run: two active of one raised).
+    assert alerts_label(raised[0].run, short=True) == "alerts 1/1"
 
 
 @pytest.mark.parametrize(

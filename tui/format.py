@@ -290,10 +290,11 @@ def control_label(run: RunState) -> str:
 def alerts_label(run: RunState, *, short: bool = False) -> str:
     """``alerts 0`` when none was raised, else ``alerts 2 active / 3 raised`` (short:
     ``alerts 2/3``): the panel lists every raised one, cleared ones dimmed."""
-    raised = len(run.raised_alerts)
+    entries = run.raised_alerts  # (not those folded under a job's incident or cause)
+    raised = len(entries)
     if not raised:
         return "alerts 0"
-    active = sum(1 for entry in run.alerts if entry.active)
+    active = sum(1 for entry in entries if entry.active)
     return f"alerts {active}/{raised}" if short else f"alerts {active} active / {raised} raised"
 
 
