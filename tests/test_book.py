@@ -98,6 +98,18 @@ def test_fail_on(
 # --- the job's diagnoser ---------------------------------------------------------------
 
 
+def test_a_ranks_alert_folded_under_a_milder_cause_still_trips_fail_on() -> None:
+    # Rank 1's loss diverged (an error) after rank 0 found the update ratios high (a
+    # warning, for every replica): folded under that cause, as on rank 0, it must still
+    # fail a --fail-on error run, as a fold within one run does.
+    book = AlertBook()
+    diverged = alert("loss_diverged", "error", step=30)
+    book.fold_under(diverged, "update_ratio")
+    assert book.folded_tripping("error") is diverged
+    assert book.highest_severity() is Severity.ERROR
+    assert AlertBook().folded_tripping("error") is None
+
+
 def job(sync: str = "ddp") -> JobDiagnoser:
     diagnoser = JobDiagnoser(2)
     diagnoser.start(("a", "b"), sync)

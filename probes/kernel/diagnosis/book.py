@@ -48,6 +48,9 @@ class AlertBook:
         self.entries: list[AlertEntry] = []
         self.awaiting_a_step = False  # a probe alert says no step has begun (yet)
         self._synced = 0  # the diagnoser's revision the entries reflect
+        # This rank's alerts folded under its job's incident or rank 0's cause: judged
+        # for --fail-on as if raised (folding never lowers the verdict)
+        self._folded_by_job: list[Alert] = []
 
     def start(self, info: RunInfo) -> None:
         """The run's hello, before any step: diagnose from its start, with what it says."""
@@ -112,10 +115,13 @@ class AlertBook:
         self.entries.append(entry)
 
     def fold_under(self, alert: Alert, incident_kind: str) -> None:
-        """This rank's ``alert`` is a consequence of a job incident: shown under it."""
+        """This rank's ``alert`` is a consequence of a job incident (or of a cause rank 0
+        found for every replica): shown under it."""
         for entry in self.entries:
             if entry.alert.key == alert.key and entry.alert.step == alert.step:
                 entry.folded_under = incident_kind
+        if len(self._folded_by_job) < MAX_ALERTS:
+            self._folded_by_job.append(alert)
 
     def _keep(self, changes: list[AlertChange], step: int) -> list[AlertChange]:
         for change in changes:
@@ -184,6 +190,7 @@ class AlertBook:
         folded under them (a warning folded under an info cause is still a warning)."""
         severities = [e.alert.severity for e in self.raised if not e.withdrawn]
         severities += [a.severity for a in self.diagnoser.worst_folded.values()]
+        severities += [a.severity for a in self._folded_by_job]
         return max(severities, key=lambda s: s.order, default=None)
 
     def folded_tripping(self, threshold: str | None) -> Alert | None:
@@ -196,7 +203,7 @@ class AlertBook:
             root = roots.get(root_key)
             if root is not None and trips_fail_on(folded, threshold):
                 return folded
-        return None
+        return next((a for a in self._folded_by_job if trips_fail_on(a, threshold)), None)
 
     def unmeasured(self) -> list[Alert]:
         """The probe's alerts, still active, saying no step was measured (judged for
