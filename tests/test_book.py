@@ -151,11 +151,13 @@ def test_a_consequence_of_a_job_incident_folds_under_it() -> None:
     assert diagnoser.rank_gone(1, last_step=7, clean=False, reason="gone", others={0: 9}) is None
     diagnoser.incidents[0] = diagnoser.entries[0].alert = alert("rank_outlier", "error", 4)
     diagnoser.hold(0, [alert("loss_spike", step=6)], now=0.0)
+    diagnoser.hold(1, [alert("loss_spike", step=7)], now=0.0)  # the same, on rank 1
     released = diagnoser.release(None, 0.0, {0, 1})
     assert released.raised == [] and [(r, a.kind, k) for r, a, k in released.folded] == [
-        (0, "loss_spike", "rank_outlier")
+        (0, "loss_spike", "rank_outlier"),
+        (1, "loss_spike", "rank_outlier"),
     ]
-    assert diagnoser.entries[0].alert.folded == ("loss_spike@6",)
+    assert diagnoser.entries[0].alert.folded == ("loss_spike@6",)  # listed once
 
 
 def test_a_clean_end_is_no_stall_and_a_quiet_rank_is() -> None:

@@ -267,8 +267,10 @@ class JobDiagnoser:
             if alert.kind in JOB_CONSEQUENCES.get(incident.kind, ()) and (
                 alert.step >= incident.step - JOIN_STEPS
             ):
-                name = folded_name(alert)
-                if name not in incident.folded:
+                # listed once a kind, as a run lists its own (the same consequence on
+                # several ranks, a step or two apart, read as two)
+                if not any(f.split("@")[0] == alert.kind for f in incident.folded):
+                    name = folded_name(alert)
                     self.incidents[index] = self.entries[index].alert = incident.with_folded(name)
                 return True
         return False
