@@ -36,6 +36,7 @@ from probes.kernel.diagnosis.ranks import JobChecks
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind
+from probes.kernel.endings import ERROR_PREFIX
 
 JOIN_STEPS = 5  # the same alert on two ranks this close is one alert
 HOLD_S = 2.0  # a rank's alert waits at most this long for the others to report its step
@@ -47,10 +48,6 @@ class RankProgress(NamedTuple):
     rank: int
     last_step: int
     last_frame_at: float  # time.monotonic()
-
-
-#: How a run's end reads when its training raised (the bye's reason).
-ERROR_PREFIX = "error:"
 
 
 class GoneRank(NamedTuple):
