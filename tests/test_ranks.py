@@ -219,6 +219,12 @@ def test_the_same_alert_on_every_rank_is_one_alert_naming_all() -> None:
             ]
     assert [e.alert.kind for e in raised] == ["exploding_gradient"]
     assert raised[0].alert.ranks == (0, 1) and "ranks=all" in raised[0].alert.line()
+    # Found on rank 0 for both: rank 1's panel shows it too (it read "alerts 0" there,
+    # in tmux, while the job's root cause was an error), one entry for both ranks.
+    zero, one = (state.runs[f"r{rank}"] for rank in (0, 1))
+    assert [e.alert.kind for e in one.raised_alerts] == ["exploding_gradient"]
+    assert one.raised_alerts[0] is zero.raised_alerts[0]
+    assert alerts_label(one, short=True) == "alerts 1/1"
 
 
 def raised_in_job(frames_of: Callable[[int, str], dict], steps: int) -> list[AlertRaised]:

@@ -149,7 +149,20 @@ class MonitorState:
         raised, folded = job.release(self.runs, time.monotonic(), force=force)
         for run, alert, incident_kind in folded:  # shown under the job's incident
             run.book.fold_under(alert, incident_kind)
+        for run, alert in raised:
+            if job.diagnoser.speaks_for_every_rank(alert):
+                self._share_finding(job, run, alert)
         return [AlertRaised(run, alert) for run, alert in raised]
+
+    def _share_finding(self, job: JobState, run: RunState, alert: Alert) -> None:
+        """Rank 0's finding for every rank (DDP: its replica rules') is shown in every
+        rank's alerts: its entry, one for all (it clears for all as it clears on rank 0)."""
+        entry = run.book.entry_for(alert)
+        if entry is None:
+            return
+        for member in job.rank_runs(self.runs):
+            if member is not run:
+                member.book.share(entry)
 
     def _job_incidents(self, run: RunState) -> list[MonitorEvent]:
         """The cross-rank checks over a rank's step record (as its diagnosis just read

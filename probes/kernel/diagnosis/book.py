@@ -110,6 +110,17 @@ class AlertBook:
         self._sync_incidents()
         return joined
 
+    def entry_for(self, alert: Alert) -> AlertEntry | None:
+        """The latest entry this book raised for ``alert`` (its key, at its step)."""
+        return next(
+            (
+                e
+                for e in reversed(self.entries)
+                if e.alert.key == alert.key and e.alert.step == alert.step and not e.from_probe
+            ),
+            None,
+        )
+
     def share(self, entry: AlertEntry) -> None:
         """A job's incident, shown among this rank's alerts (one entry, every rank's)."""
         self.entries.append(entry)

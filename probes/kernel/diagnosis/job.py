@@ -242,7 +242,7 @@ class JobDiagnoser:
                 for r, a, _ in ready
                 if a.key == alert.key and abs(a.step - alert.step) <= JOIN_STEPS
             }
-            if self._shared(alert):  # rank 0 speaks for the all-reduced gradients
+            if self.speaks_for_every_rank(alert):  # rank 0's, of the all-reduced gradients
                 same = set(ranks)
             labelled = replace(
                 alert, ranks=tuple(sorted(same | {rank})), world_size=self.world_size
@@ -297,7 +297,7 @@ class JobDiagnoser:
                 return first_rank != rank or surfaced.step != alert.step
         return False
 
-    def _shared(self, alert: Alert) -> bool:
+    def speaks_for_every_rank(self, alert: Alert) -> bool:
         """Under DDP the replica rules run on rank 0 alone (every rank holds the same
         gradients and weights): what they find holds for all ranks."""
         return self._replicated() and alert.kind in REPLICA_KINDS
