@@ -4,10 +4,11 @@ from one warm interpreter.
 A run is what a user gets from ``traintop --headless --exit-when-done`` in one shell and
 ``python -m demo SCENARIO`` in another: the real headless monitor, a subprocess, and the
 demo's own ``main``. Only the trainer's start is shared: torch takes about 2.5 s of CPU
-to import, and the gallery runs nearly thirty scenarios, so one interpreter imports
-torch, the probes and the demo once and forks a fresh trainer per run (before any torch
-work, so no thread pool is copied). Each trainer is its own process with its own
-probe, environment and output file; its exit status is written beside that file.
+to import, and torch._dynamo (which the first optimizer's ``__init__`` loads) another
+1.8 s, and the gallery runs nearly thirty scenarios. So one interpreter imports them,
+the probes and the demo once and forks a fresh trainer per run (before any torch work,
+so no thread pool is copied). Each trainer is its own process with its own probe,
+environment and output file; its exit status is written beside that file.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 ZYGOTE = r"""
 import json, os, signal, sys, traceback
 import torch, probes.runtime.probe, demo.__main__, demo.scenarios, demo.trainer
+import torch._dynamo  # (loaded on the first optimizer's __init__: 1.8 s, once here)
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # trainers are reaped as they end
 print("ready", flush=True)
 for line in sys.stdin:
