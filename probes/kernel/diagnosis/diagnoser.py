@@ -256,6 +256,8 @@ class Diagnoser:
     def _settle(self, first: int, step: int) -> list[AlertChange]:
         """Fold what is a consequence, raise what is new (or waited long enough), clear
         what has been absent ``clear_after`` steps."""
+        if not (self.active or self.folded or self._pending) and not any(self._findings.values()):
+            return []  # nearly every record of a healthy run: nothing to settle
         current = {a.key: a for findings in self._findings.values() for a in findings}
         raised: list[AlertChange] = []
         ended: list[AlertChange] = []
