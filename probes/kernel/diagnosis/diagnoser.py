@@ -26,6 +26,7 @@ from probes.kernel.diagnosis.incidents import (
     cause_for,
     depth,
     folded_name,
+    lists_kind,
     waits_for_cause,
 )
 from probes.kernel.diagnosis.overhead import ProbeOverhead
@@ -378,7 +379,7 @@ class Diagnoser:
         name = folded_name(alert)
         for table in (self.incidents, self.active, self.probe_alerts):
             root = table.get(root_key)
-            if root is not None and not any(f.split("@")[0] == alert.kind for f in root.folded):
+            if root is not None and not lists_kind(root, alert.kind):
                 table[root_key] = root.with_folded(name)
         self.revision += 1
 

@@ -298,3 +298,10 @@ def first_step(alert: Alert) -> int:
 def folded_name(alert: Alert) -> str:
     """How a consequence is listed under its cause: ``kind@step``."""
     return f"{alert.kind}@{alert.step}"
+
+
+def lists_kind(cause: Alert, kind: str) -> bool:
+    """Does ``cause`` list a consequence of ``kind`` already (``folded_name``)? Each
+    kind is listed once, at its first step: the same consequence again (another rank's,
+    or after it cleared) is not a new one."""
+    return any(name.split("@")[0] == kind for name in cause.folded)

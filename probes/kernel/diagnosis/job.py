@@ -30,6 +30,7 @@ from probes.kernel.diagnosis.incidents import (
     JOB_CONSEQUENCES,
     cause_for,
     folded_name,
+    lists_kind,
     replica_cause,
 )
 from probes.kernel.diagnosis.ranks import JobChecks
@@ -266,7 +267,7 @@ class JobDiagnoser:
             ):
                 # listed once a kind, as a run lists its own (the same consequence on
                 # several ranks, a step or two apart, read as two)
-                if not any(f.split("@")[0] == alert.kind for f in incident.folded):
+                if not lists_kind(incident, alert.kind):
                     name = folded_name(alert)
                     self.incidents[index] = self.entries[index].alert = incident.with_folded(name)
                 return True
