@@ -144,11 +144,20 @@ def test_under_ddp_rank_0_speaks_for_every_rank_on_layer_kinds() -> None:
     assert raised.ranks == (0, 1)
 
 
+def rank_0_at_9() -> dict[int, int]:
+    """The ranks still there when a rank ends: rank 0, at step 9."""
+    return {0: 9}
+
+
+def not_asked() -> dict[int, int]:
+    raise AssertionError("the ranks still there were made for an end that cannot stall")
+
+
 def test_a_consequence_of_a_job_incident_folds_under_it() -> None:
     diagnoser = job()
-    stalled = diagnoser.rank_gone(1, last_step=7, clean=False, reason="gone", others={0: 9})
+    stalled = diagnoser.rank_gone(1, last_step=7, clean=False, reason="gone", others=rank_0_at_9)
     assert stalled is not None and stalled.kind is AlertKind.RANK_STALLED
-    assert diagnoser.rank_gone(1, last_step=7, clean=False, reason="gone", others={0: 9}) is None
+    assert diagnoser.rank_gone(1, last_step=7, clean=False, reason="gone", others=not_asked) is None
     diagnoser.incidents[0] = diagnoser.entries[0].alert = alert("rank_outlier", "error", 4)
     diagnoser.hold(0, [alert("loss_spike", step=6)], now=0.0)
     diagnoser.hold(1, [alert("loss_spike", step=7)], now=0.0)  # the same, on rank 1
@@ -162,7 +171,8 @@ def test_a_consequence_of_a_job_incident_folds_under_it() -> None:
 
 def test_a_clean_end_is_no_stall_and_a_quiet_rank_is() -> None:
     diagnoser = job()
-    assert diagnoser.rank_gone(1, last_step=7, clean=True, reason="closed", others={0: 9}) is None
+    ended = diagnoser.rank_gone(1, last_step=7, clean=True, reason="closed", others=not_asked)
+    assert ended is None
     live = [RankProgress(0, 20, 99.0), RankProgress(1, 7, 10.0)]
     found = diagnoser.quiet_ranks(live, now=100.0)
     assert found is not None and found[0] == 1

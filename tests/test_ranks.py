@@ -521,3 +521,20 @@ def test_the_ranks_of_an_ended_job_are_kept_together() -> None:
         state.apply(1000 + index, hello(run=f"solo-{index}"))
         state.connection_closed(1000 + index, "connection closed by the run")
     assert len(state.runs) == MAX_ENDED_RUNS and state.jobs == {}
+
+
+def test_a_job_ending_forgets_older_runs_at_its_last_rank_only() -> None:
+    from tui.state import MAX_ENDED_RUNS
+
+    state = MonitorState()
+    for index in range(MAX_ENDED_RUNS):  # as many ended runs as are kept
+        state.apply(1000 + index, hello(run=f"solo-{index}"))
+        state.connection_closed(1000 + index, "connection closed by the run")
+    for rank in range(3):
+        state.apply(rank, rank_hello(rank, 3))
+    for rank in (2, 0):  # a rank of the job is still there: nothing is forgotten
+        state.connection_closed(rank, "connection closed by the run")
+        assert "solo-0" in state.runs and len(state.runs) == MAX_ENDED_RUNS + 3
+    state.connection_closed(1, "connection closed by the run")  # the job has ended
+    assert "solo-0" not in state.runs and "solo-1" in state.runs
+    assert len(state.runs) == MAX_ENDED_RUNS - 1 + 3 and len(state.jobs) == 1

@@ -110,6 +110,11 @@ class JobState:
         self.ranks[run.rank] = run.run_id
         self.diagnoser.start(tuple(run.layers), run.info.sync)
 
+    def has_live_rank(self, runs: dict[str, RunState]) -> bool:
+        """Is any of the job's ranks still connected? (Read at every close: asks the
+        ranks in turn, and stops at the first connected one.)"""
+        return any(run.connected for run in map(runs.get, self.ranks.values()) if run)
+
     def rank_runs(self, runs: dict[str, RunState]) -> Iterator[RunState]:
         """The job's runs, by rank."""
         for rank in sorted(self.ranks):
@@ -146,9 +151,14 @@ class JobState:
     ) -> list[tuple[RunState, Alert]]:
         """A rank's connection ended: without a clean end while other ranks are still
         there, it stalled the job (once per job)."""
-        others = {
-            r.rank: r.last_step for r in self.rank_runs(runs) if r.connected and r.rank != run.rank
-        }
+
+        def others() -> dict[int, int]:  # (asked only while this end can stall the job)
+            return {
+                r.rank: r.last_step
+                for r in self.rank_runs(runs)
+                if r.connected and r.rank != run.rank
+            }
+
         incident = self.diagnoser.rank_gone(
             run.rank,
             last_step=run.last_step,

@@ -24,7 +24,8 @@ The ranks' norms travel packed (base64 float32, as a probe sends them to a monit
 welcome said it reads that form), or as plain lists with ``--plain`` (to a monitor from
 before). ``--cpu`` gives, instead of the rows, the monitor's CPU time a record of the
 thousand-rank job in one process without sockets, both ways: steadier than the rates
-on a machine shared with other work.
+on a machine shared with other work; then the monitor's time for that job's end (every
+rank's connection closed, with a ``bye`` first and without).
 """
 
 from __future__ import annotations
@@ -331,6 +332,35 @@ def cpu_per_record(load: Load) -> float:
     return float(child_result(pid, reader, writer))
 
 
+def job_end_ms(ranks: int, *, clean: bool) -> float:
+    """The monitor's time (ms) for the end of a job of ``ranks`` ranks of 200 layers
+    (hello and 3 records each): every connection closed, in a random order, after a
+    ``bye`` from each rank (``clean``, as probes close) or without one (the ranks
+    killed); in a fresh process, without sockets. The monitor's loop, and its screen,
+    wait for these closes."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(reader)
+        load = Load(ranks, 200, 3, 3)
+        monitor = Monitor(MonitorState())
+        conns = [Connection(rank + 1, "local", None) for rank in range(ranks)]
+        for rank, conn in enumerate(conns):
+            frames = FrameReader().feed(rank_frames(load, rank, f"job-end-{ranks}"))
+            if clean:
+                frames.append(make_frame("bye", reason="closed", pid=rank))
+            for frame in frames:
+                if not isinstance(frame, FrameError):
+                    monitor.frame_received(conn, frame)
+        random.Random(0).shuffle(conns)
+        started = time.perf_counter()
+        for conn in conns:
+            monitor.connection_closed(conn, "closed" if clean else "connection lost")
+        os.write(writer, json.dumps((time.perf_counter() - started) * 1e3).encode())
+        os._exit(0)
+    return float(child_result(pid, reader, writer))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer and smaller rows")
@@ -350,6 +380,12 @@ def main() -> int:
             print(
                 f"1,024 x 200, 40 records a rank (rank 0: 240), "
                 f"{'plain lists' if plain else 'packed'}: {cpu_per_record(load):.0f} us a record",
+                flush=True,
+            )
+        for clean in (True, False):
+            print(
+                f"a 1,024-rank job's end, {'each rank saying bye' if clean else 'no bye'}: "
+                f"{job_end_ms(1024, clean=clean):,.0f} ms for all 1,024 closes",
                 flush=True,
             )
         return 0
