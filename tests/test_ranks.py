@@ -14,6 +14,7 @@ from probes.kernel.diagnosis.job import HOLD_S
 from probes.kernel.diagnosis.ranks import JobChecks
 from probes.kernel.diagnosis.views import StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
+from probes.kernel.wire import pack_float32, unpack_float32
 from tests.frames import hello, probe_alert, step
 from tui.events import AlertRaised, RunConnected
 from tui.format import alerts_label
@@ -65,6 +66,31 @@ def test_unsynced_gradients_name_the_first_layer_and_the_ranks() -> None:
     assert alert.step == 7 and alert.severity == "error"
     assert checks.observe(0, view(8, grads=(0.9, 0.4, 0.3))) == []  # once per job
     assert checks.observe(1, view(8, grads=(0.5, 0.4, 0.3))) == []
+
+
+def packed(step: int, grads: tuple[float, ...]) -> StepView:
+    """A record of ``step`` whose gradient norms came packed, as a probe sends them."""
+    text = pack_float32(list(grads))
+    assert text is not None
+    record = {"kind": "step", "step": step, "scalars": {"loss": 1.0}}
+    record["grad_norms"] = unpack_float32("grad_norms", text)
+    return StepView.from_record(record)
+
+
+def test_packed_gradients_compare_by_value() -> None:
+    checks = JobChecks(LAYERS, "ddp")
+    for index, (first, second) in enumerate(
+        [
+            ((0.5, 0.4, 0.3), (0.5, 0.4, 0.3)),  # the same bytes
+            ((0.5, 0.0, 0.3), (0.5, -0.0, 0.3)),  # bytes apart, the same values
+            ((0.5, math.nan, 0.3), (0.5, math.nan, 0.3)),  # non-finite: not compared
+        ]
+    ):
+        assert checks.observe(0, packed(index, first)) == []
+        assert checks.observe(1, packed(index, second)) == []
+    assert checks.observe(0, packed(9, (0.5, 0.4, 0.3))) == []
+    [alert] = checks.observe(1, packed(9, (0.5, 0.4, 0.36)))
+    assert alert.kind == "grads_not_synced" and alert.subject == "head"
 
 
 def test_gradients_within_rounding_agree() -> None:
