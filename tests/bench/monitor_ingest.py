@@ -109,8 +109,11 @@ def rank_frames(load: Load, rank: int, job: str, *, packed: bool = True) -> byte
     records = load.rank0_records if rank == 0 and load.rank0_records else load.records
     for index in range(records):
         last = (index + 1) * span - 1
-        # as a probe sends them: float32 values in 9 significant digits
-        grads = [float(f"{0.1 + 0.01 * rng.random():.9g}") for _ in range(load.layers)]
+        # as a probe sends them: float32 values in 9 significant digits; the same on
+        # every rank at a step, as DDP's all-reduce leaves them (a healthy job: ranks
+        # whose norms differ raise grads_not_synced, and are compared no more)
+        synced = random.Random(last)
+        grads = [float(f"{0.1 + 0.01 * synced.random():.9g}") for _ in range(load.layers)]
         frame = make_frame(
             "step",
             run=f"{job}-r{rank}",
