@@ -334,6 +334,32 @@ def test_probe_overhead_near_miss_on_a_crowded_machine() -> None:
     ] == ["probe_overhead"]
 
 
+def thinned_timed(index: int, probe: float, step_s: float, steps: int = 50) -> Record:
+    """Record ``index`` of a fast run: ``steps`` steps merged, their times summed."""
+    first, last = index * steps, index * steps + steps - 1
+    return step(
+        last,
+        loss=math.exp(-last / 500),
+        duration=steps * step_s,
+        probe_time=steps * probe * step_s,
+        span=[first, last],
+    )
+
+
+def test_probe_overhead_of_a_fast_run_needs_a_cheap_record_among_several() -> None:
+    """A fast run's records stand for 50 steps each: 100 steps are two records, and a
+    busy machine stretches both alike. The cheapest of at least ``MIN_RECORDS`` tells
+    the probe's cost from the machine's: one cheap record in every four is enough."""
+    info = RunInfo(layers=("a", "b", "c"))
+    busy = [thinned_timed(i, 0.10, 0.001 if i % 4 == 0 else 0.010) for i in range(24)]
+    assert lines(run(busy, info)[1]) == []
+    slow = [thinned_timed(i, 0.10, 0.010) for i in range(24)]  # every record: a cost
+    [alert] = [c.alert for c in run(slow, info)[1] if c.raised]
+    assert alert.kind == "probe_overhead"
+    assert alert.step == 8 * 50 + 49  # the 8th record after warm-up (record 0 is in it)
+    assert math.isclose(alert.evidence["probe_share"], 0.10)
+
+
 # --- counts that agree with their lists ----------------------------------------------------
 
 THREE = RunInfo.from_hello({"layers": ["enc.0", "enc.1", "head"]})

@@ -18,12 +18,16 @@ from probes.kernel.diagnosis.views import RecentPast, StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind
 
 WARM_UP_STEPS = 10  # the first steps pay one-time costs (imports, allocation): not counted
+# The records a judgement reads at least, however many steps they stand for: the
+# window's cheapest record is what tells the probe's cost from a busy machine's, and
+# two or three records of a fast run (50 steps each) are each stretched alike.
+MIN_RECORDS = 8
 
 
 class ProbeOverhead(Rule):
-    """The probe's share of the step time, over the last ``overhead_steps`` steps, above
-    ``overhead_fraction`` (and at least ``overhead_min_ms`` a step); names the setting
-    that would lower it.
+    """The probe's share of the step time, over the last ``overhead_steps`` steps (and
+    at least ``MIN_RECORDS`` records), above ``overhead_fraction`` (and at least
+    ``overhead_min_ms`` a step); names the setting that would lower it.
 
     Both times are wall-clock: a machine busy with other work stretches some steps, the
     probe's part of them with the rest. The cost a step is therefore judged on the
@@ -56,13 +60,14 @@ class ProbeOverhead(Rule):
         window.append((view.first, view.step, probe, duration, view.sampled))
         self._probe_sum += probe
         self._step_sum += duration
-        while window and window[0][1] <= view.step - self.t.overhead_steps:
+        while len(window) > MIN_RECORDS and window[0][1] <= view.step - self.t.overhead_steps:
             _, _, gone_probe, gone_step, _ = window.popleft()
             self._probe_sum -= gone_probe
             self._step_sum -= gone_step
         covered = view.step - window[0][0] + 1
         if (
             covered < self.t.overhead_steps
+            or len(window) < MIN_RECORDS
             or self._step_sum <= 0
             or (self._probe_sum / self._step_sum <= self.t.overhead_fraction)
         ):
