@@ -16,7 +16,7 @@ from probes.kernel.diagnosis.views import StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
 from probes.kernel.wire import pack_float32, unpack_float32
 from tests.frames import hello, probe_alert, step
-from tui.events import AlertRaised, RunConnected
+from tui.events import AlertRaised, RunConnected, RunDisconnected
 from tui.format import alerts_label
 from tui.monitor import Monitor, boundary_ahead
 from tui.server import Connection
@@ -564,3 +564,22 @@ def test_a_job_ending_forgets_older_runs_at_its_last_rank_only() -> None:
     state.connection_closed(1, "connection closed by the run")  # the job has ended
     assert "solo-0" not in state.runs and "solo-1" in state.runs
     assert len(state.runs) == MAX_ENDED_RUNS - 1 + 3 and len(state.jobs) == 1
+
+
+def test_a_job_that_outlived_shorter_runs_is_kept_when_it_ends() -> None:
+    """The runs kept are those that went last, not those that came last: a long job,
+    begun before as many short runs as are kept came and went, is kept at its end."""
+    from tui.state import MAX_ENDED_RUNS
+
+    state = MonitorState()
+    for rank in range(2):
+        state.apply(rank, rank_hello(rank, 2))
+    for index in range(MAX_ENDED_RUNS):
+        state.apply(1000 + index, hello(run=f"solo-{index}"))
+        state.connection_closed(1000 + index, "connection closed by the run")
+    state.connection_closed(1, "connection closed by the run")
+    events = state.connection_closed(0, "connection closed by the run")
+    [job] = state.jobs.values()
+    assert all(run_id in state.runs for run_id in job.ranks.values())
+    assert "solo-0" not in state.runs and "solo-1" in state.runs
+    assert [type(e) for e in events] == [RunDisconnected]

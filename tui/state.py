@@ -280,13 +280,15 @@ class MonitorState:
             return []
         self.version += 1
         run.connected = False
+        run.gone_at = time.monotonic()
         run.disconnect_reason = run.why_gone(reason)
         job = self.jobs.get(run.job) if run.job else None
         if job is None or not job.has_live_rank(self.runs):
             # (a rank gone while another of its job is there ends nothing that could be
             # forgotten; scanning every run at each close of a 1,024-rank job's end took
-            # the monitor 0.7 s)
+            # the monitor 0.4 s)
             self._forget_old_runs()
+            job = self.jobs.get(run.job) if run.job else None  # (unless just forgotten)
         events = self._alert_events(run, run.finish_diagnosis(), force=True)
         if job is not None:
             clean = run.ended and run.end_reason == "closed"
@@ -294,17 +296,22 @@ class MonitorState:
         return [*events, RunDisconnected(run, run.disconnect_reason)]
 
     def _forget_old_runs(self) -> None:
-        """Keep the newest ``MAX_ENDED_RUNS`` runs (or jobs, a job's ranks counting as
-        one) that have gone: a monitor left up for weeks of jobs must not grow without
-        bound. Live runs, and every rank of a job with a live rank, are always kept."""
+        """Keep the ``MAX_ENDED_RUNS`` runs (or jobs, a job's ranks counting as one)
+        that went last: a monitor left up for weeks of jobs must not grow without bound.
+        Live runs, and every rank of a job with a live rank, are always kept. The oldest
+        gone go first (a job that outlived many short runs is kept when it ends, not
+        forgotten for having started first)."""
         live_jobs = {run.job for run in self.runs.values() if run.connected and run.job}
-        ended: dict[str, list[str]] = {}  # run or job -> its run ids, oldest first
-        for run_id, run in self.runs.items():
+        ended: dict[str, list[RunState]] = {}  # run or job -> its runs
+        for run in self.runs.values():
             if not run.connected and run.job not in live_jobs:
-                ended.setdefault(run.job or run_id, []).append(run_id)
-        for key in list(ended)[: max(len(ended) - MAX_ENDED_RUNS, 0)]:
-            for run_id in ended[key]:
-                del self.runs[run_id]
+                ended.setdefault(run.job or run.run_id, []).append(run)
+        if len(ended) <= MAX_ENDED_RUNS:
+            return
+        by_end = sorted(ended, key=lambda key: max(run.gone_at for run in ended[key]))
+        for key in by_end[: len(ended) - MAX_ENDED_RUNS]:
+            for run in ended[key]:
+                del self.runs[run.run_id]
             self.jobs.pop(key, None)
 
     def mark_offline(self, reason: str) -> list[MonitorEvent]:
@@ -316,6 +323,7 @@ class MonitorState:
         for run in self.runs.values():
             if run.connected:
                 run.connected = False
+                run.gone_at = time.monotonic()
                 run.disconnect_reason = run.why_gone(reason)
                 events.append(RunDisconnected(run, run.disconnect_reason))
         self._conn_runs.clear()
