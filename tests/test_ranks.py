@@ -529,6 +529,24 @@ async def test_the_app_shows_the_job_its_ranks_and_k_picks_one() -> None:
         assert app.query_one(LayerTable).display
 
 
+def test_a_converged_jobs_spread_losses_are_not_scanned_for_an_outlier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ranks at 0.001 to 0.009 after a start at 2.0: the highest is 9x the lowest, but
+    8 thousandths above it is no visible part of the start, so no record looks for the
+    outlier (each such look reads every rank's loss at the step)."""
+    checks = JobChecks(LAYERS, "ddp")
+    assert checks.observe(0, view(0, loss=2.0)) == []
+
+    def scan(*args: object) -> None:
+        raise AssertionError("scanned every rank for an outlier that cannot be one")
+
+    monkeypatch.setattr(checks, "_outlier", scan)
+    for index in range(1, 20):
+        for rank in range(8):
+            assert checks.observe(rank, view(index, loss=0.001 * (1 + rank))) == []
+
+
 def test_a_non_finite_loss_that_came_first_is_still_the_outlier() -> None:
     checks = JobChecks(LAYERS, "ddp")
     assert checks.observe(1, view(5, loss=math.inf)) == []  # alone: nothing to compare
