@@ -12,8 +12,10 @@ import torch
 from torch import nn
 
 from probes.kernel.diagnosis import Diagnoser, RunInfo
-from probes.runtime import amp
 from tests.collector import Frame, FrameCollector, diagnose, wait_for_bye, watch_unthinned
+
+#: torch's own methods (this module is imported before any probe opens).
+TORCH_SCALE, TORCH_UPDATE = torch.amp.GradScaler.scale, torch.amp.GradScaler.update
 
 
 def train(
@@ -116,8 +118,8 @@ def test_near_miss_a_disabled_scaler_scales_nothing(collector: FrameCollector) -
 def test_the_probe_leaves_grad_scaler_as_it_found_it(collector: FrameCollector) -> None:
     scale, update = torch.amp.GradScaler.scale, torch.amp.GradScaler.update
     train(collector, unscale=True, steps=2)
-    assert torch.amp.GradScaler.scale is scale is amp.torch_scale
-    assert torch.amp.GradScaler.update is update is amp.torch_update
+    assert torch.amp.GradScaler.scale is scale is TORCH_SCALE
+    assert torch.amp.GradScaler.update is update is TORCH_UPDATE
 
 
 def test_the_rule_reads_the_record_and_exploding_gradient_leaves_it_alone() -> None:

@@ -16,23 +16,23 @@ Training is unchanged: torch's own methods run with the same arguments.
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.amp.grad_scaler import GradScaler, OptState
 
+from probes.runtime.patches import Held, Layer
+from probes.runtime.seams import SCALER_SCALE, SCALER_UPDATE
+
 #: Scalers that scaled a loss since their last ``update`` (the step under way's).
 _scaled: weakref.WeakKeyDictionary[GradScaler, bool] = weakref.WeakKeyDictionary()
 
-#: torch's own methods, captured before anything could replace them.
-torch_scale = GradScaler.scale
-torch_update = GradScaler.update
-
 _lock = threading.Lock()
 _installed = 0
+_held = Held()
 
 #: Whether any GradScaler scaled a loss while a probe was open (reset by the last
 #: ``uninstall``): until one does, ``still_scaled`` (and the probe's step, which reads
@@ -43,12 +43,11 @@ any_scaled = False
 _last_scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
 
 
-@functools.wraps(torch_scale)
-def _scale(self: GradScaler, outputs: Any) -> Any:
+def _scale(proceed: Callable[..., Any], self: GradScaler, outputs: Any) -> Any:
     global _last_scaled, any_scaled
     any_scaled = True
     _scaled[self] = True
-    result = torch_scale(self, outputs)
+    result = proceed(self, outputs)
     if isinstance(result, torch.Tensor) and isinstance(outputs, torch.Tensor):
         _last_scaled = (weakref.ref(result), outputs)
     return result
@@ -63,30 +62,36 @@ def unscaled(loss: torch.Tensor) -> torch.Tensor:
     return loss
 
 
-@functools.wraps(torch_update)
-def _update(self: GradScaler, new_scale: Any = None) -> None:
+def _update(proceed: Callable[..., Any], self: GradScaler, new_scale: Any = None) -> None:
     _scaled.pop(self, None)
-    return torch_update(self, new_scale)
+    return proceed(self, new_scale)
 
 
 def still_scaled(optimizer: torch.optim.Optimizer | None) -> float | None:
     """The loss scale still in ``optimizer``'s gradients: a GradScaler, enabled, scaled
     a loss since its last update and has not unscaled this optimizer (None: none has,
-    the common case, which costs one look at an empty table). Reads the scale (a host
-    sync on an accelerator) only then: in the case that is a bug."""
+    the common case, which costs one look at an empty table). Several optimizers
+    watched as one (a GAN's, under one scaler; ``OptimizerSet``) are unscaled once the
+    scaler has unscaled or stepped any of them since its update: their gradients are
+    read at each one's own ``scaler.step``. Reads the scale (a host sync on an
+    accelerator) only then: in the case that is a bug."""
     if not any_scaled or not _scaled:
         return None
+    optimizers = getattr(optimizer, "optimizers", None) or (optimizer,)
     for scaler in list(_scaled.keys()):
         if not scaler.is_enabled():
             continue
         states = scaler._per_optimizer_states  # (a defaultdict: .get adds nothing)
-        state = states.get(id(optimizer)) if optimizer is not None else None
-        if state is not None and state.get("stage") is not OptState.READY:
+        if any(_unscaled(states.get(id(each))) for each in optimizers if each is not None):
             continue  # unscaled (or stepped) already
         scale = float(scaler.get_scale())
         if scale != 1.0:
             return scale
     return None
+
+
+def _unscaled(state: dict[str, Any] | None) -> bool:
+    return state is not None and state.get("stage") is not OptState.READY
 
 
 def install() -> None:
@@ -95,13 +100,12 @@ def install() -> None:
     with _lock:
         _installed += 1
         if _installed == 1:
-            GradScaler.scale = _scale  # type: ignore[method-assign]
-            GradScaler.update = _update  # type: ignore[method-assign]
+            _held.hold(SCALER_SCALE, Layer("amp", _scale))
+            _held.hold(SCALER_UPDATE, Layer("amp", _update))
 
 
 def uninstall() -> None:
-    """Undo one ``install``; the last one puts torch's methods back, unless someone
-    replaced ours since (theirs is left alone)."""
+    """Undo one ``install``; the last one puts torch's methods back."""
     global _installed, _last_scaled, any_scaled
     with _lock:
         if _installed == 0:
@@ -109,10 +113,7 @@ def uninstall() -> None:
         _installed -= 1
         if _installed:
             return
-        if GradScaler.scale is _scale:
-            GradScaler.scale = torch_scale  # type: ignore[method-assign]
-        if GradScaler.update is _update:
-            GradScaler.update = torch_update  # type: ignore[method-assign]
+        _held.release()
         _scaled.clear()
         _last_scaled = None
         any_scaled = False

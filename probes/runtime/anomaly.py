@@ -23,10 +23,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.schema import AnomalyReport
 from probes.runtime.hooks import compiled_modules, eager
+from probes.runtime.module_hooks import ModuleHookHandle, add_hook
+from probes.runtime.patches import REGISTRY, Layer
+from probes.runtime.seams import BACKWARD
 
 _OP_PATTERN = re.compile(r"Function '(\w+)' returned nan values")
 _FRAME_PATTERN = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$')
@@ -108,8 +110,8 @@ class AnomalyStep:
     started: float = field(default_factory=time.perf_counter)
     first: FirstNonFinite | None = None
     caught: BaseException | None = None
-    _backward: Callable[..., Any] | None = None  # torch's, while ours stands in for it
-    _handles: list[RemovableHandle] = field(default_factory=list)
+    _catching: Layer | None = None  # on torch's backward while the step runs
+    _handles: list[ModuleHookHandle] = field(default_factory=list)
     _names: dict[int, str] = field(default_factory=dict)
     _anomaly: Any = None
     _warnings: Any = None
@@ -126,19 +128,21 @@ class AnomalyStep:
         for name, module in self.model.named_modules():
             self._names[id(module)] = name or "(root)"
             if id(module) not in compiled:
-                self._handles.append(module.register_forward_hook(eager(self._check)))
+                self._handles.append(
+                    add_hook(module, module.register_forward_hook, eager(self._check))
+                )
         if self.catch:
-            self._backward = torch.autograd.backward
-            torch.autograd.backward = self._backward_catching
+            self._catching = REGISTRY.add(
+                BACKWARD, Layer("anomaly step", self._backward_catching, order=10)
+            )
 
-    def _backward_catching(self, *args: Any, **kwargs: Any) -> None:
+    def _backward_catching(self, proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """torch's backward; the error anomaly mode raises for a non-finite gradient is
         kept, not raised (the first one: later backwards of the step are not run)."""
-        assert self._backward is not None
         if self.caught is not None:
             return None  # the step's update is already void: no second failure
         try:
-            return self._backward(*args, **kwargs)
+            return proceed(*args, **kwargs)
         except RuntimeError as error:
             if backward_op(error) is None:
                 raise  # not anomaly mode's: the user's own error
@@ -152,10 +156,9 @@ class AnomalyStep:
             return None
 
     def _restore_backward(self) -> None:
-        if self._backward is not None:
-            if torch.autograd.backward == self._backward_catching:  # ours, still
-                torch.autograd.backward = self._backward
-            self._backward = None
+        if self._catching is not None:
+            REGISTRY.remove(BACKWARD, self._catching)
+            self._catching = None
 
     def _check(self, module: nn.Module, args: Any, output: Any) -> None:
         try:

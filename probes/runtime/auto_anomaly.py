@@ -29,6 +29,8 @@ from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.schema import AnomalyReport
 from probes.runtime.anomaly import AnomalyStep, locate_module, parse_frames, user_frames
+from probes.runtime.patches import REGISTRY, Layer
+from probes.runtime.seams import BACKWARD
 from probes.runtime.sender import warn
 
 #: Steps without a non-finite read before a new non-finite value is a new incident (and
@@ -83,31 +85,31 @@ class BackwardLocator:
         self.on_error = on_error
         self.op: str | None = None
         self.traceback: list[str] = []
-        self._backward: Callable[..., Any] | None = None
+        self._layer: Layer | None = None
         self._handles: list[RemovableHandle] = []
 
     def start(self) -> None:
         """Stand in for ``torch.autograd.backward`` (``Tensor.backward`` calls it)."""
-        self._backward = torch.autograd.backward
-        torch.autograd.backward = self._hooked_backward
+        self._layer = REGISTRY.add(BACKWARD, Layer("non-finite check", self._hooked_backward, 20))
 
     def finish(self) -> None:
         """Put torch's backward back; remove every hook left on a retained graph."""
-        if self._backward is not None and torch.autograd.backward == self._hooked_backward:
-            torch.autograd.backward = self._backward
-        self._backward = None
+        if self._layer is not None:
+            REGISTRY.remove(BACKWARD, self._layer)
+            self._layer = None
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
 
-    def _hooked_backward(self, tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        assert self._backward is not None
+    def _hooked_backward(
+        self, proceed: Callable[..., Any], tensors: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         if self.op is None:
             try:
                 self._hook_graph(tensors)
             except Exception as exc:  # never into the user's backward
                 self.on_error(exc)
-        return self._backward(tensors, *args, **kwargs)
+        return proceed(tensors, *args, **kwargs)
 
     def _hook_graph(self, tensors: Any) -> None:
         roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)

@@ -35,7 +35,6 @@ bracketed steps count from 0; past them (or at close) the held steps are sent.
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -43,19 +42,21 @@ from typing import Any, Protocol
 
 import torch
 from torch.amp.grad_scaler import GradScaler
-from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.hooks import RemovableHandle
 
 from probes.runtime import amp
 from probes.runtime.autoeval import InferredEvaluation
 from probes.runtime.first_forward import FirstForwardHook
+from probes.runtime.hooks import (
+    EntryHandle,
+    compile_wrapper_of,
+    compiled_modules,
+    entry_pre_hook,
+)
 from probes.runtime.layers import LayerMap
+from probes.runtime.patches import Held, Layer
+from probes.runtime.seams import BACKWARD, OPTIMIZER_STEP_POST_HOOK, SCALER_STEP
 from probes.runtime.stats import Measurement
 from probes.runtime.unbracketed import UNBRACKETED_UPDATES
-
-#: torch's own functions, captured before anything could replace them.
-torch_backward = torch.autograd.backward
-torch_scaler_step = GradScaler.step
 
 LOSS = "loss"  # the scalar's name, as ``probe.log(loss=...)`` files it
 
@@ -130,16 +131,24 @@ class InferredSteps:
         self._after_backward: tuple[list[int], Any, int] | None = None  # no optimizer
         self._module = weakref.ref(module)
         self._evaluation: InferredEvaluation | None = None  # (``find_evaluations``)
-        self._first_forward: FirstForwardHook | None = None
+        self._first_forward: FirstForwardHook | EntryHandle | None = None
         if self.active:
             _install(self)
-            # A global hook, one call: the model's own hook dictionaries stay as they were.
-            self._first_forward = FirstForwardHook(self._forward_begins)
+            if compiled_modules(module) or compile_wrapper_of(module) is not None:
+                # Compiled: at its entry, outside the compiled region. A global hook would
+                # be traced there, and its removal would recompile.
+                self._first_forward = entry_pre_hook(module, self._forward_begins)
+            else:  # one call: the model's own hook dictionaries stay as they were
+                self._first_forward = FirstForwardHook(self._forward_begins)
 
     def _forward_begins(self, module: torch.nn.Module, args: Any) -> None:
         """Step 0 begins at the model's first forward with gradients on (or, failing
         that, at its first backward or ``optimizer.step()``)."""
-        if module is self._module() and torch.is_grad_enabled():
+        watched = self._module()
+        if watched is None or not torch.is_grad_enabled():
+            return
+        # called through a ``torch.compile(model)`` wrapper: seen at its (eager) entry
+        if module is watched or module is compile_wrapper_of(watched):
             hooks = module._forward_pre_hooks
             before = set(hooks)
             _safely(self, self.begin_if_idle)
@@ -369,7 +378,7 @@ def adopt_backward(tensors: Any) -> None:
 
 _lock = threading.Lock()
 _watchers: list[weakref.ref[InferredSteps]] = []
-_post_hook: RemovableHandle | None = None
+_held = Held()  # the patches, while any probe infers its steps
 
 
 def _active() -> list[InferredSteps]:
@@ -381,23 +390,23 @@ def _active() -> list[InferredSteps]:
     return found
 
 
-@functools.wraps(torch_backward)
-def _backward(*args: Any, **kwargs: Any) -> Any:
+def _backward(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     watchers = _active() if _watchers else []
     if not watchers:
-        return torch_backward(*args, **kwargs)
+        return proceed(*args, **kwargs)
     tensors = args[0] if args else kwargs.get("tensors")
     for watcher in watchers:
         _safely(watcher, watcher.before_backward)
-    result = torch_backward(*args, **kwargs)
+    result = proceed(*args, **kwargs)
     for watcher in watchers:
         _safely(watcher, watcher.after_backward, tensors)
     return result
 
 
-@functools.wraps(torch_scaler_step)
-def _scaler_step(self: GradScaler, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-    result = torch_scaler_step(self, optimizer, *args, **kwargs)
+def _scaler_step(
+    proceed: Callable[..., Any], self: GradScaler, optimizer: Any, *args: Any, **kwargs: Any
+) -> Any:
+    result = proceed(self, optimizer, *args, **kwargs)
     for watcher in _active():
         _safely(watcher, watcher.after_scaler_step, optimizer)
     return result
@@ -420,14 +429,13 @@ def _safely(watcher: InferredSteps, call: Callable[..., None], *args: Any) -> No
 
 
 def _install(watcher: InferredSteps) -> None:
-    global _post_hook
     with _lock:
         _watchers[:] = [r for r in _watchers if r() is not None]
         _watchers.append(weakref.ref(watcher))
-        if _post_hook is None:
-            _post_hook = register_optimizer_step_post_hook(_after_any_step)
-            torch.autograd.backward = _backward
-            GradScaler.step = _scaler_step  # type: ignore[method-assign]
+        if not _held:
+            _held.hold(OPTIMIZER_STEP_POST_HOOK, Layer("autostep", _after_any_step))
+            _held.hold(BACKWARD, Layer("autostep", _backward, order=30))
+            _held.hold(SCALER_STEP, Layer("autostep", _scaler_step))
 
 
 def _forget(watcher: InferredSteps) -> None:
@@ -437,15 +445,8 @@ def _forget(watcher: InferredSteps) -> None:
 
 
 def _uninstall(watcher: InferredSteps) -> None:
-    """The last watcher gone puts torch's functions back (unless replaced since)."""
-    global _post_hook
+    """The last watcher gone takes the patches away (``probes.runtime.patches``)."""
     with _lock:
         _watchers[:] = [r for r in _watchers if r() is not None and r() is not watcher]
-        if _watchers or _post_hook is None:
-            return
-        _post_hook.remove()
-        _post_hook = None
-        if torch.autograd.backward is _backward:
-            torch.autograd.backward = torch_backward
-        if GradScaler.step is _scaler_step:
-            GradScaler.step = torch_scaler_step  # type: ignore[method-assign]
+        if not _watchers:
+            _held.release()

@@ -39,6 +39,9 @@ import torch
 from probes.kernel.diagnosis import Alert, Severity
 from probes.kernel.diagnosis.catalog import entry
 from probes.kernel.diagnosis.vocabulary import AlertKind
+from probes.runtime import patches
+from probes.runtime.patches import REGISTRY, Layer
+from probes.runtime.seams import SHOW_WARNING
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 MESSAGE_CHARS = 240  # of torch's message, in an alert
@@ -46,7 +49,8 @@ MAX_ALERTS = 8  # distinct torch warnings one run reports
 _BROADCAST = re.compile(
     r"target size \(torch\.Size\((\[[\d, ]*\])\)\).*input size \(torch\.Size\((\[[\d, ]*\])\)\)"
 )
-_WARNINGS_FILE = warnings.__file__
+#: The files whose frames stand between the code that warned and the listener.
+_MACHINERY = frozenset((warnings.__file__, __file__, patches.__file__))
 
 
 class WatchedRun(Protocol):
@@ -136,31 +140,29 @@ def warning_alert(text: str, category: str, step: int) -> Alert:
 
 
 class _ShowHook:
-    """The one hook on ``warnings.showwarning``, shared by every open probe's listener."""
+    """The one layer on ``warnings.showwarning``, shared by every open probe's listener."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._listeners: list[TorchWarnings] = []
-        self._previous: Callable[..., None] | None = None
+        self._layer = Layer("torch warnings", self.show)
 
     def add(self, listener: TorchWarnings) -> None:
         with self._lock:
             self._listeners.append(listener)
-            if self._previous is None:
-                self._previous = warnings.showwarning
-                warnings.showwarning = self.show
+            if len(self._listeners) == 1:
+                REGISTRY.add(SHOW_WARNING, self._layer)
 
     def remove(self, listener: TorchWarnings) -> None:
         with self._lock:
             if listener in self._listeners:
                 self._listeners.remove(listener)
-            if not self._listeners and self._previous is not None:
-                if warnings.showwarning == self.show:  # (else someone hooked after us)
-                    warnings.showwarning = self._previous
-                self._previous = None
+                if not self._listeners:
+                    REGISTRY.remove(SHOW_WARNING, self._layer)
 
     def show(
         self,
+        proceed: Callable[..., None],
         message: Warning | str,
         category: type[Warning],
         filename: str,
@@ -175,16 +177,15 @@ class _ShowHook:
                     listener.heard(str(message), category)
         except Exception:
             pass
-        previous = self._previous or warnings._showwarning_orig  # type: ignore[attr-defined]
-        previous(message, category, filename, lineno, file, line)
+        proceed(message, category, filename, lineno, file, line)
 
 
 def _from_torch(filename: str) -> bool:
     """Was the warning issued by torch's own code? The first frame above the warnings
     machinery is the one that warned (``filename`` is where ``stacklevel`` points: the
     caller of torch, often the user's own line)."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename == _WARNINGS_FILE:
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename in _MACHINERY:
         frame = frame.f_back
     origin = frame.f_code.co_filename if frame is not None else filename
     return origin.startswith(TORCH_DIR)
