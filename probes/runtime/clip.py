@@ -2,23 +2,26 @@
 
 Clipping can keep one run finite, but it hides the instability it cuts off: the lesson
 says to log the unclipped norm. The Hugging Face Trainer (through accelerate) and
-Lightning clip inside their own step, by calling ``torch.nn.utils.clip_grad_norm_``
-just before ``optimizer.step()``, where the probe would otherwise read already
-clipped gradients. So while a probe is open, ``torch.nn.utils.clip_grad_norm_`` is
-replaced by ``clip_grad_norm_`` below, which lets each probe watching the parameters
-read the gradients first, calls torch's own function with the same arguments (so
-training is bit for bit the same), and records the clip: max norm, and torch's total
-norm before and after. The original is put back when the last probe closes.
-
-Code that imported the function before the probe was made (``from torch.nn.utils import
-clip_grad_norm_`` at module scope) keeps torch's original: call ``probes.clip_grad_norm_``
-there instead.
+Lightning clip inside their own step, just before ``optimizer.step()``, where the probe
+would otherwise read already clipped gradients. Every clip by norm in torch (2.6 on)
+ends in one function, ``clip_grads_with_norm_``: ``clip_grad_norm_`` calls it (looked up
+in its module when it runs, so a ``clip_grad_norm_`` imported by name before any probe
+existed goes through it too), and accelerate calls it after ``get_total_norm``. So
+while a probe is open, that function (by its public name and its module's) and
+``clip_grad_norm_`` (for the norm's type) have stand-ins (``probes.runtime.patches``):
+each probe watching the parameters reads the gradients first, then torch's own
+function runs with the same arguments (training is bit for bit the same), and the
+clip is recorded: max norm, and torch's total norm before it. torch's functions are
+back when the last probe closes. (On a torch without ``clip_grads_with_norm_``,
+``clip_grad_norm_`` reads them itself, and a name imported early keeps torch's: call
+``probes.clip_grad_norm_`` there.)
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.utils
@@ -26,12 +29,16 @@ import torch.nn.utils.clip_grad
 
 from probes.runtime import amp
 from probes.runtime.lifecycle import OpenProbe, probes_watching
+from probes.runtime.patches import Held, Layer
+from probes.runtime.seams import CLIP_GRAD_NORM, CLIP_WITH_NORM
 
 #: torch's own function, captured before anything could replace it.
 torch_clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_
 
 _lock = threading.Lock()
 _installed = 0
+_held = Held()
+_clip = threading.local()  # the norm's type of a clip_grad_norm_ under way
 
 
 def clip_grad_norm_(
@@ -54,20 +61,59 @@ def clip_grad_norm_(
         probes.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
     """
+    return _clip_grad_norm(
+        torch_clip_grad_norm_, parameters, max_norm, norm_type, error_if_nonfinite, foreach
+    )
+
+
+def _clip_grad_norm(
+    proceed: Callable[..., torch.Tensor],
+    parameters: torch.Tensor | Iterable[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> torch.Tensor:
+    """``clip_grad_norm_``'s layer: where ``clip_grads_with_norm_`` has a stand-in, the
+    reading happens there (this notes the norm's type); else here."""
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    arguments = {"norm_type": norm_type, "error_if_nonfinite": error_if_nonfinite}
+    if foreach is not None:
+        arguments["foreach"] = foreach
+    if any(seam.installed for seam in CLIP_WITH_NORM):
+        previous = getattr(_clip, "norm_type", None)
+        _clip.norm_type = float(norm_type)
+        try:
+            return proceed(params, max_norm, **arguments)
+        finally:
+            _clip.norm_type = previous
     watching = _probes_watching_any(params)
     for probe in watching:
         probe.clipping(float(max_norm), float(norm_type))
-    total = torch_clip_grad_norm_(
-        params,
-        max_norm,
-        norm_type=norm_type,
-        error_if_nonfinite=error_if_nonfinite,
-        foreach=foreach,
-    )
+    total = proceed(params, max_norm, **arguments)
     for probe in watching:
         probe.clipped(total)
     return total
+
+
+def _clip_with_norm(
+    proceed: Callable[..., None],
+    parameters: torch.Tensor | Iterable[torch.Tensor],
+    max_norm: float,
+    total_norm: torch.Tensor,
+    *args: Any,
+    **kwargs: Any,
+) -> None:
+    """``clip_grads_with_norm_``'s layer: the probes read the gradients before they are
+    scaled, then torch's function scales them."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    watching = _probes_watching_any(params)
+    norm_type = getattr(_clip, "norm_type", None)
+    for probe in watching:
+        probe.clipping(float(max_norm), 2.0 if norm_type is None else norm_type)
+    proceed(params, max_norm, total_norm, *args, **kwargs)
+    for probe in watching:
+        probe.clipped(total_norm)
 
 
 def _probes_watching_any(params: list[torch.Tensor]) -> list[OpenProbe]:
@@ -82,30 +128,27 @@ def _probes_watching_any(params: list[torch.Tensor]) -> list[OpenProbe]:
 
 
 def install() -> None:
-    """Route ``torch.nn.utils.clip_grad_norm_`` through ``clip_grad_norm_`` (counted:
-    one ``install`` per open probe), and note GradScalers' scaling (``amp``): a clip
-    of gradients still scaled is what the probe must say first."""
+    """Give torch's clip stand-ins that read first (counted: one ``install`` per open
+    probe, or ``traintop run``'s one for the process), and note GradScalers' scaling
+    (``amp``): a clip of gradients still scaled is what the probe must say first."""
     global _installed
     amp.install()
     with _lock:
         _installed += 1
         if _installed == 1:
-            torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-            torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+            for seam in CLIP_GRAD_NORM:
+                _held.hold(seam, Layer("clip", _clip_grad_norm))
+            for seam in CLIP_WITH_NORM:
+                _held.hold(seam, Layer("clip", _clip_with_norm))
 
 
 def uninstall() -> None:
-    """Undo one ``install``; the last one puts torch's function back, unless someone
-    replaced ours since (theirs is left alone)."""
+    """Undo one ``install``; the last one puts torch's functions back."""
     global _installed
     amp.uninstall()
     with _lock:
         if _installed == 0:
             return
         _installed -= 1
-        if _installed:
-            return
-        if torch.nn.utils.clip_grad_norm_ is clip_grad_norm_:
-            torch.nn.utils.clip_grad_norm_ = torch_clip_grad_norm_
-        if torch.nn.utils.clip_grad.clip_grad_norm_ is clip_grad_norm_:
-            torch.nn.utils.clip_grad.clip_grad_norm_ = torch_clip_grad_norm_
+        if not _installed:
+            _held.release()
