@@ -8,23 +8,28 @@ on), and the next training forward, backward or ``optimizer.step()`` ends it. A
 forward in train mode under ``no_grad`` is the bug the eval-mode check names, so it
 counts as an evaluation too.
 
-While one is open, the loss functions of ``torch.nn.functional`` (the ``nn`` loss
-modules call them) are wrapped: each one-element loss they return joins the
-evaluation's ``val_loss``, the mean over the calls, detached (no sync). A loss computed
-by hand (``(out - y).pow(2).mean()``), or a function imported by name before the
-probe was made (``from torch.nn.functional import cross_entropy``), is not seen.
+While such a probe is open, the loss functions of ``torch.nn.functional`` (the ``nn``
+loss modules call them) have stand-ins (``probes.runtime.patches``), from the probe's
+start, since ``F.cross_entropy(model(x), y)`` looks the function up before the forward
+that opens the evaluation: each one-element loss they return while an evaluation is
+open joins its ``val_loss``, the mean over the calls, detached (no sync). A loss
+computed by hand (``(out - y).pow(2).mean()``) is not seen, nor, with ``watch()``, a
+function imported by name before the probe was made (``from torch.nn.functional import
+cross_entropy``); under ``traintop run`` the stand-ins are there from torch's import.
 """
 
 from __future__ import annotations
 
-import functools
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.utils.hooks import RemovableHandle
+
+from probes.runtime import seams
+from probes.runtime.hooks import EntryHandle, eager, entry_pre_hook
+from probes.runtime.patches import REGISTRY, Layer, Seam
 
 #: The loss functions watched during an inferred evaluation.
 LOSSES = (
@@ -41,7 +46,7 @@ LOSSES = (
 VALIDATION_LOSS = "val_loss"
 
 _open: list[InferredEvaluation] = []  # evaluations taking losses now
-_originals: dict[str, Callable[..., Any]] = {}
+_lock = threading.Lock()
 
 
 def _gone() -> None:
@@ -94,7 +99,12 @@ class InferredEvaluation:
         self._sum: torch.Tensor | None = None
         self._count = 0
         hook = ForwardHook(self, module)
-        self._handle: RemovableHandle | None = module.register_forward_pre_hook(hook)
+        # Where the model is entered, outside any compiled region (a hook traced there
+        # would break the graph: ``probes.runtime.hooks``).
+        self._handle: EntryHandle | None = entry_pre_hook(module, eager(hook))
+        # On from the start, not from the evaluation's first forward: in
+        # ``F.cross_entropy(model(x), y)`` the function is looked up before the forward.
+        _watch_losses(self)
 
     def _forward(self, module: torch.nn.Module, args: Any) -> None:
         evaluating = not module.training or not torch.is_grad_enabled()
@@ -129,35 +139,66 @@ class InferredEvaluation:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        _unwatch_losses(self)
 
 
-def _taking(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def loss_function(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        if _open and isinstance(result, torch.Tensor) and result.numel() == 1:
-            for evaluation in _open:
-                evaluation.add_loss(result)
-        return result
+def _taking(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A loss function's layer: its result joins each open evaluation's loss."""
+    result = proceed(*args, **kwargs)
+    # Traced by dynamo as a constant: a compiled loss is left whole, nothing guarded.
+    if (
+        not torch.compiler.is_compiling()
+        and _open
+        and isinstance(result, torch.Tensor)
+        and result.numel() == 1
+    ):
+        for evaluation in _open:
+            evaluation.add_loss(result)
+    return result
 
-    return loss_function
+
+_LAYER = Layer("evaluation losses", _taking)
+_watching: list[InferredEvaluation] = []  # the loss functions' layers are on while any
+
+
+def _watch_losses(evaluation: InferredEvaluation) -> None:
+    with _lock:
+        _watching.append(evaluation)
+        if len(_watching) == 1:
+            for seam in _loss_seams():
+                REGISTRY.add(seam, _LAYER)
+
+
+def _unwatch_losses(evaluation: InferredEvaluation) -> None:
+    with _lock:
+        if evaluation not in _watching:
+            return
+        _watching.remove(evaluation)
+        if not _watching:
+            for seam in _loss_seams():
+                REGISTRY.remove(seam, _LAYER)
+
+
+def hold_losses() -> None:
+    """Give the loss functions their stand-ins for the rest of the process (``traintop
+    run``, at torch's import: a function the script imports by name is the stand-in)."""
+    for seam in _loss_seams():
+        REGISTRY.add(seam, _PROCESS_LAYER)
+
+
+_PROCESS_LAYER = Layer(
+    "evaluation losses (traintop run)", lambda proceed, *a, **k: proceed(*a, **k)
+)
+
+
+def _loss_seams() -> list[Seam]:
+    return [seam for seam in map(seams.functional, LOSSES) if seam is not None]
 
 
 def _start(evaluation: InferredEvaluation) -> None:
     _open.append(evaluation)
-    if len(_open) == 1:
-        for name in LOSSES:
-            original = getattr(F, name, None)
-            if original is not None:
-                _originals[name] = original
-                setattr(F, name, _taking(name, original))
 
 
 def _stop(evaluation: InferredEvaluation) -> None:
     if evaluation in _open:
         _open.remove(evaluation)
-    if not _open:
-        for name, original in _originals.items():
-            if getattr(getattr(F, name, None), "__wrapped__", None) is original:
-                setattr(F, name, original)
-        _originals.clear()

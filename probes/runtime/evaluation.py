@@ -34,11 +34,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional
-from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.schema import EvalRecord
+from probes.runtime import seams
 from probes.runtime.hooks import EntryHandle, compiled_modules, eager, entry_pre_hook
+from probes.runtime.module_hooks import ModuleHookHandle, add_hook
+from probes.runtime.patches import REGISTRY, Layer, Seam
 
 #: Modules that behave differently in training mode whatever their settings.
 ALWAYS_SENSITIVE: tuple[type[nn.Module], ...] = (nn.modules.dropout._DropoutNd,)
@@ -76,28 +77,21 @@ def count_mode_sensitive(model: nn.Module) -> int:
 
 
 class _DropoutCalls:
-    """The dropout functions of ``torch.nn.functional``, wrapped while any evaluation
-    is open (one install for all open scopes, across probes and threads)."""
+    """The dropout functions of ``torch.nn.functional``, counted while any evaluation
+    is open (one layer for all open scopes, across probes and threads; the registry
+    gives each function the same stand-in every time)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._originals: dict[str, Callable[..., torch.Tensor]] = {}
-        self._wrappers: dict[str, Callable[..., torch.Tensor]] = {}
         self._open: list[EvalScope] = []
+        self._layer = Layer("evaluation dropout", self._counting)
 
     def open(self, scope: EvalScope) -> None:
         with self._lock:
             self._open.append(scope)
             if len(self._open) == 1:
-                for name in DROPOUT_FUNCTIONS:
-                    original = getattr(functional, name, None)
-                    if original is None:
-                        continue
-                    self._originals[name] = original
-                    wrapper = self._wrappers.get(name)
-                    if wrapper is None:
-                        wrapper = self._wrappers[name] = self._wrap(original)
-                    setattr(functional, name, wrapper)
+                for seam in self._seams():
+                    REGISTRY.add(seam, self._layer)
 
     def close(self, scope: EvalScope) -> None:
         with self._lock:
@@ -105,24 +99,30 @@ class _DropoutCalls:
                 return
             self._open.remove(scope)
             if not self._open:
-                for name, original in self._originals.items():
-                    if getattr(functional, name, None) is self._wrappers.get(name):
-                        setattr(functional, name, original)
-                self._originals.clear()
+                for seam in self._seams():
+                    REGISTRY.remove(seam, self._layer)
 
-    def _wrap(self, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        note = eager(self._note)  # a count, never traced into a compiled graph
+    @staticmethod
+    def _seams() -> list[Seam]:
+        return [seam for seam in map(seams.functional, DROPOUT_FUNCTIONS) if seam is not None]
 
-        @functools.wraps(original)
-        def counting(
-            input: torch.Tensor, p: float = 0.5, training: bool = True, *args: Any, **kwargs: Any
-        ) -> torch.Tensor:
-            # Traced by dynamo: a constant there, so a compiled graph is left whole.
-            if training and p > 0 and not torch.compiler.is_compiling():
-                note()
-            return original(input, p, training, *args, **kwargs)
+    def _counting(
+        self,
+        proceed: Callable[..., torch.Tensor],
+        input: torch.Tensor,
+        p: float = 0.5,
+        training: bool = True,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        # Traced by dynamo: a constant there, so a compiled graph is left whole.
+        if training and p > 0 and not torch.compiler.is_compiling():
+            self._note_eagerly()
+        return proceed(input, p, training, *args, **kwargs)
 
-        return counting
+    @functools.cached_property
+    def _note_eagerly(self) -> Callable[[], None]:
+        return eager(self._note)  # a count, never traced into a compiled graph
 
     def _note(self) -> None:
         for scope in self._open:
@@ -151,10 +151,10 @@ class EvalScope:
         # per hooked module: [calls, calls in training mode, calls with grad recording]
         self._counts: list[list[int]] = [[0, 0, 0] for _ in modules]
         compiled = compiled_modules(modules[0]) if modules else set()
-        self._handles: list[RemovableHandle | EntryHandle] = [
+        self._handles: list[ModuleHookHandle | EntryHandle] = [
             entry_pre_hook(module, eager(self._counter(i)))
             if i == 0
-            else module.register_forward_pre_hook(eager(self._counter(i)))
+            else add_hook(module, module.register_forward_pre_hook, eager(self._counter(i)))
             for i, module in enumerate(modules)
             if i == 0 or id(module) not in compiled
         ]
@@ -162,7 +162,7 @@ class EvalScope:
         self.dropout_train_calls = 0
         sensitive = [m for m in modules[0].modules() if is_mode_sensitive(m)] if modules else []
         self._handles += [
-            module.register_forward_pre_hook(eager(self._count_sensitive))
+            add_hook(module, module.register_forward_pre_hook, eager(self._count_sensitive))
             for module in sensitive
             if id(module) not in compiled
         ]

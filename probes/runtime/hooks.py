@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from probes.runtime.module_hooks import add_hook
+
 Hook = TypeVar("Hook", bound=Callable[..., object])
 
 # Attribute under which each wrapper keeps the module it wraps: torch.compile's
@@ -72,7 +74,7 @@ def compiled_modules(model: nn.Module) -> set[int]:
     hooks run before that ``forward``). A module reached both ways counts as inside."""
     inside: set[int] = set()
     seen: set[tuple[int, bool]] = set()
-    stack = [(model, _wrapper_of(model) is not None)]
+    stack = [(model, compile_wrapper_of(model) is not None)]
     while stack:
         module, compiled = stack.pop()
         if (id(module), compiled) in seen:
@@ -110,16 +112,18 @@ def entry_pre_hook(module: nn.Module, hook: PreHook) -> EntryHandle:
     """Call ``hook(module, args)`` before every call of ``module``, outside any compiled
     graph: on the ``torch.compile`` wrapper ``module`` was unwrapped from, before the
     compiled call of a module compiled in place, or as a plain forward pre-hook."""
-    wrapper = _wrapper_of(module)
+    wrapper = compile_wrapper_of(module)
     if wrapper is not None:
-        handle = wrapper.register_forward_pre_hook(lambda _, args: hook(module, args))
+        handle = add_hook(
+            wrapper, wrapper.register_forward_pre_hook, lambda _, args: hook(module, args)
+        )
         return EntryHandle(handle.remove)
     if getattr(module, "_compiled_call_impl", None) is not None:
         entry = _ENTRIES.get(module)
         if entry is None or module._compiled_call_impl is not entry:
             entry = _ENTRIES[module] = _CompiledEntry(module)
         return entry.add(hook)
-    return EntryHandle(module.register_forward_pre_hook(hook).remove)
+    return EntryHandle(add_hook(module, module.register_forward_pre_hook, hook).remove)
 
 
 class _CompiledEntry:
@@ -161,7 +165,7 @@ _COMPILE_WRAPPERS: weakref.WeakKeyDictionary[nn.Module, weakref.ref[nn.Module]] 
 _ENTRIES: weakref.WeakKeyDictionary[nn.Module, _CompiledEntry] = weakref.WeakKeyDictionary()
 
 
-def _wrapper_of(module: nn.Module) -> nn.Module | None:
+def compile_wrapper_of(module: nn.Module) -> nn.Module | None:
     """The live ``torch.compile`` wrapper ``module`` was unwrapped from, if any."""
     wrapper = _COMPILE_WRAPPERS.get(module)
     return None if wrapper is None else wrapper()

@@ -15,7 +15,6 @@ from time import perf_counter
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.schema import INPUT_SUFFIX
 from probes.runtime.hooks import (
@@ -25,6 +24,7 @@ from probes.runtime.hooks import (
     eager,
     entry_pre_hook,
 )
+from probes.runtime.module_hooks import ModuleHookHandle, add_hook
 from probes.runtime.stats import NormReducer
 
 # Module type -> (family, test of an output element being dead or saturated).
@@ -119,7 +119,7 @@ class ActivationStats:
         self.input_rms: torch.Tensor | None = None
         # which tensors are the model's inputs is noted only where layer inputs are counted
         self._count_model_inputs = any(family == "input" for _, family, _, _ in self.modules)
-        self._handles: list[RemovableHandle | EntryHandle] = []
+        self._handles: list[ModuleHookHandle | EntryHandle] = []
         # Per module this step: its hit count so far (None: it has not run) and the
         # elements counted; two lists, not an object per module (made on each sampled step).
         self._hits: list[torch.Tensor | None] = []
@@ -161,7 +161,7 @@ class ActivationStats:
         for (_, _, module, _), register, hook in zip(
             self.modules, self._registers, hooks, strict=True
         ):
-            handles.append(getattr(module, register)(hook))
+            handles.append(add_hook(module, getattr(module, register), hook))
 
     def _hooks_now(self) -> tuple[list[Callable[..., None]], Callable[..., None]]:
         """The hooks, made once: plain, or eager once anything can be compiled."""

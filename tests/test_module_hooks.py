@@ -1,0 +1,94 @@
+"""What traintop leaves on a watched module does not travel with it (module_hooks.py):
+pickle, ``torch.save`` and ``copy.deepcopy`` give what an unwatched twin gives."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import subprocess
+import sys
+
+import torch
+from torch import nn
+
+import probes
+from probes.runtime import module_hooks
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _train_with_an_evaluation_left_open(model: nn.Module, steps: int = 25) -> None:
+    """Train, then evaluate last: a found evaluation stays open (its hooks on every
+    layer) until the next training forward, which never comes."""
+    torch.manual_seed(2)  # (dropout's draws: the same in both twins)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(8, 4, generator=generator), torch.randint(0, 2, (8,))
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.zeros(8).long())
+
+
+def _our_hooks(model: nn.Module) -> int:
+    return sum(
+        len(getattr(module, name))
+        for module in model.modules()
+        for name in ("_forward_hooks", "_forward_pre_hooks")
+    )
+
+
+def test_a_watched_model_pickles_saves_and_copies_as_its_unwatched_twin() -> None:
+    bare, watched = _model(), _model()
+    probe = probes.watch(watched, run="pickled")
+    try:
+        _train_with_an_evaluation_left_open(watched)
+        _train_with_an_evaluation_left_open(bare)
+        assert module_hooks.noted() > 0 and _our_hooks(watched) > 0  # hooks are on it
+        assert _our_hooks(bare) == 0
+        # (pickle names a tensor's storage by its address: compare what comes back)
+        pickled = pickle.dumps(watched)
+        assert b"probes" not in pickled
+        unpickled = pickle.loads(pickled)
+        assert _our_hooks(unpickled) == 0
+        assert len(pickled) == len(pickle.dumps(bare))
+        saved_watched, saved_bare = io.BytesIO(), io.BytesIO()
+        torch.save(watched, saved_watched)
+        torch.save(bare, saved_bare)
+        assert saved_watched.getvalue() == saved_bare.getvalue()
+        twin = copy.deepcopy(watched)
+        assert _our_hooks(twin) == 0  # an EMA copy carries nothing of traintop's
+        assert twin.state_dict().keys() == bare.state_dict().keys()
+        assert all(torch.equal(twin.state_dict()[k], v) for k, v in bare.state_dict().items())
+    finally:
+        probe.close()
+    assert module_hooks.noted() == 0 and _our_hooks(watched) == 0
+
+
+def test_a_file_saved_while_watched_loads_where_traintop_is_not_installed(tmp_path) -> None:
+    model = _model()
+    probe = probes.watch(model, run="saved")
+    try:
+        _train_with_an_evaluation_left_open(model, steps=3)
+        path = tmp_path / "model.pt"
+        torch.save(model, path)
+    finally:
+        probe.close()
+    loading = (
+        "import sys; sys.modules['probes'] = None\n"  # no traintop to import
+        "import torch\n"
+        f"model = torch.load({str(path)!r}, weights_only=False)\n"
+        "print(type(model).__name__, len(model))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", loading], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Sequential", "4"]
