@@ -101,13 +101,16 @@ def train_compiled(
     steps: int = 12,
     warm_up: int = 8,
     seed: int = 0,
+    step_api: bool = True,
     **how: Any,
 ) -> Trained:
     """Train a ``TinyGPT`` compiled by ``compile_model(model, **how)`` for ``steps``
     steps, watched by ``watch(compiled, optimizer)`` (a probe) or bare; an evaluation
     in eval mode after step 5 and one left in training mode after step 7 (the eval
     checks' own case). The probe's step API is used as a framework would: ``with
-    probe.step()`` on even steps, ``begin_step``/``end_step`` on odd ones."""
+    probe.step()`` on even steps, ``begin_step``/``end_step`` on odd ones; or, with
+    ``step_api=False``, not at all (``watch()`` alone: the probe infers the steps and
+    finds the evaluations, and the loop calls nothing of the probe's)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -126,17 +129,18 @@ def train_compiled(
                 trained.graphs_after_warm_up = counters["stats"]["unique_graphs"]
             begun = time.perf_counter()
             tokens, targets = data[index, :, :-1], data[index, :, 1:]
-            with _step(probe, index):
+            with _step(probe if step_api else None, index):
                 optimizer.zero_grad(set_to_none=True)
                 loss = functional.cross_entropy(compiled(tokens).flatten(0, 1), targets.flatten())
                 loss.backward()
                 optimizer.step()
-                if probe is not None:
+                if probe is not None and step_api:
                     probe.log(loss=loss)
             trained.seconds_per_step.append(time.perf_counter() - begun)
             trained.losses.append(loss.item())
             if index in (5, 7):
-                _evaluate(compiled, model, probe, tokens, targets, forgotten=index == 7)
+                used = probe if step_api else None
+                _evaluate(compiled, model, used, tokens, targets, forgotten=index == 7)
     trained.graphs = counters["stats"]["unique_graphs"]
     trained.graph_breaks = dict(counters["graph_break"])
     trained.weights = {name: t.detach().clone() for name, t in model.state_dict().items()}

@@ -191,6 +191,25 @@ def test_a_compiled_gpt_trains_the_same_watched(
     assert_measured(collector)
 
 
+@pytest.mark.parametrize("compile_model", [compile_wrapped, compile_in_place])
+def test_a_compiled_gpt_trains_the_same_under_watch_alone(
+    collector: FrameCollector, compile_model: Callable[..., nn.Module]
+) -> None:
+    """``watch()`` and nothing else: step 0 is found by a global forward pre-hook, which
+    must never run (nor be traced) inside the compiled region; the same graphs, no
+    break, no recompile, the same bits, and every step measured."""
+    bare = train_compiled(compile_model, None, backend="aot_eager", step_api=False)
+    watched = train_compiled(
+        compile_model, probe_of(collector), backend="aot_eager", step_api=False
+    )
+    assert_untouched(bare, watched)
+    wait_for_bye(collector)
+    steps = collector.kinds("step")
+    assert [f["step"] for f in steps] == list(range(12))
+    assert all(all(n > 0 for n in f["grad_norms"]) for f in steps)
+    assert [f["scalars"]["loss"] for f in steps] == watched.losses  # each step's own
+
+
 @pytest.mark.slow  # Inductor's C++ compile: minutes cold on a loaded machine (-m slow)
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])

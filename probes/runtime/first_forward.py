@@ -1,5 +1,16 @@
 """The probe's one global forward pre-hook (where step 0 begins), without the warning
-it would make ``torch.compile`` print.
+it would make ``torch.compile`` print, and never inside a compiled region.
+
+The hook is a layer on torch's global forward pre-hook (``probes.runtime.seams``), so
+``traintop run``'s and every probe's share one hook in torch and all of it goes when the
+last is removed.
+
+Inside a compiled region the hook returns at once: dynamo traces it as a constant, so
+the graph is whole and computes what it would unwatched (a hook that ran there would
+break the graph, and the split graph computes other floats). Step 0 of a model
+compiled in place (``model.compile()``) therefore begins at its first backward or
+``optimizer.step()``; a ``torch.compile(model)`` wrapper is called eagerly, so its
+forward is seen there.
 
 A compiled model (``torch.compile(model)``) warns on its calls while any global module
 hook exists: such a hook fires once more, for the compiled wrapper. The probe's hook
@@ -16,14 +27,18 @@ import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
+import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
+
+from probes.runtime.patches import REGISTRY, Layer
+from probes.runtime.seams import MODULE_FORWARD_PRE_HOOK
 
 COMPILE_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
 class FirstForwardHook:
-    """``register_module_forward_pre_hook(hook)``; ``remove()`` takes it away."""
+    """``hook(module, args)`` before every eager module call; ``remove()`` ends it."""
 
     def __init__(self, hook: Callable[[nn.Module, Any], Any]) -> None:
         alone = not _any_global_hook()
@@ -31,11 +46,21 @@ class FirstForwardHook:
         if alone:
             warnings.filterwarnings("ignore", message=COMPILE_WARNING, category=UserWarning)
             self._filter = warnings.filters[0]
-        self._handle = torch_module.register_module_forward_pre_hook(hook)
+        self._hook = hook
+        self._layer: Layer | None = REGISTRY.add(
+            MODULE_FORWARD_PRE_HOOK, Layer("first forward", self._outside_compiled)
+        )
+
+    def _outside_compiled(self, module: nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():  # a constant to dynamo: nothing traced
+            return
+        self._hook(module, args)
 
     def remove(self) -> None:
         """Remove the hook and the filter (idempotent)."""
-        self._handle.remove()
+        layer, self._layer = self._layer, None
+        if layer is not None:
+            REGISTRY.remove(MODULE_FORWARD_PRE_HOOK, layer)
         entry, self._filter = self._filter, None
         if entry is not None:
             with contextlib.suppress(ValueError):  # (a catch_warnings block restored them)
