@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import sys
 import weakref
 from collections.abc import Sequence
@@ -34,8 +35,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as torch_module
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from probes.runtime import seams
+from probes.runtime.patches import Held, Layer
 
 # By id, with a weak reference to tell a reused id: a tensor cannot be a weak key (its
 # ``==`` compares elements).
@@ -106,15 +108,11 @@ def _module_registered(module: nn.Module, name: str, submodule: Any) -> None:
         _parent.setdefault(submodule, module)
 
 
-def _optimizer_init(original: Any) -> Any:
-    @functools.wraps(original)
-    def __init__(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if type(self).__module__.startswith("probes.") or _framework_depth:
-            return
-        _note_pending(self)
-
-    return __init__
+def _optimizer_init(proceed: Any, self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+    proceed(self, *args, **kwargs)
+    if type(self).__module__.startswith("probes.") or _framework_depth:
+        return
+    _note_pending(self)
 
 
 @_safely
@@ -210,12 +208,9 @@ def model_of(params: Sequence[torch.Tensor]) -> nn.Module | None:
 
 # --- a hand-written update: the first backward no probe watches ------------------------------
 
-torch_backward = torch.autograd.backward
 
-
-@functools.wraps(torch_backward)
-def _backward(*args: Any, **kwargs: Any) -> Any:
-    result = torch_backward(*args, **kwargs)
+def _backward(proceed: Any, *args: Any, **kwargs: Any) -> Any:
+    result = proceed(*args, **kwargs)
     if not _watched_any and not _pending and not _framework_depth:
         _hand_written(args[0] if args else kwargs.get("tensors"))
     return result
@@ -237,67 +232,83 @@ def _hand_written(tensors: Any) -> None:
 # --- the frameworks ------------------------------------------------------------------------
 
 
-def _with_callback(original: Any, make_callback: Any) -> Any:
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        callbacks = list(kwargs.get("callbacks") or [])
+def _with_callback(make_callback: Any, seam: seams.Seam) -> Any:
+    """``Trainer.__init__``'s layer: traintop's callback joins the Trainer's own, however
+    they were passed (by keyword, by position, or not at all)."""
+
+    def __init__(proceed: Any, self: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            callback = make_callback()
-            if not any(type(c) is type(callback) for c in callbacks):
-                callbacks.append(callback)
-                kwargs["callbacks"] = callbacks
+            init = seam.original  # the Trainer's own: its parameters name the arguments
+            args, kwargs = _add_callback(init, self, args, kwargs, make_callback())
         except Exception as exc:
             _say(f"no callback added: {type(exc).__name__}: {exc}")
-        original(self, *args, **kwargs)
+        proceed(self, *args, **kwargs)
 
     return __init__
 
 
-def _framework_owned(original: Any) -> Any:
+def _add_callback(
+    init: Any, trainer: Any, args: tuple[Any, ...], kwargs: dict[str, Any], callback: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    bound = inspect.signature(init).bind_partial(trainer, *args, **kwargs)
+    given = bound.arguments.get("callbacks")  # (Lightning takes one bare callback too)
+    callbacks = [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
+    if any(type(c) is type(callback) for c in callbacks):
+        return args, kwargs
+    bound.arguments["callbacks"] = [*callbacks, callback]
+    return bound.args[1:], bound.kwargs
+
+
+def _framework_owned(proceed: Any, *args: Any, **kwargs: Any) -> Any:
     """``train()`` / ``fit()``: the optimizers built inside are the callback's to watch."""
-
-    @functools.wraps(original)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        global _framework_depth
-        _framework_depth += 1
-        try:
-            return original(*args, **kwargs)
-        finally:
-            _framework_depth -= 1
-
-    return run
+    global _framework_depth
+    _framework_depth += 1
+    try:
+        return proceed(*args, **kwargs)
+    finally:
+        _framework_depth -= 1
 
 
-def _adopt_trainer(trainer: Any, glue: str, run: str) -> None:
-    """``trainer`` gets the ``TraintopCallback`` of module ``glue`` (imported when a
+def _adopt_trainer(module: ModuleType, glue: str, run: str) -> None:
+    """``module.Trainer`` gets the ``TraintopCallback`` of module ``glue`` (imported when a
     Trainer is made), and its method ``run`` owns the optimizers built inside it."""
 
     def callback() -> Any:
         return importlib.import_module(glue).TraintopCallback()
 
-    trainer.__init__ = _with_callback(trainer.__init__, callback)
-    setattr(trainer, run, _framework_owned(getattr(trainer, run)))
+    init = seams.trainer(module, "__init__")
+    _process.hold(init, Layer("traintop run", _with_callback(callback, init)))
+    _process.hold(seams.trainer(module, run), Layer("traintop run", _framework_owned))
 
 
 def hf_imported(module: ModuleType) -> None:
     """``transformers.trainer`` was imported: its Trainer gets traintop's callback."""
-    _adopt_trainer(module.Trainer, "probes.hf", "train")
+    _adopt_trainer(module, "probes.hf", "train")
 
 
 def lightning_imported(module: ModuleType) -> None:
     """Lightning's trainer module was imported: its Trainer gets traintop's callback."""
-    _adopt_trainer(module.Trainer, "probes.lightning", "fit")
+    _adopt_trainer(module, "probes.lightning", "fit")
 
 
 def torch_imported(module: ModuleType) -> None:
-    """torch was imported: see modules, optimizers and backwards from now on."""
+    """torch was imported: see modules, optimizers and backwards from now on. The clip
+    and the loss functions get their stand-ins now, before the script can import them
+    by name (``from torch.nn.utils import clip_grad_norm_``)."""
     global _installed
     if _installed:
         return
     _installed = True
-    torch_module.register_module_parameter_registration_hook(_parameter_registered)
-    torch_module.register_module_module_registration_hook(_module_registered)
-    optimizer_class = torch.optim.Optimizer
-    optimizer_class.__init__ = _optimizer_init(optimizer_class.__init__)  # type: ignore[method-assign]
-    register_optimizer_step_pre_hook(_before_any_step)
-    torch.autograd.backward = _backward
+    from probes.runtime import autoeval, clip
+
+    _process.hold(seams.PARAMETER_REGISTRATION_HOOK, Layer("traintop run", _parameter_registered))
+    _process.hold(seams.MODULE_REGISTRATION_HOOK, Layer("traintop run", _module_registered))
+    _process.hold(seams.OPTIMIZER_INIT, Layer("traintop run", _optimizer_init))
+    _process.hold(seams.OPTIMIZER_STEP_PRE_HOOK, Layer("traintop run", _before_any_step))
+    _process.hold(seams.BACKWARD, Layer("traintop run", _backward, order=40))
+    clip.install()  # (held for the process: never uninstalled)
+    autoeval.hold_losses()
+
+
+#: What ``traintop run`` holds for the whole process (never released: the process ends).
+_process = Held()
