@@ -1,6 +1,7 @@
 """traintop for the Hugging Face ``Trainer``: ``callbacks=[TraintopCallback()]``.
 
-What is read where (transformers 4.4x to 5.x):
+What is read where (transformers 4.41 to 5.x with accelerate 0.30 to 1.x: the oldest and
+the newest are tested, ``.ci/frameworks_oldest``):
 
 - one probe step per optimizer step: ``on_step_begin`` (the first micro-batch of an
   accumulation) to ``on_step_end``;
@@ -8,8 +9,9 @@ What is read where (transformers 4.4x to 5.x):
   micro-batches, i.e. the loss the update used (already divided for gradient
   accumulation), kept as a tensor (no host/device sync) and NaN kept (the Trainer's own
   logged loss is an average over ``logging_steps`` and turns NaN into the mean so far);
-- gradients: before the Trainer's clipping (``max_grad_norm``, through accelerate and
-  ``torch.nn.utils.clip_grad_norm_``), else in ``optimizer.step()``;
+- gradients: before the Trainer's clipping (``max_grad_norm``, through accelerate: its
+  older releases call ``torch.nn.utils.clip_grad_norm_``, 1.16 ``get_total_norm`` then
+  ``clip_grads_with_norm_``), else in ``optimizer.step()``;
 - learning rates: the optimizer's, as ``optimizer.step()`` runs (the Trainer steps one
   optimizer, ``trainer.optimizer``, accelerate's wrapper unwrapped: every optimizer it
   has is watched; a plain loop with several passes them all to ``probes.watch``);
@@ -107,6 +109,7 @@ class TraintopCallback(TrainerCallback):
             self.probe.begin_step(int(state.global_step))
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # (not an event of the oldest Trainers: there ``optimizer.step()`` reads them)
         if self.probe is not None:
             self.probe.gradients_final()  # read already, unless nothing clipped or stepped
 

@@ -1,6 +1,7 @@
 """traintop for PyTorch Lightning: ``pl.Trainer(..., callbacks=[TraintopCallback()])``.
 
-What is read where (Lightning 2.x, ``pytorch_lightning`` or ``lightning.pytorch``):
+What is read where (Lightning 2.4 to 2.6, ``pytorch_lightning`` or ``lightning.pytorch``;
+before 2.4 Lightning imports ``pkg_resources``, which setuptools 82 on no longer has):
 
 - one probe step per optimizer step: from the ``on_train_batch_start`` of its first
   micro-batch to the ``on_train_batch_end`` of the batch whose optimizer step ran

@@ -74,11 +74,22 @@ class OracleTrainer(transformers.Trainer):
         self.naive_norms: list[list[float | None]] = []
         self.micro_losses: list[list[float]] = []
         self.poison_at = poison_at
+        # Every transformers version clips through its accelerator (4.4x inline in the
+        # training loop, later in ``Trainer._clip_grad_norm``): read the norms there.
+        clip = self.accelerator.clip_grad_norm_
 
-    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+        def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+            if math.isfinite(max_norm):  # (not the unclipped norm of a run without a clip)
+                self.naive_norms.append(self._naive_norms())
+            return clip(parameters, max_norm, *args, **kwargs)
+
+        self.accelerator.clip_grad_norm_ = clip_grad_norm_
+
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        # (``num_items_in_batch`` came in transformers 4.46: passed on only when given)
         if len(self.micro_losses) <= self.state.global_step:
             self.micro_losses.append([])
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        loss = super().training_step(model, inputs, *args, **kwargs)
         self.micro_losses[self.state.global_step].append(loss.item())
         return loss
 
@@ -88,15 +99,14 @@ class OracleTrainer(transformers.Trainer):
             loss = loss * float("nan")  # a NaN born in this step
         return loss
 
-    def _clip_grad_norm(self, model: Any) -> Any:
+    def _naive_norms(self) -> list[float | None]:
         layers = map_layers(self.model)
         sums: list[float | None] = [None] * layers.num_layers
         for param, layer in zip(layers.params, layers.param_layer, strict=True):
             if param.grad is not None:
                 square = param.grad.double().norm().item() ** 2
                 sums[layer] = square + (sums[layer] or 0.0)
-        self.naive_norms.append([None if s is None else math.sqrt(s) for s in sums])
-        return super()._clip_grad_norm(model)
+        return [None if s is None else math.sqrt(s) for s in sums]
 
 
 class WaitForMonitor(transformers.TrainerCallback):
