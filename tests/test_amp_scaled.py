@@ -7,6 +7,8 @@ the CPU, fp16 autocast)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -141,3 +143,59 @@ def test_the_rule_reads_the_record_and_exploding_gradient_leaves_it_alone() -> N
     for n in range(1, 6):
         diagnoser.observe({**healthy, "step": n})
     assert diagnoser.active == {}  # cleared once the loop unscales
+
+
+def _gan_under_one_scaler(
+    collector: FrameCollector, *, step_api: bool, steps: int = 8, clip_before_unscale: bool
+) -> list[Frame]:
+    """DCGAN's loop under AMP: D's and G's optimizers, one GradScaler, D stepped before
+    G; both watched as one run (``watch(model, [opt_d, opt_g])``)."""
+    torch.manual_seed(0)
+    generator, discriminator = nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 1))
+    model = nn.ModuleDict({"generator": generator, "discriminator": discriminator})
+    opt_d = torch.optim.Adam(discriminator.parameters(), lr=1e-3)
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    real, bce = torch.randn(16, 8), nn.functional.binary_cross_entropy_with_logits
+    with watch_unthinned(model, [opt_d, opt_g], collector) as probe:
+        for _ in range(steps):
+            with probe.step() if step_api else contextlib.nullcontext():
+                fake = generator(torch.randn(16, 4))
+                opt_d.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    d_loss = bce(discriminator(real).float(), torch.ones(16, 1)) + bce(
+                        discriminator(fake.detach()).float(), torch.zeros(16, 1)
+                    )
+                scaler.scale(d_loss).backward()
+                if clip_before_unscale:  # the bug: D's gradients still carry the scale
+                    torch.nn.utils.clip_grad_norm_(discriminator.parameters(), 1.0)
+                scaler.step(opt_d)
+                opt_g.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    g_loss = bce(discriminator(fake).float(), torch.ones(16, 1))
+                scaler.scale(g_loss).backward()
+                scaler.step(opt_g)
+                scaler.update()
+    wait_for_bye(collector)
+    return list(collector.frames)
+
+
+@pytest.mark.parametrize("step_api", [True, False], ids=["step api", "watch alone"])
+def test_two_optimizers_under_one_scaler_are_not_grads_still_scaled(
+    collector: FrameCollector, step_api: bool
+) -> None:
+    """Before: grads_still_scaled on every record (the set of two optimizers was never
+    found in the scaler's per-optimizer states, so every read looked unscaled)."""
+    frames = _gan_under_one_scaler(collector, step_api=step_api, clip_before_unscale=False)
+    assert len(steps(frames)) == 8
+    assert all("grads_scaled" not in f for f in steps(frames))
+    assert "grads_still_scaled" not in [a.kind for a in diagnose(frames)[0]]
+
+
+def test_two_optimizers_clipped_before_unscale_are_still_caught(
+    collector: FrameCollector,
+) -> None:
+    """The near miss: D clipped before ``scaler.unscale_`` is still the bug."""
+    frames = _gan_under_one_scaler(collector, step_api=True, clip_before_unscale=True)
+    assert all(f.get("grads_scaled") == 65536.0 for f in steps(frames)[:1])
+    assert "grads_still_scaled" in [a.kind for a in diagnose(frames)[0]]
