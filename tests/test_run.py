@@ -178,6 +178,10 @@ def test_the_command_line_splits_traintops_options_from_the_scripts() -> None:
     assert split_run(["run", "--", "--weird.py"]) == (["run"], ["--weird.py"])
     assert split_run(["run", "--help"]) == (["run", "--help"], [])  # traintop's own help
     assert split_run(["run", "train.py", "--help"]) == (["run"], ["train.py", "--help"])
+    assert split_run(["run", "--stop-on-quit", "python", "t.py"]) == (
+        ["run", "--stop-on-quit"],
+        ["python", "t.py"],
+    )
     assert child_command(["train.py", "--x"]) == [sys.executable, "train.py", "--x"]
     assert child_command(["-m", "pkg"]) == [sys.executable, "-m", "pkg"]
     assert child_command(["torchrun", "--nproc-per-node", "2", "t.py"])[0] == "torchrun"

@@ -36,6 +36,7 @@ from tui.screens.anomaly_report import AnomalyReportScreen
 from tui.screens.checks import ChecksScreen
 from tui.screens.compare import ComparePicker, CompareScreen
 from tui.screens.confirm import Confirm
+from tui.screens.confirm_stop import StoppableScript, ask_to_stop
 from tui.screens.help import HelpScreen
 from tui.sources import FrameSource
 from tui.state import MonitorState
@@ -65,8 +66,9 @@ class TraintopApp(App[int]):
         source: where frames come from (a ``ServerSource``, a ``ReplaySource``, or
             a ``FrameListSource`` in tests).
         record_path: append every received frame to this run log.
-        mode: ``live`` (a socket), ``demo`` (q stops the trainer) or ``replay``; the
-            help says what q and the commands do in each.
+        script: the script of ``traintop run``, which ``X`` stops (asked first).
+        mode: ``live`` (a socket), ``run`` (q leaves the script running), ``demo`` (q
+            stops the trainer) or ``replay``; the help says what q does in each.
         compare_on_start: open the comparison of every run at once (``traintop replay
             a.ndjson b.ndjson``).
     """
@@ -99,6 +101,7 @@ class TraintopApp(App[int]):
         Binding("m", "compare", "Compare", show=False),
         Binding("r", "next_run", "Next run", show=False),
         Binding("k", "next_rank", "Next rank", show=False),
+        Binding("X", "stop_script", "Stop script"),  # traintop run only (check_action)
     ]
 
     selected_run: reactive[str | None] = reactive(None, init=False)
@@ -111,10 +114,12 @@ class TraintopApp(App[int]):
         record_path: str | None = None,
         state: MonitorState | None = None,
         companion: Callable[[], int | None] | None = None,
+        script: StoppableScript | None = None,
         mode: str = "live",
         compare_on_start: bool = False,
     ) -> None:
         super().__init__()
+        self.script = script
         self.source = source
         self.mode = mode
         self.compare_on_start = compare_on_start
@@ -181,8 +186,9 @@ class TraintopApp(App[int]):
         status = self.companion() if self.companion else None
         if status not in (None, 0) and not self._companion_reported:
             self._companion_reported = True
+            who = "the script" if self.mode == "run" else "the demo trainer"
             self.notify(
-                f"the demo trainer exited with status {status}; its log is printed when you quit",
+                f"{who} exited with status {status}; its log is printed when you quit",
                 severity="error",
                 timeout=30,
             )
@@ -314,6 +320,8 @@ class TraintopApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "open_alert":  # Enter is a modal screen's own (a picker, a question)
             return self.screen is self.screen_stack[0]
+        if action == "stop_script":  # hidden with no script of traintop run's
+            return self.script is not None and self.screen is self.screen_stack[0]
         return True
 
     @on(DataTable.RowSelected, "#alerts")  # (a click on an alert)
@@ -403,6 +411,10 @@ class TraintopApp(App[int]):
             answered,
         )
 
+    def action_stop_script(self) -> None:
+        if self.script is not None:  # (hidden otherwise: check_action)
+            ask_to_stop(self, self.script)
+
     def action_view_anomaly(self) -> None:
         run = self.current_run
         if run is None or not run.anomaly_reports:
@@ -472,6 +484,7 @@ def make_app(
     record_path: str | None = None,
     state: MonitorState | None = None,
     companion: Callable[[], int | None] | None = None,
+    script: StoppableScript | None = None,
     mode: str = "live",
     compare_on_start: bool = False,
 ) -> TraintopApp:
@@ -481,6 +494,7 @@ def make_app(
         record_path=record_path,
         state=state,
         companion=companion,
+        script=script,
         mode=mode,
         compare_on_start=compare_on_start,
     )

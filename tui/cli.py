@@ -70,7 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
         usage="traintop run [options] [--] COMMAND...",
         description="Run COMMAND (python train.py ARGS, train.py ARGS, -m module ARGS, or "
         "torchrun ... train.py ARGS) with a probe on each model and optimizer it builds, "
-        "the monitor in front. Options before COMMAND are traintop's; '--' ends them.",
+        "the monitor in front. Options before COMMAND are traintop's; '--' ends them. "
+        "Quitting the screen (q) detaches: the script trains on, and traintop prints its "
+        "log file and the command that watches it again; X in the screen stops it.",
+    )
+    run.add_argument(
+        "--stop-on-quit",
+        action="store_true",
+        help="quitting the screen stops the script: SIGINT once, then wait for it "
+        "(default: quitting detaches and the script trains on)",
     )
     run.add_argument("child", nargs="*", metavar="COMMAND", help=argparse.SUPPRESS)
     return parser
@@ -79,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: traintop's own options that take a value (``split_run``).
 _VALUED = ("--record", "--summary-every", "--fail-on", "--threshold", "--address")
 #: ... and those that take none (``traintop run --help`` is traintop's, not the script's).
-_FLAGS = ("--headless", "-h", "--help")
+_FLAGS = ("--headless", "--stop-on-quit", "-h", "--help")
 
 
 def split_run(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -155,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         args.child = child
     if getattr(args, "fail_on", None) and not args.headless:
         parser.error("--fail-on needs --headless")
+    if getattr(args, "stop_on_quit", False) and args.headless:
+        parser.error("--stop-on-quit is for the screen (headless: Ctrl-C reaches the script)")
     try:
         args.thresholds = parse_thresholds(args.threshold or [])
     except (TypeError, ValueError) as exc:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from probes.kernel.diagnosis import Thresholds
 from tui.sources import FrameSource
 from tui.state import MonitorState
+
+if TYPE_CHECKING:
+    from tui.screens.confirm_stop import StoppableScript
 
 
 def serve(
@@ -25,14 +29,16 @@ def serve(
     fail_on: str | None = None,
     thresholds: Thresholds | None = None,
     companion: Callable[[], int | None] | None = None,
+    script: StoppableScript | None = None,
     mode: str = "live",
     compare_on_start: bool = False,
 ) -> int:
     """Run the monitor on ``source``: the Textual app, or headless printing.
 
     ``companion`` gives the exit status of a process the monitor was started for (the
-    demo trainer), None while it runs: a trainer that dies is reported, and a headless
-    monitor then stops instead of waiting for a run that will never come.
+    demo trainer, the script of ``traintop run``), None while it runs: a trainer that
+    dies is reported, and a headless monitor then stops instead of waiting for a run
+    that will never come. ``script``: the screen's ``X`` stops it (``traintop run``).
     """
     state = MonitorState(thresholds)
     if headless:
@@ -56,6 +62,7 @@ def serve(
         record_path=record,
         state=state,
         companion=companion,
+        script=script,
         mode=mode,
         compare_on_start=compare_on_start,
     )

@@ -33,21 +33,36 @@ KEYS = (
 )
 #: What q does, which depends on how the monitor was started.
 QUIT = {
-    "live": "quit: the monitor detaches; the run goes on untouched",
+    "live": "quit: the monitor detaches; the run goes on untouched (a monitor started "
+    "later on the same address sees it again, from step 0)",
+    "run": "quit: the monitor detaches and the script trains on; traintop prints its log "
+    "file and the command that watches it again (from step 0). Started with "
+    "--stop-on-quit: q stops it (SIGINT). If it has ended: its output is printed",
     "demo": "quit: stops the demo trainer too (it is the demo's child)",
     "replay": "quit (a replay touches no run)",
 }
+#: What X does: stop the script of traintop run; nothing elsewhere.
+STOP = {
+    "run": "stop the script: asks first, then sends SIGINT, as Ctrl-C would (asked "
+    "again while it still runs: SIGTERM); the monitor stays",
+}
+NO_SCRIPT = "under traintop run: stop its script (asks first); here there is none"
 LIVE_ONLY = ("p", "n", "a", "g", "-  +")  # commands to a live run: none in a replay
 
 
 def keys_for(mode: str) -> list[tuple[str, str]]:
-    """The key table as true for ``mode`` (``live``, ``demo`` or ``replay``)."""
+    """The key table as true for ``mode`` (``live``, ``run``, ``demo`` or ``replay``)."""
     keys = list(KEYS)
     if mode == "replay":
         keys.append(
             ("", f"{' '.join(LIVE_ONLY)}: commands to a live run (a replay has none to take them)")
         )
-    return [*keys, ("q", QUIT.get(mode, QUIT["live"])), ("ctrl+c", "the same as q")]
+    return [
+        *keys,
+        ("X", STOP.get(mode, NO_SCRIPT)),
+        ("q", QUIT.get(mode, QUIT["live"])),
+        ("ctrl+c", "the same as q"),
+    ]
 
 
 class HelpScreen(PanelScreen):
