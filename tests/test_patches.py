@@ -33,6 +33,7 @@ ATTRIBUTE_SEAMS: list[Seam] = [
     seams.SHOW_WARNING,
     seams.OPTIMIZER_INIT,
     seams.MODULE_GETSTATE,
+    seams.TORCH_COMPILE,
     *(
         seam
         for name in ("cross_entropy", "nll_loss", "mse_loss", "dropout", "dropout2d")
@@ -203,10 +204,14 @@ def test_every_global_is_torchs_own_after_the_probes_close_in_any_order(
                 _train(model, optimizer, steps=3)
         assert seams.BACKWARD.current is not ORIGINALS[seams.BACKWARD.name]
         assert seams.MODULE_GETSTATE.current is not ORIGINALS[seams.MODULE_GETSTATE.name]
+        listed = probes.patched()
+        assert listed[seams.BACKWARD.name] == ["autostep"]
+        assert listed["torch.nn.utils.clip_grad_norm_"] == ["clip"]
     finally:
         for index in close_order:
             opened[index][0].close()
     _assert_all_torch_own()
+    assert probes.patched() == {}
 
 
 def test_the_step_api_and_an_anomaly_step_leave_nothing_behind() -> None:

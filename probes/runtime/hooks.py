@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -28,7 +29,9 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from probes.runtime.module_hooks import add_hook
+from probes.runtime.module_hooks import ModuleHookHandle, add_hook
+from probes.runtime.patches import REGISTRY, Layer
+from probes.runtime.seams import TORCH_COMPILE
 
 Hook = TypeVar("Hook", bound=Callable[..., object])
 
@@ -123,7 +126,77 @@ def entry_pre_hook(module: nn.Module, hook: PreHook) -> EntryHandle:
         if entry is None or module._compiled_call_impl is not entry:
             entry = _ENTRIES[module] = _CompiledEntry(module)
         return entry.add(hook)
-    return EntryHandle(add_hook(module, module.register_forward_pre_hook, hook).remove)
+    plain = _PlainEntry(module, hook)
+    _PLAIN.setdefault(module, []).append(plain)
+    return EntryHandle(plain.remove)
+
+
+class _PlainEntry:
+    """An entry hook on a module not compiled (yet): a plain pre-hook, moved to the
+    ``torch.compile`` wrapper if one is made of the module later (``compiled``)."""
+
+    def __init__(self, module: nn.Module, hook: PreHook) -> None:
+        self._module = weakref.ref(module)
+        self._hook = hook
+        self._handle: ModuleHookHandle | None = add_hook(
+            module, module.register_forward_pre_hook, hook
+        )
+
+    def move_to(self, wrapper: nn.Module) -> None:
+        module = self._module()
+        if self._handle is None or module is None:
+            return
+        self._handle.remove()
+        hook = self._hook
+        self._handle = add_hook(
+            wrapper, wrapper.register_forward_pre_hook, lambda _, args: hook(module, args)
+        )
+
+    def remove(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.remove()
+        module = self._module()
+        entries = _PLAIN.get(module) if module is not None else None
+        if entries is not None and self in entries:
+            entries.remove(self)
+
+
+def _compiled(proceed: Callable[..., Any], model: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """``torch.compile``'s layer: a wrapper made of a module that has entry hooks takes
+    them (before its first call: nothing of the probe's is inside what it compiles)."""
+    compiled = proceed(model, *args, **kwargs)
+    if isinstance(model, nn.Module) and type(compiled).__name__ == "OptimizedModule":
+        _COMPILE_WRAPPERS[model] = weakref.ref(compiled)
+        for entry in list(_PLAIN.get(model, ())):
+            entry.move_to(compiled)
+    return compiled
+
+
+_COMPILE_LAYER = Layer("compiled models' entries", _compiled)
+_compile_watchers = 0
+_compile_lock = threading.Lock()
+
+
+def see_compiles() -> None:
+    """``torch.compile`` tells the entries of the models it wraps (counted: one per open
+    probe; ``unsee_compiles`` undoes one)."""
+    global _compile_watchers
+    with _compile_lock:
+        _compile_watchers += 1
+        if _compile_watchers == 1:
+            REGISTRY.add(TORCH_COMPILE, _COMPILE_LAYER)
+
+
+def unsee_compiles() -> None:
+    """Undo one ``see_compiles``; the last puts ``torch.compile`` back."""
+    global _compile_watchers
+    with _compile_lock:
+        if _compile_watchers == 0:
+            return
+        _compile_watchers -= 1
+        if _compile_watchers == 0:
+            REGISTRY.remove(TORCH_COMPILE, _COMPILE_LAYER)
 
 
 class _CompiledEntry:
@@ -163,6 +236,7 @@ _COMPILE_WRAPPERS: weakref.WeakKeyDictionary[nn.Module, weakref.ref[nn.Module]] 
     weakref.WeakKeyDictionary()
 )
 _ENTRIES: weakref.WeakKeyDictionary[nn.Module, _CompiledEntry] = weakref.WeakKeyDictionary()
+_PLAIN: weakref.WeakKeyDictionary[nn.Module, list[_PlainEntry]] = weakref.WeakKeyDictionary()
 
 
 def compile_wrapper_of(module: nn.Module) -> nn.Module | None:

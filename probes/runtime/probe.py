@@ -38,7 +38,7 @@ from probes.runtime import clip, lifecycle, optimizers, torch_warnings
 from probes.runtime.control import Control, ControlState
 from probes.runtime.evaluation import EvalScope
 from probes.runtime.hello import hello_fields
-from probes.runtime.hooks import unwrap
+from probes.runtime.hooks import see_compiles, unsee_compiles, unwrap
 from probes.runtime.job import job_identity, sync_of
 from probes.runtime.layers import LayerMap, map_layers
 from probes.runtime.link import command_token, monitor_address
@@ -129,6 +129,7 @@ class Probe:
             updated=self._measurer.clearing.updated,
         )
         clip.install()  # frameworks clip through torch's function: read before it
+        see_compiles()  # a torch.compile wrapper made later is where the model is entered
         lifecycle.register(self)
         self._torch_warnings = torch_warnings.watch(self)  # torch's own, during steps
         for alert in self._boundary.wiring.first_alerts(self.layers):  # (and again later)
@@ -382,6 +383,7 @@ class Probe:
             return
         lifecycle.unregister(self)
         clip.uninstall()
+        unsee_compiles()
         self._torch_warnings.remove()
         optimizers.detach(self._per_optimizer)
         self._hooks.remove()

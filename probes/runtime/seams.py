@@ -56,6 +56,10 @@ SCALER_SCALE = Seam("torch.amp.GradScaler.scale", lambda: GradScaler, "scale")
 SCALER_UPDATE = Seam("torch.amp.GradScaler.update", lambda: GradScaler, "update")
 SCALER_STEP = Seam("torch.amp.GradScaler.step", lambda: GradScaler, "step")
 
+#: ``torch.compile``: a wrapper made of a watched model after ``watch()`` takes the hooks
+#: at the model's entry (``probes.runtime.hooks``), out of what it compiles.
+TORCH_COMPILE = Seam("torch.compile", lambda: torch, "compile")
+
 SHOW_WARNING = Seam("warnings.showwarning", lambda: warnings, "showwarning")
 
 OPTIMIZER_INIT = Seam("torch.optim.Optimizer.__init__", lambda: torch.optim.Optimizer, "__init__")
