@@ -42,6 +42,7 @@ __all__ = [
     "check_split",
     "clip_grad_norm_",
     "overfit_batch",
+    "patched",
     "watch",
 ]
 
@@ -50,6 +51,7 @@ _LAZY = {
     "watch": "probes.runtime.probe",
     "WatchOptions": "probes.runtime.options",
     "clip_grad_norm_": "probes.runtime.clip",
+    "patched": "probes.runtime.patches",
     "Alert": "probes.kernel.diagnosis",
     "Diagnoser": "probes.kernel.diagnosis",
     "Thresholds": "probes.kernel.diagnosis",

@@ -239,6 +239,22 @@ class PatchRegistry:
 REGISTRY = PatchRegistry()
 
 
+def patched() -> dict[str, list[str]]:
+    """What traintop has patched in this process now, and by which of its parts.
+
+    Returns:
+        Each global's name (``"torch.autograd.backward"``, ...) with the names of the
+        layers on it, outermost first; empty once every probe has closed (under
+        ``traintop run``, the layers it holds for the process stay).
+
+    Example::
+
+        >>> probes.patched()
+        {}
+    """
+    return REGISTRY.patched()
+
+
 class Held:
     """Layers one owner holds on several seams, added together and removed together
     (in reverse) with ``release``; releasing twice is a no-op."""
