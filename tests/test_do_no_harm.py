@@ -210,6 +210,11 @@ def run_way(way: Way, actions: list[str], folder: str) -> Pair:
     return Pair(bare, watched, unstable, outs["watched"], frames, logs["watched"])
 
 
+# One worker for the whole matrix: the pairs are module-scoped, and cells of one way
+# spread over two workers would run that way's scripts twice.
+pytestmark = pytest.mark.xdist_group("do no harm")
+
+
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """``pairs(way, heavy)``: that way's bare and watched summaries, run once a module."""

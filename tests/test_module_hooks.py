@@ -92,3 +92,21 @@ def test_a_file_saved_while_watched_loads_where_traintop_is_not_installed(tmp_pa
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["Sequential", "4"]
+
+
+def test_a_watched_model_scripts_and_keeps_its_hooks() -> None:
+    """``torch.jit.script`` compiles a module's hooks: traintop's (Python objects) made it
+    fail with a TypeError. They are taken off for the call and put back in place."""
+    model = _model()
+    probe = probes.watch(model, run="scripted")
+    try:
+        _train_with_an_evaluation_left_open(model, steps=3)
+        before = [list(m._forward_pre_hooks.items()) for m in model.modules()]
+        assert any(before)
+        scripted = torch.jit.script(model)
+        assert [list(m._forward_pre_hooks.items()) for m in model.modules()] == before
+        x = torch.randn(5, 4)
+        model.eval()
+        assert torch.equal(scripted(x), model(x))
+    finally:
+        probe.close()

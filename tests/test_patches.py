@@ -34,6 +34,7 @@ ATTRIBUTE_SEAMS: list[Seam] = [
     seams.OPTIMIZER_INIT,
     seams.MODULE_GETSTATE,
     seams.TORCH_COMPILE,
+    seams.JIT_SCRIPT,
     *(
         seam
         for name in ("cross_entropy", "nll_loss", "mse_loss", "dropout", "dropout2d")

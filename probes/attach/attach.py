@@ -299,7 +299,7 @@ def torch_imported(module: ModuleType) -> None:
     if _installed:
         return
     _installed = True
-    from probes.runtime import autoeval, clip
+    from probes.runtime import autoeval, clip, module_hooks
 
     _process.hold(seams.PARAMETER_REGISTRATION_HOOK, Layer("traintop run", _parameter_registered))
     _process.hold(seams.MODULE_REGISTRATION_HOOK, Layer("traintop run", _module_registered))
@@ -308,6 +308,7 @@ def torch_imported(module: ModuleType) -> None:
     _process.hold(seams.BACKWARD, Layer("traintop run", _backward, order=40))
     clip.install()  # (held for the process: never uninstalled)
     autoeval.hold_losses()
+    _process.hold(seams.JIT_SCRIPT, Layer("traintop run", module_hooks.script_untouched))
 
 
 #: What ``traintop run`` holds for the whole process (never released: the process ends).

@@ -10,24 +10,28 @@ saved so would need traintop to load. So every module hook traintop adds goes th
 returns: a watched model pickles, saves and deep-copies to exactly what it would
 unwatched, and the copy carries no hook of traintop's. A module whose class writes its
 own ``__getstate__`` without calling ``nn.Module``'s keeps them (as it would any hook).
+``torch.jit.script`` (``probes.runtime.seams.JIT_SCRIPT``), which compiles a module's
+hooks with it, sees the module without them too: they are taken off for the call and
+put back in their place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from probes.runtime.patches import REGISTRY, Layer
-from probes.runtime.seams import MODULE_GETSTATE
+from probes.runtime.patches import REGISTRY, Layer, Seam
+from probes.runtime.seams import JIT_SCRIPT, MODULE_GETSTATE
 
 _lock = threading.Lock()
 #: id of a module's hook dictionary -> the keys (handle ids) of traintop's hooks in it
 _ours: dict[int, set[int]] = {}
-_layer: Layer | None = None
+_layers: list[tuple[Seam, Layer]] = []
 
 
 class ModuleHookHandle:
@@ -54,25 +58,24 @@ def add_hook(
     hooks = handle.hooks_dict_ref()
     if hooks is None:  # (torch keeps the dictionary alive while the module lives)
         return ModuleHookHandle(handle, {})
-    global _layer
     with _lock:
         _ours.setdefault(id(hooks), set()).add(handle.id)
-        if _layer is None:
-            _layer = REGISTRY.add(MODULE_GETSTATE, Layer("module hooks", _state_without_ours))
+        if not _layers:
+            for seam, layer in _LAYERS:
+                _layers.append((seam, REGISTRY.add(seam, layer)))
     return ModuleHookHandle(handle, hooks)
 
 
 def _forget(hooks_id: int, key: int) -> None:
-    global _layer
     with _lock:
         keys = _ours.get(hooks_id)
         if keys is not None:
             keys.discard(key)
             if not keys:
                 del _ours[hooks_id]
-        if not _ours and _layer is not None:
-            REGISTRY.remove(MODULE_GETSTATE, _layer)
-            _layer = None
+        if not _ours:
+            while _layers:
+                REGISTRY.remove(*_layers.pop())
 
 
 def _state_without_ours(proceed: Callable[..., dict[str, Any]], module: nn.Module) -> Any:
@@ -84,6 +87,42 @@ def _state_without_ours(proceed: Callable[..., dict[str, Any]], module: nn.Modul
         if keys:
             state[name] = type(value)((k, v) for k, v in value.items() if k not in keys)
     return state
+
+
+def script_untouched(proceed: Callable[..., Any], obj: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.jit.script``'s layer: it compiles what it reaches from its source, hooks
+    and the functions it calls included; traintop's hooks and stand-ins are not
+    TorchScript, so it sees torch's own functions and the modules without our hooks."""
+    hidden = _without_ours(obj) if isinstance(obj, nn.Module) else contextlib.nullcontext()
+    with REGISTRY.suspended(), hidden:
+        return proceed(obj, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _without_ours(model: nn.Module) -> Iterator[None]:
+    """``model``'s modules without traintop's hooks for the block; after it, every hook
+    dictionary holds what it held, in its order (the same objects: handles still work)."""
+    taken: list[tuple[dict[Any, Any], list[tuple[Any, Any]]]] = []
+    for module in model.modules():
+        for value in vars(module).values():
+            keys = _ours.get(id(value)) if isinstance(value, dict) else None
+            if keys:
+                taken.append((value, list(value.items())))
+                for key in keys:
+                    value.pop(key, None)
+    try:
+        yield
+    finally:
+        for hooks, items in taken:
+            hooks.clear()
+            hooks.update(items)
+
+
+#: The seams held while any of traintop's hooks is on a module.
+_LAYERS = (
+    (MODULE_GETSTATE, Layer("module hooks", _state_without_ours)),
+    (JIT_SCRIPT, Layer("module hooks", script_untouched)),
+)
 
 
 def noted() -> int:

@@ -28,9 +28,10 @@ failure inside the probe switches that probe off; ``probes.runtime.autostep``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,6 +224,29 @@ class PatchRegistry:
         """Remove ``layer`` (idempotent); the seam's last one restores the original."""
         with self._lock:
             seam._remove(layer)
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """torch's own objects in place of every stand-in for the block, the stand-ins
+        back after: for code that compiles a function from its source and globals
+        (TorchScript reads ``F.dropout``'s stand-in as ``F.dropout``'s source with the
+        stand-in's globals, and fails). Other threads meanwhile call torch's own."""
+        with self._lock:
+            swapped = [
+                seam
+                for seam in self._seams.values()
+                if isinstance(seam, Seam)
+                and seam._stand_in is not None
+                and getattr(seam.owner, seam.attribute, None) is seam._stand_in
+            ]
+            for seam in swapped:
+                setattr(seam.owner, seam.attribute, seam._original)
+            try:
+                yield
+            finally:
+                for seam in swapped:
+                    if getattr(seam.owner, seam.attribute, None) is seam._original:
+                        setattr(seam.owner, seam.attribute, seam._stand_in)
 
     def patched(self) -> dict[str, list[str]]:
         """Each seam patched now, with the names of its layers, outermost first (a seam

@@ -68,6 +68,9 @@ OPTIMIZER_INIT = Seam("torch.optim.Optimizer.__init__", lambda: torch.optim.Opti
 #: of a module, without traintop's hooks (``probes.runtime.module_hooks``).
 MODULE_GETSTATE = Seam("torch.nn.Module.__getstate__", lambda: torch.nn.Module, "__getstate__")
 
+#: ``torch.jit.script``: it compiles a module's hooks too (traintop's are not TorchScript).
+JIT_SCRIPT = Seam("torch.jit.script", lambda: torch.jit, "script")
+
 MODULE_FORWARD_PRE_HOOK = HookSeam(
     "torch global module forward pre-hook", torch_module.register_module_forward_pre_hook
 )
