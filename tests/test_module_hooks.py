@@ -110,3 +110,43 @@ def test_a_watched_model_scripts_and_keeps_its_hooks() -> None:
         assert torch.equal(scripted(x), model(x))
     finally:
         probe.close()
+
+
+class _LanguageModel(nn.Module):
+    """word_language_model's shape: ``nn.LSTM`` writes its own ``__getstate__``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Embedding(20, 8)
+        self.rnn = nn.LSTM(8, 8, 2, dropout=0.2)
+        self.decoder = nn.Linear(8, 20)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.rnn(self.encoder(tokens))[0])
+
+
+def test_an_lstm_whose_class_writes_its_own_getstate_pickles_without_our_hooks() -> None:
+    """Before (and with a filter on ``nn.Module.__getstate__`` alone): ``torch.save`` of
+    an LSTM model after an evaluation died on ``EvalScope._counter.<locals>.count``."""
+    torch.manual_seed(0)
+    model = _LanguageModel()
+    optimizer = torch.optim.AdamW(model.parameters())
+    tokens = torch.randint(0, 20, (12, 2))
+    probe = probes.watch(model, optimizer, run="lstm")
+    try:
+        for _ in range(3):
+            loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            model(tokens)  # the evaluation stays open: hooks on the LSTM
+        assert len(model.rnn._forward_pre_hooks) > 0
+        saved = io.BytesIO()
+        torch.save(model, saved)
+        assert b"probes" not in saved.getvalue()
+        twin = copy.deepcopy(model)
+        assert _our_hooks(twin) == 0 and _our_hooks(pickle.loads(pickle.dumps(model))) == 0
+    finally:
+        probe.close()

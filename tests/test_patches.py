@@ -32,7 +32,7 @@ ATTRIBUTE_SEAMS: list[Seam] = [
     seams.SCALER_STEP,
     seams.SHOW_WARNING,
     seams.OPTIMIZER_INIT,
-    seams.MODULE_GETSTATE,
+    seams.MODULE_REDUCE,
     seams.TORCH_COMPILE,
     seams.JIT_SCRIPT,
     *(
@@ -204,7 +204,7 @@ def test_every_global_is_torchs_own_after_the_probes_close_in_any_order(
                 warnings.simplefilter("ignore")
                 _train(model, optimizer, steps=3)
         assert seams.BACKWARD.current is not ORIGINALS[seams.BACKWARD.name]
-        assert seams.MODULE_GETSTATE.current is not ORIGINALS[seams.MODULE_GETSTATE.name]
+        assert seams.MODULE_REDUCE.current is not ORIGINALS[seams.MODULE_REDUCE.name]
         listed = probes.patched()
         assert listed[seams.BACKWARD.name] == ["autostep"]
         assert listed["torch.nn.utils.clip_grad_norm_"] == ["clip"]

@@ -5,11 +5,13 @@ dictionary, so ``pickle``, ``torch.save(model)``, ``copy.deepcopy(model)`` (an E
 and a spawned DataLoader worker take it along: a closure or a method of the probe would
 fail to pickle, or drag the probe (its threads and sockets) into the copy, and a file
 saved so would need traintop to load. So every module hook traintop adds goes through
-``add_hook``, which notes it, and while any is on a module, ``nn.Module.__getstate__``
-(``probes.runtime.seams.MODULE_GETSTATE``) leaves the noted hooks out of the state it
-returns: a watched model pickles, saves and deep-copies to exactly what it would
-unwatched, and the copy carries no hook of traintop's. A module whose class writes its
-own ``__getstate__`` without calling ``nn.Module``'s keeps them (as it would any hook).
+``add_hook``, which notes it, and while any is on a module, ``nn.Module.__reduce_ex__``
+(``probes.runtime.seams.MODULE_REDUCE``: what pickle and deepcopy ask of an object)
+leaves the noted hooks out of the state the module's class gives, whatever its
+``__getstate__`` (``nn.LSTM`` writes its own): a watched model pickles, saves and
+deep-copies to exactly what it would unwatched, and the copy carries no hook of
+traintop's. A module whose class writes its own ``__reduce__`` or ``__reduce_ex__``
+keeps them (as it would any hook).
 ``torch.jit.script`` (``probes.runtime.seams.JIT_SCRIPT``), which compiles a module's
 hooks with it, sees the module without them too: they are taken off for the call and
 put back in their place.
@@ -26,7 +28,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from probes.runtime.patches import REGISTRY, Layer, Seam
-from probes.runtime.seams import JIT_SCRIPT, MODULE_GETSTATE
+from probes.runtime.seams import JIT_SCRIPT, MODULE_REDUCE
 
 _lock = threading.Lock()
 #: id of a module's hook dictionary -> the keys (handle ids) of traintop's hooks in it
@@ -78,15 +80,29 @@ def _forget(hooks_id: int, key: int) -> None:
                 REGISTRY.remove(*_layers.pop())
 
 
-def _state_without_ours(proceed: Callable[..., dict[str, Any]], module: nn.Module) -> Any:
-    state = proceed(module)
-    if not isinstance(state, dict):
-        return state
-    for name, value in list(state.items()):
+def _reduced_without_ours(proceed: Callable[..., Any], module: nn.Module, protocol: int = 2) -> Any:
+    reduced = proceed(module, protocol)
+    if not _ours or not isinstance(reduced, tuple) or len(reduced) < 3:
+        return reduced
+    state = reduced[2]
+    if isinstance(state, tuple) and state and isinstance(state[0], dict):  # (dict, slots)
+        state = (_without_our_hooks(module, state[0]), *state[1:])
+    elif isinstance(state, dict):
+        state = _without_our_hooks(module, state)
+    else:
+        return reduced
+    return (*reduced[:2], state, *reduced[3:])
+
+
+def _without_our_hooks(module: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    filtered = None
+    for name, value in state.items():
         keys = _ours.get(id(value)) if isinstance(value, dict) else None
         if keys:
-            state[name] = type(value)((k, v) for k, v in value.items() if k not in keys)
-    return state
+            if filtered is None:  # (a class's state may be the module's own __dict__)
+                filtered = dict(state)
+            filtered[name] = type(value)((k, v) for k, v in value.items() if k not in keys)
+    return state if filtered is None else filtered
 
 
 def script_untouched(proceed: Callable[..., Any], obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -120,7 +136,7 @@ def _without_ours(model: nn.Module) -> Iterator[None]:
 
 #: The seams held while any of traintop's hooks is on a module.
 _LAYERS = (
-    (MODULE_GETSTATE, Layer("module hooks", _state_without_ours)),
+    (MODULE_REDUCE, Layer("module hooks", _reduced_without_ours)),
     (JIT_SCRIPT, Layer("module hooks", script_untouched)),
 )
 

@@ -64,9 +64,10 @@ SHOW_WARNING = Seam("warnings.showwarning", lambda: warnings, "showwarning")
 
 OPTIMIZER_INIT = Seam("torch.optim.Optimizer.__init__", lambda: torch.optim.Optimizer, "__init__")
 
-#: ``nn.Module.__getstate__``: what ``pickle``, ``torch.save`` and ``copy.deepcopy`` take
-#: of a module, without traintop's hooks (``probes.runtime.module_hooks``).
-MODULE_GETSTATE = Seam("torch.nn.Module.__getstate__", lambda: torch.nn.Module, "__getstate__")
+#: ``nn.Module.__reduce_ex__`` (``object``'s, inherited): what ``pickle``, ``torch.save``
+#: and ``copy.deepcopy`` take of any module, whatever its class's ``__getstate__`` (the
+#: LSTM's writes its own), without traintop's hooks (``probes.runtime.module_hooks``).
+MODULE_REDUCE = Seam("torch.nn.Module.__reduce_ex__", lambda: torch.nn.Module, "__reduce_ex__")
 
 #: ``torch.jit.script``: it compiles a module's hooks too (traintop's are not TorchScript).
 JIT_SCRIPT = Seam("torch.jit.script", lambda: torch.jit, "script")
