@@ -191,7 +191,10 @@ def test_a_compiled_gpt_trains_the_same_watched(
     assert_measured(collector)
 
 
-@pytest.mark.parametrize("compile_model", [compile_wrapped, compile_in_place])
+@pytest.mark.parametrize(
+    "compile_model",
+    [pytest.param(compile_wrapped, marks=pytest.mark.slow), compile_in_place],  # (-m slow)
+)
 def test_a_compiled_gpt_trains_the_same_under_watch_alone(
     collector: FrameCollector, compile_model: Callable[..., nn.Module]
 ) -> None:

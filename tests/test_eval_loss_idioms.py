@@ -21,7 +21,14 @@ def _printed(output: str) -> list[float]:
     return [float(v) for v in re.findall(r"^validation (\S+)$", output, re.MULTILINE)]
 
 
-@pytest.mark.parametrize("how", ["functional", "imported", "module"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "functional",
+        pytest.param("imported", marks=pytest.mark.slow),  # (-m slow: a child each)
+        pytest.param("module", marks=pytest.mark.slow),
+    ],
+)
 def test_traintop_run_sees_each_validation_loss(tmp_path: Any, how: str) -> None:
     """Before: no eval record carried a loss for ``functional`` (and ``imported``)."""
     done, frames = traintop_run(tmp_path, "validates", how)

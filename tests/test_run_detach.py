@@ -400,6 +400,7 @@ print("final line", flush=True)
 STEPS = 80
 
 
+@pytest.mark.slow  # a real terminal and two monitors: about 10 s (-m slow)
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_q_detaches_and_the_printed_command_watches_the_run_from_step_0(
     tmp_path: Path,

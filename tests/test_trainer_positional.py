@@ -13,6 +13,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from tests.collector import Frame, raised_alerts
 from tests.test_run import steps
 
@@ -94,6 +96,7 @@ def traintop_run(tmp_path: Any) -> tuple[subprocess.CompletedProcess[str], list[
     return done, frames
 
 
+@pytest.mark.slow  # the HF Trainer's import in a child: about 10 s (-m slow)
 def test_a_trainer_given_its_callbacks_by_position_gets_traintops_too(tmp_path: Any) -> None:
     done, frames = traintop_run(tmp_path)
     assert "multiple values for argument 'callbacks'" not in done.stderr
