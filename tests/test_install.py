@@ -108,7 +108,10 @@ with probes.watch(model, optimizer, run="install-check") as probe:
     USED.add("clip_grad_norm_")
     assert torch.isfinite(total) and total > 0
     probes.check_split(train, val, probe=probe)  # a report sent to nobody
+    assert "torch.autograd.backward" in probes.patched()  # (while a probe is open)
 assert probe.closed
+assert probes.patched() == {}, probes.patched()  # every global torch's own again
+USED.add("patched")
 assert probe.step_index == 4, probe.step_index
 assert losses[-1] < losses[0], losses
 options = probes.WatchOptions(sample_every=5, run="install-options")
