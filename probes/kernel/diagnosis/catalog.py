@@ -198,7 +198,9 @@ CATALOG: dict[AlertKind, Entry] = {
         (
             "Updates are far out of proportion to the weights: too large suggests the learning "
             "rate is too high, too small that it is too low or that the layer is frozen. A rule "
-            "of thumb, not a law: some layers differ."
+            "of thumb, not a law: some layers differ. High counts when it stays high while the "
+            "loss does not fall (a first update's transient falls by itself), or at once when "
+            "one update replaces most layers' weights."
         ),
         (
             "Change the learning rate alone toward the band (x0.1 if too high, x10 if too low).",

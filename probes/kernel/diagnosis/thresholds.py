@@ -138,6 +138,23 @@ class Thresholds:
     update_far_too_high: float = 0.3
     update_high_adaptive: float = 0.3
     update_far_too_high_adaptive: float = 0.5
+    # ... but an adaptive optimizer's first update moves every weight by the rate itself,
+    # whatever its gradient (Adam's bias-corrected m/sqrt(v) is +-1): on the run's first
+    # sampled step it is far too high only when that update replaced the weights, twice
+    # their size or more (|dw| and |w_before| near orthogonal at an initialisation:
+    # |dw|/|w_after| >= 2/sqrt(5) ~ 0.9); an update about the weights' own size is a
+    # usual rate on a wide layer (forward-forward's Adam at lr 0.03: 0.6 to 0.8) and
+    # falls by itself.
+    update_far_too_high_adaptive_first: float = 0.89
+    # update_ratio's high side counts only while the run does not learn: a streak
+    # above the band while the smoothed loss is at least this fraction below where the
+    # run began is the rate's working size (the run's own history; the bar is
+    # flat_loss's, ``flat_min_drop``: a loss that fell this far is learning).
+    update_high_learning_drop: float = 0.10
+    # ... and a layer's ratio this fraction or more below its last sample falls by itself
+    # (a transient: Adam's first steps, a fresh head, a warm start settling): its
+    # streak starts over there; a rate too high keeps the ratio where it is.
+    update_high_falling: float = 0.25
     # exploding_gradient at the run's own scale: a run whose first record is already
     # above exploding_norm, its loss at least its total norm (a loss summed over
     # pixels), has its bound at this many times its first norms once its smoothed loss

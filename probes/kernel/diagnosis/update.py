@@ -86,6 +86,8 @@ class UpdateRatio(Rule):
         self._since: dict[int, int] = {}
         self._side: dict[int, str] = {}
         self._top_lr = 0.0  # the highest learning rate of the run so far
+        self._sampled = False  # whether a sampled step was seen (the first is special)
+        self._last: dict[int, float] = {}  # each layer's ratio on the last sampled step
 
     def _low_counts(self, view: StepView, ratios: list[float]) -> bool:
         """Whether a low ratio says the learning rate is too low, on this record."""
@@ -115,20 +117,37 @@ class UpdateRatio(Rule):
         )
         return began is not None and began > 0 and now <= self.t.update_converged_fraction * began
 
+    def _learning(self, history: RecentPast, view: StepView) -> bool:
+        """Whether the run's own loss says it learns: the smoothed training loss at
+        least ``update_high_learning_drop`` below where the run began. Updates above
+        the band while the loss falls that far are the rate's working size (an LSTM
+        updated by hand at lr 20 under a clip of 0.25: its decoder at 0.1 to 0.17 while
+        the loss halves); a rate too high keeps the loss from falling."""
+        now = history.smoothed_loss(view.step, self.t.smoothing_steps)
+        began = weighted_mean(
+            [(s.loss_estimate, s.steps) for s in history.first_steps if s.loss_estimate is not None]
+        )
+        if now is None or began is None or began <= 0 or now < 0:
+            return False  # no scale to judge a fall on
+        return now <= (1 - self.t.update_high_learning_drop) * began
+
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.update_ratios is None:
             return None  # not a sampled step: no news
-        adaptive = is_adaptive(history.info.optimizer)
+        optimizer = history.info.optimizer
+        adaptive = is_adaptive(optimizer)
         far = self.t.update_far_too_high_adaptive if adaptive else self.t.update_far_too_high
         high = self.t.update_high_adaptive if adaptive else self.t.update_high
+        first_sample = not self._sampled
+        self._sampled = True
+        if adaptive and first_sample:
+            # the adaptive optimizer's first update: the rate itself in every coordinate
+            far = max(far, self.t.update_far_too_high_adaptive_first)
         finite = [r for r in view.update_ratios if r is not None and math.isfinite(r)]
-        judged = [
-            r
-            for i, r in enumerate(view.update_ratios)
-            if r is not None and math.isfinite(r) and not _from_zero(r, _norm(view, i))
-        ]
-        if judged and 2 * sum(1 for r in judged if r >= far) > len(judged):
-            return [self._far_too_high(history, view, far, high)]
+        measured, over = _far_layers(view, far, is_multi_iteration(optimizer))
+        if over and 2 * len(over) > len(measured):
+            return [self._far_too_high(history, view, far, high, measured, over)]
+        learning = self._learning(history, view)
         low_counts = self._low_counts(view, finite) and not self._converged(history, view)
         found: dict[int, float] = {}
         for i, ratio in enumerate(view.update_ratios):
@@ -136,10 +155,19 @@ class UpdateRatio(Rule):
             if ratio is not None and math.isfinite(ratio):
                 side = (
                     "high"
-                    if ratio > high
+                    if ratio > high and not learning
                     else ("low" if ratio < self.t.update_low and low_counts else "")
                 )
-            if not side or side != self._side.get(i, side):
+            last = self._last.get(i)
+            falling = (
+                side == "high"
+                and last is not None
+                and ratio < (1 - self.t.update_high_falling) * last  # type: ignore[operator]
+            )
+            if ratio is not None and math.isfinite(ratio):
+                self._last[i] = ratio
+            if not side or side != self._side.get(i, side) or falling:
+                # (a high ratio that falls by itself is a transient: its streak starts over)
                 self._samples.pop(i, None)
                 self._since.pop(i, None)
                 self._side.pop(i, None)
@@ -176,17 +204,19 @@ class UpdateRatio(Rule):
             )
         ]
 
-    def _far_too_high(self, history: RecentPast, view: StepView, far: float, high: float) -> Alert:
+    def _far_too_high(
+        self,
+        history: RecentPast,
+        view: StepView,
+        far: float,
+        high: float,
+        measured_at: list[int],
+        over: list[int],
+    ) -> Alert:
         """Most layers' updates as large as their weights on one sampled step: the
         learning rate is far too high, an error from this step on (no streak: the
         first step can show it, and the loss is gone by the time a streak would be)."""
         ratios = view.update_ratios or ()
-        measured_at = [
-            i
-            for i, r in enumerate(ratios)
-            if r is not None and math.isfinite(r) and not _from_zero(r, _norm(view, i))
-        ]
-        over = [i for i in measured_at if ratios[i] >= far]  # type: ignore[operator]
         measured = len(measured_at)
         names = [history.info.layer(i) for i in over]  # one step: model order
         first = over[0]
@@ -234,6 +264,25 @@ def _norm(view: StepView, layer: int) -> float | None:
     return norms[layer] if norms is not None and layer < len(norms) else None
 
 
+def _far_layers(view: StepView, far: float, multi: bool) -> tuple[list[int], list[int]]:
+    """The layers measured on this sampled step (a finite ratio, not a zero-initialised
+    layer's first update) and those of them at or above ``far``. One step of a
+    multi-iteration optimizer (LBFGS: up to ``max_iter`` updates a ``step()``) may move
+    healthy weights by their whole size (a fit from its initialisation in one step): it
+    is far too high only when its update replaced the weights (a ratio of 1 to six
+    places, weights of norm ``FROM_ZERO_MAX_NORM`` or more: blown up in one step)."""
+    ratios = view.update_ratios or ()
+    measured: list[int] = []
+    over: list[int] = []
+    for i, r in enumerate(ratios):
+        if r is None or not math.isfinite(r) or _from_zero(r, _norm(view, i)):
+            continue
+        measured.append(i)
+        if r >= far and (not multi or abs(r - 1.0) < 1e-6):
+            over.append(i)
+    return measured, over
+
+
 #: Optimizers whose updates adapt to each weight's gradient history (their healthy
 #: update ratios sit higher): matched in the class name, lower case (``AdamW``,
 #: ``FusedAdam``, ``PagedAdamW8bit``, ``Adadelta``, ``RMSprop``, ...).
@@ -244,6 +293,17 @@ def is_adaptive(optimizer: str | None) -> bool:
     """Whether an optimizer's class name is one of the adaptive family's."""
     name = (optimizer or "").lower()
     return any(family in name for family in ADAPTIVE_OPTIMIZERS)
+
+
+#: Optimizers one ``step()`` of which runs several updates (LBFGS: up to ``max_iter``
+#: closure evaluations and moves): matched in the class name, lower case.
+MULTI_ITERATION_OPTIMIZERS = ("lbfgs",)
+
+
+def is_multi_iteration(optimizer: str | None) -> bool:
+    """Whether an optimizer's ``step()`` is many iterations' updates (its class name)."""
+    name = (optimizer or "").lower()
+    return any(family in name for family in MULTI_ITERATION_OPTIMIZERS)
 
 
 class UpdatesNotApplied(Rule):
