@@ -40,9 +40,9 @@ from probes.kernel.diagnosis.update import (
     LossSpike,
     NoUpdates,
     SkippedUpdates,
-    UpdateRatio,
     UpdatesNotApplied,
 )
+from probes.kernel.diagnosis.update_ratio import UpdateRatio
 from probes.kernel.diagnosis.values import NonFinite
 from probes.kernel.diagnosis.views import EvalView, RecentPast, RunInfo, StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind
