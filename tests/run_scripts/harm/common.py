@@ -95,6 +95,22 @@ def pickle_sha(data: bytes) -> str:
 STORAGE_KEY = re.compile(r"X\\x[0-9a-f]{2}\\x00\\x00\\x00(\d+)q")
 
 
+def record_save_whole(result: dict[str, Any], model: Any, path: str) -> None:
+    """``torch.save(model)`` whole, loaded back: the file's bytes, the tensors, the hooks."""
+    torch.save(model, path)
+    loaded = torch.load(path, weights_only=False)
+    result.update(file=file_sha(path), loaded=tensors_sha(loaded), loaded_hooks=hook_counts(loaded))
+
+
+def record_pickle(result: dict[str, Any], model: Any) -> None:
+    """``pickle.dumps(model)``, loaded back: the pickle, the tensors, the hooks."""
+    data = pickle.dumps(model)
+    loaded = pickle.loads(data)
+    result.update(
+        bytes=pickle_sha(data), loaded=tensors_sha(loaded), loaded_hooks=hook_counts(loaded)
+    )
+
+
 def file_sha(path: str) -> str:
     with open(path, "rb") as handle:
         return sha(handle.read())
@@ -261,15 +277,8 @@ class Run:
 
     def do_save_whole(self, result: dict[str, Any], losses: list[str], out: str) -> None:
         def act(tag: str) -> None:
-            path = f"{out}_{tag}.pt"
-            torch.save(self.model, path)
-            loaded = torch.load(path, weights_only=False)
-            result[tag] = {
-                "file": file_sha(path),
-                "loaded": tensors_sha(loaded),
-                "loaded_type": type(loaded).__qualname__,
-                "loaded_hooks": hook_counts(loaded),
-            }
+            result[tag] = {}
+            record_save_whole(result[tag], self.model, f"{out}_{tag}.pt")
 
         self.at_each_phase(losses, act)
         self.epoch(losses)
@@ -290,13 +299,8 @@ class Run:
 
     def do_pickle(self, result: dict[str, Any], losses: list[str], out: str) -> None:
         def act(tag: str) -> None:
-            data = pickle.dumps(self.model)
-            loaded = pickle.loads(data)
-            result[tag] = {
-                "bytes": pickle_sha(data),
-                "loaded": tensors_sha(loaded),
-                "loaded_hooks": hook_counts(loaded),
-            }
+            result[tag] = {}
+            record_pickle(result[tag], self.model)
 
         self.at_each_phase(losses, act)
         self.epoch(losses)

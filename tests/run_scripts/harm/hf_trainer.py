@@ -12,7 +12,6 @@ Trainer's folders are relative, so the two runs save the same paths) writes
 
 import copy
 import os
-import pickle
 import sys
 import traceback
 from typing import Any
@@ -90,23 +89,10 @@ class UserActions(transformers.TrainerCallback):
         self._do("state_dict", lambda r: self.do_state_dict(r, model))
 
     def do_save_whole(self, result: dict[str, Any], model: Any) -> None:
-        path = os.path.join(self.out, "save_whole.pt")
-        torch.save(model, path)
-        loaded = torch.load(path, weights_only=False)
-        result.update(
-            file=common.file_sha(path),
-            loaded=common.tensors_sha(loaded),
-            loaded_hooks=common.hook_counts(loaded),
-        )
+        common.record_save_whole(result, model, os.path.join(self.out, "save_whole.pt"))
 
     def do_pickle(self, result: dict[str, Any], model: Any) -> None:
-        data = pickle.dumps(model)
-        loaded = pickle.loads(data)
-        result.update(
-            bytes=common.sha(data),
-            loaded=common.tensors_sha(loaded),
-            loaded_hooks=common.hook_counts(loaded),
-        )
+        common.record_pickle(result, model)
 
     def do_deepcopy(self, result: dict[str, Any], model: Any) -> None:
         self.ema = copy.deepcopy(model)

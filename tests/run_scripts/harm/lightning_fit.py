@@ -9,7 +9,6 @@ the state dict's keys and values and ``trainer.save_checkpoint``; then a second
 
 import copy
 import os
-import pickle
 import sys
 import traceback
 from typing import Any
@@ -66,23 +65,10 @@ class UserActions(pl.Callback):
         self._do("save_checkpoint", lambda r: self.do_save_checkpoint(r, trainer))
 
     def do_save_whole(self, result: dict[str, Any], module: Any) -> None:
-        path = os.path.join(self.out, "save_whole.pt")
-        torch.save(module, path)
-        loaded = torch.load(path, weights_only=False)
-        result.update(
-            file=common.file_sha(path),
-            loaded=common.tensors_sha(loaded),
-            loaded_hooks=common.hook_counts(loaded),
-        )
+        common.record_save_whole(result, module, os.path.join(self.out, "save_whole.pt"))
 
     def do_pickle(self, result: dict[str, Any], module: Any) -> None:
-        data = pickle.dumps(module)
-        loaded = pickle.loads(data)
-        result.update(
-            bytes=common.sha(data),
-            loaded=common.tensors_sha(loaded),
-            loaded_hooks=common.hook_counts(loaded),
-        )
+        common.record_pickle(result, module)
 
     def do_deepcopy(self, result: dict[str, Any], module: Any) -> None:
         self.ema = copy.deepcopy(module.net)
