@@ -284,7 +284,8 @@ CATALOG: dict[AlertKind, Entry] = {
         (
             "Training loss falls while validation loss rises: a signal of overfitting, not "
             "proof of its cause (leakage, a shifted validation set or a changed learning rate "
-            "look the same, and a small validation set is noisy)."
+            "look the same, and a small validation set is noisy). A loss that goes below "
+            "zero (a density's NLL) is read against how far the run brought it, not its sign."
         ),
         (
             "Add one regulariser (weight decay or dropout) and rerun; nothing else changes.",
@@ -385,9 +386,12 @@ CATALOG: dict[AlertKind, Entry] = {
     AlertKind.LOSS_REDUCTION_MISMATCH: Entry(
         Rung.EVALUATION,
         (
-            "The training loss is a steady multiple of the validation loss on every "
-            "evaluation: the two are not computed like for like (a sum against a mean, a "
-            "loss not divided by the accumulation steps). It does not prove which one is off."
+            "The training loss is a steady whole multiple of the validation loss on every "
+            "evaluation, with the evidence for it (the accumulation steps in the records, or "
+            "a ratio that held while the losses moved): the two are not computed like for "
+            "like (a sum against a mean, a loss not divided by the accumulation steps). It "
+            "does not prove which one is off; label smoothing (a floor added, not a multiple) "
+            "is not it."
         ),
         (
             "Compare the reductions: compute the validation loss with the training code's "

@@ -74,7 +74,13 @@ class EvalMode(Rule):
 
 
 class OverfittingSignal(Rule):
-    """Training loss falling while validation loss rises, over smoothed windows."""
+    """Training loss falling while validation loss rises, over smoothed windows.
+
+    Each change is read against the loss's own scale (``RecentPast.loss_scale``): the
+    loss itself while it stays above zero (the fractions of ``overfit_*``, as ratios),
+    the distance the run travelled once it reached zero or below (a density's NLL: a
+    fraction of a negative loss flips sign, and a rise of 0.03 nats at -2.4 was read as
+    one of 10%)."""
 
     kind: str = AlertKind.OVERFITTING_SIGNAL
 
@@ -95,13 +101,14 @@ class OverfittingSignal(Rule):
         best = min(evals, key=lambda e: e.loss)  # type: ignore[arg-type, return-value]
         latest = evals[-1]
         assert best.loss is not None and latest.loss is not None
-        if latest is best or not self._validation_rose(evals, best):
+        if latest is best or not self._validation_rose(history, evals, best):
             return []
         train_then = self._train_at.get(best.step)
         train_now = self._train_at.get(latest.step)
         if train_then is None or train_now is None:
             return []
-        if train_now > train_then * (1 - self.t.overfit_train_drop):
+        fell = train_then - train_now
+        if fell < self.t.overfit_train_drop * history.loss_scale(train_then, train_now):
             return []
         return [
             self.alert(
@@ -117,17 +124,19 @@ class OverfittingSignal(Rule):
             )
         ]
 
-    def _validation_rose(self, evals: list[EvalView], best: EvalView) -> bool:
-        """The latest evals rose above the best: by ``overfit_val_rise`` on the last
-        ``overfit_rising_evals`` evals in a row, or by ``overfit_val_jump`` at once. One
-        noisy eval (a small validation set) is not a rise."""
-        assert best.loss is not None
+    def _validation_rose(self, history: RecentPast, evals: list[EvalView], best: EvalView) -> bool:
+        """The latest evals rose above the best: by ``overfit_val_rise`` of its scale on
+        the last ``overfit_rising_evals`` evals in a row, or by ``overfit_val_jump`` at
+        once. One noisy eval (a small validation set) is not a rise."""
+        lowest = best.loss
+        assert lowest is not None
         after = evals[evals.index(best) + 1 :]
         latest = after[-1].loss
         assert latest is not None
-        if latest > best.loss * (1 + self.t.overfit_val_jump):
+        scale = history.loss_scale(lowest, latest)
+        if latest - lowest > self.t.overfit_val_jump * scale:
             return True
         last = after[-self.t.overfit_rising_evals :]
         return len(last) == self.t.overfit_rising_evals and all(
-            e.loss is not None and e.loss > best.loss * (1 + self.t.overfit_val_rise) for e in last
+            e.loss is not None and e.loss - lowest > self.t.overfit_val_rise * scale for e in last
         )

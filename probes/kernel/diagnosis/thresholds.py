@@ -35,7 +35,12 @@ class Thresholds:
     vanishing_to_largest_with_weight: float = 1e-2
     vanishing_steps: int = 20
     # overfitting_signal: validation above its best by this fraction while the smoothed
-    # training loss fell by this fraction since that best.
+    # training loss fell by this fraction since that best. A fraction of the loss's own
+    # scale (``views.loss_scale``): the loss itself while the run's losses stay above
+    # zero (a ratio, as before); once they reached zero or below (a density's NLL, a
+    # flow, a Gaussian NLL with a learned variance: no floor at zero) the distance the
+    # run travelled from its first loss, or |loss| where larger, so that a change reads
+    # the same on either side of zero.
     overfit_val_rise: float = 0.10
     overfit_rising_evals: int = 2  # ... on this many evals in a row,
     overfit_val_jump: float = 0.50  # ... or this far above its best at once
@@ -185,6 +190,17 @@ class Thresholds:
     reduction_factor: float = 2.0
     reduction_evals: int = 3
     reduction_steadiness: float = 0.25
+    # ... with the evidence for a whole number N >= 2: the records' backward passes into
+    # each gradient (the accumulation, N of them; the ratio within reduction_steadiness
+    # of N: the healthy train/val gap, 4.3 for 4 on the nanoGPT bench case), or a ratio
+    # within its own spread of N, at least reduction_whole (the smoothed train loss
+    # trails a falling curve: 7% there), that held while the losses moved: its spread at
+    # most reduction_held of the validation loss's and of train - val's (a sum scales
+    # with the loss; label smoothing's floor, 0.5 nats with ten classes at 0.1, adds to
+    # it: train - val holds instead, and the ratio moves 0.5 to 0.8 as much as the
+    # validation loss). Then the alert holds while the ratio stays steady near N.
+    reduction_whole: float = 0.1
+    reduction_held: float = 0.5
 
     def with_overrides(self, **overrides: float) -> Thresholds:
         """A copy with some thresholds changed (unknown names raise ``TypeError``)."""

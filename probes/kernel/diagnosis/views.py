@@ -23,6 +23,7 @@ __all__ = [
     "RunInfo",
     "StepView",
     "as_number",
+    "loss_scale",
     "mean",
     "weighted_mean",
 ]
@@ -54,9 +55,15 @@ class RecentPast:
         default_factory=lambda: deque(maxlen=MAX_LOSS_ENTRIES)
     )
 
+    # The least training loss seen (``loss_scale``: a loss that reached zero or below)
+    least_loss: float = math.inf
+
     MIN_RECORDS: ClassVar[int] = 3  # a smoothed loss averages at least this many records
 
     def add_step(self, view: StepView, keep_first: int) -> None:
+        low = view.loss_min
+        if low is not None and low < self.least_loss:
+            self.least_loss = low
         if view.step_losses is not None and view.steps > 1:
             self._losses.extend(
                 (step, loss if math.isfinite(loss) else None, 1) for step, loss in view.step_losses
@@ -91,6 +98,14 @@ class RecentPast:
         recent.reverse()
         return recent
 
+    def loss_scale(self, reference: float, *compared: float) -> float:
+        """The scale a change of the loss at ``reference`` is read against, whatever its
+        sign (``loss_scale``; the run's start and least training loss from here)."""
+        start = next(
+            (s.loss_estimate for s in self.first_steps if s.loss_estimate is not None), None
+        )
+        return loss_scale(reference, start, min(self.least_loss, reference, *compared))
+
     def smoothed_loss(self, up_to_step: int, steps: int, after_step: int = -1) -> float | None:
         """The smoothed training loss at a step: ``recent_losses`` weighted by the steps
         each stands for (None when there is none)."""
@@ -117,6 +132,23 @@ def _start(view: StepView) -> StepView:
     for name, value in _DROPPED_AT_START:
         object.__setattr__(kept, name, value)  # (a frozen view: set once, on the copy)
     return kept
+
+
+def loss_scale(reference: float, start: float | None, least: float) -> float:
+    """The positive scale against which a change of a loss is read, for losses of any sign.
+
+    A loss that has stayed above zero (cross-entropy, a squared error: zero is its floor)
+    is read against itself, as a ratio: ``reference``. A loss that reached zero or below
+    (``least``: the least seen; a density's NLL, an ELBO, a flow) has no floor at zero:
+    its zero moves with the data's units, and a fraction of it flips sign and blows up
+    near it (a change of 0.01 at -0.2 read as a rise of -5%, at 0.02 as one of 50%). Its
+    scale is then the distance the run travelled from its ``start`` to ``reference``,
+    or ``|reference|`` where that is larger (never below the magnitude a ratio reads):
+    positive, and the same whatever side of zero the loss is on."""
+    if reference > 0 and least > 0:
+        return reference
+    travelled = abs(reference - start) if start is not None and math.isfinite(start) else 0.0
+    return max(abs(reference), travelled)
 
 
 def weighted_mean(values: Sequence[tuple[float, int]]) -> float | None:
