@@ -89,6 +89,25 @@ def test_layers_chain_by_order_whatever_order_they_came_in() -> None:
     assert owner.f is original
 
 
+def test_a_layer_added_by_several_holders_goes_with_the_last() -> None:
+    """The clip's layer is added by every open probe: one entry in the chain, taken off
+    only when the last of them removes it (a remove too many is nothing)."""
+    owner = types.SimpleNamespace(f=lambda x: x)
+    original = owner.f
+    seam = Seam("owner.f", lambda: owner, "f")
+    registry, calls = PatchRegistry(), []
+    shared = Layer("shared", lambda proceed, x: calls.append(x) or proceed(x))
+    registry.add(seam, shared)
+    registry.add(seam, shared)
+    assert owner.f(1) == 1 and calls == [1]  # in the chain once
+    registry.remove(seam, shared)
+    assert owner.f is not original and registry.patched() == {"owner.f": ["shared"]}
+    registry.remove(seam, shared)
+    assert owner.f is original
+    registry.remove(seam, shared)
+    assert owner.f is original and registry.patched() == {}
+
+
 def test_the_same_stand_in_comes_back_for_the_same_original() -> None:
     """Code compiled while a stand-in stood guards on its identity: no recompile when an
     evaluation's layer comes back."""

@@ -20,7 +20,6 @@ cross_entropy``); under ``traintop run`` the stand-ins are there from torch's im
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +45,6 @@ LOSSES = (
 VALIDATION_LOSS = "val_loss"
 
 _open: list[InferredEvaluation] = []  # evaluations taking losses now
-_lock = threading.Lock()
 
 
 def _gone() -> None:
@@ -104,7 +102,7 @@ class InferredEvaluation:
         self._handle: EntryHandle | None = entry_pre_hook(module, eager(hook))
         # On from the start, not from the evaluation's first forward: in
         # ``F.cross_entropy(model(x), y)`` the function is looked up before the forward.
-        _watch_losses(self)
+        _watch_losses()
 
     def _forward(self, module: torch.nn.Module, args: Any) -> None:
         evaluating = not module.training or not torch.is_grad_enabled()
@@ -136,10 +134,10 @@ class InferredEvaluation:
     def remove(self) -> None:
         """No more evaluations found (the step API took over, or the probe closes)."""
         self.finish()
-        if self._handle is not None:
+        if self._handle is not None:  # (once: the losses' hold goes with the hook)
             self._handle.remove()
             self._handle = None
-        _unwatch_losses(self)
+            _unwatch_losses()
 
 
 def _taking(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -158,25 +156,18 @@ def _taking(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 _LAYER = Layer("evaluation losses", _taking)
-_watching: list[InferredEvaluation] = []  # the loss functions' layers are on while any
 
 
-def _watch_losses(evaluation: InferredEvaluation) -> None:
-    with _lock:
-        _watching.append(evaluation)
-        if len(_watching) == 1:
-            for seam in _loss_seams():
-                REGISTRY.add(seam, _LAYER)
+def _watch_losses() -> None:
+    """The loss functions' layer is on while any found evaluation watches (the registry
+    counts them; ``_unwatch_losses`` undoes one)."""
+    for seam in _loss_seams():
+        REGISTRY.add(seam, _LAYER)
 
 
-def _unwatch_losses(evaluation: InferredEvaluation) -> None:
-    with _lock:
-        if evaluation not in _watching:
-            return
-        _watching.remove(evaluation)
-        if not _watching:
-            for seam in _loss_seams():
-                REGISTRY.remove(seam, _LAYER)
+def _unwatch_losses() -> None:
+    for seam in _loss_seams():
+        REGISTRY.remove(seam, _LAYER)
 
 
 def hold_losses() -> None:
@@ -186,9 +177,12 @@ def hold_losses() -> None:
         REGISTRY.add(seam, _PROCESS_LAYER)
 
 
-_PROCESS_LAYER = Layer(
-    "evaluation losses (traintop run)", lambda proceed, *a, **k: proceed(*a, **k)
-)
+def _passing(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return proceed(*args, **kwargs)
+
+
+#: Holds the stand-ins in place for the process; the probes' own layer comes and goes.
+_PROCESS_LAYER = Layer("evaluation losses (traintop run)", _passing)
 
 
 def _loss_seams() -> list[Seam]:

@@ -29,15 +29,12 @@ import torch.nn.utils.clip_grad
 
 from probes.runtime import amp
 from probes.runtime.lifecycle import OpenProbe, probes_watching
-from probes.runtime.patches import Held, Layer
+from probes.runtime.patches import REGISTRY, Layer
 from probes.runtime.seams import CLIP_GRAD_NORM, CLIP_WITH_NORM
 
 #: torch's own function, captured before anything could replace it.
 torch_clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_
 
-_lock = threading.Lock()
-_installed = 0
-_held = Held()
 _clip = threading.local()  # the norm's type of a clip_grad_norm_ under way
 
 
@@ -128,27 +125,25 @@ def _probes_watching_any(params: list[torch.Tensor]) -> list[OpenProbe]:
 
 
 def install() -> None:
-    """Give torch's clip stand-ins that read first (counted: one ``install`` per open
-    probe, or ``traintop run``'s one for the process), and note GradScalers' scaling
-    (``amp``): a clip of gradients still scaled is what the probe must say first."""
-    global _installed
+    """Give torch's clip stand-ins that read first (one ``install`` per open probe, or
+    ``traintop run``'s one for the process: the registry counts them), and note
+    GradScalers' scaling (``amp``): a clip of gradients still scaled is what the probe
+    must say first."""
     amp.install()
-    with _lock:
-        _installed += 1
-        if _installed == 1:
-            for seam in CLIP_GRAD_NORM:
-                _held.hold(seam, Layer("clip", _clip_grad_norm))
-            for seam in CLIP_WITH_NORM:
-                _held.hold(seam, Layer("clip", _clip_with_norm))
+    for seam in CLIP_GRAD_NORM:
+        REGISTRY.add(seam, _CLIP_LAYER)
+    for seam in CLIP_WITH_NORM:
+        REGISTRY.add(seam, _WITH_NORM_LAYER)
 
 
 def uninstall() -> None:
     """Undo one ``install``; the last one puts torch's functions back."""
-    global _installed
     amp.uninstall()
-    with _lock:
-        if _installed == 0:
-            return
-        _installed -= 1
-        if not _installed:
-            _held.release()
+    for seam in CLIP_GRAD_NORM:
+        REGISTRY.remove(seam, _CLIP_LAYER)
+    for seam in CLIP_WITH_NORM:
+        REGISTRY.remove(seam, _WITH_NORM_LAYER)
+
+
+_CLIP_LAYER = Layer("clip", _clip_grad_norm)
+_WITH_NORM_LAYER = Layer("clip", _clip_with_norm)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -174,29 +173,17 @@ def _compiled(proceed: Callable[..., Any], model: Any = None, *args: Any, **kwar
 
 
 _COMPILE_LAYER = Layer("compiled models' entries", _compiled)
-_compile_watchers = 0
-_compile_lock = threading.Lock()
 
 
 def see_compiles() -> None:
-    """``torch.compile`` tells the entries of the models it wraps (counted: one per open
-    probe; ``unsee_compiles`` undoes one)."""
-    global _compile_watchers
-    with _compile_lock:
-        _compile_watchers += 1
-        if _compile_watchers == 1:
-            REGISTRY.add(TORCH_COMPILE, _COMPILE_LAYER)
+    """``torch.compile`` tells the entries of the models it wraps (one call per open
+    probe; the registry counts them, and ``unsee_compiles`` undoes one)."""
+    REGISTRY.add(TORCH_COMPILE, _COMPILE_LAYER)
 
 
 def unsee_compiles() -> None:
     """Undo one ``see_compiles``; the last puts ``torch.compile`` back."""
-    global _compile_watchers
-    with _compile_lock:
-        if _compile_watchers == 0:
-            return
-        _compile_watchers -= 1
-        if _compile_watchers == 0:
-            REGISTRY.remove(TORCH_COMPILE, _COMPILE_LAYER)
+    REGISTRY.remove(TORCH_COMPILE, _COMPILE_LAYER)
 
 
 class _CompiledEntry:

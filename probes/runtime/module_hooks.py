@@ -86,15 +86,15 @@ def _reduced_without_ours(proceed: Callable[..., Any], module: nn.Module, protoc
         return reduced
     state = reduced[2]
     if isinstance(state, tuple) and state and isinstance(state[0], dict):  # (dict, slots)
-        state = (_without_our_hooks(module, state[0]), *state[1:])
+        state = (_without_our_hooks(state[0]), *state[1:])
     elif isinstance(state, dict):
-        state = _without_our_hooks(module, state)
+        state = _without_our_hooks(state)
     else:
         return reduced
     return (*reduced[:2], state, *reduced[3:])
 
 
-def _without_our_hooks(module: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+def _without_our_hooks(state: dict[str, Any]) -> dict[str, Any]:
     filtered = None
     for name, value in state.items():
         keys = _ours.get(id(value)) if isinstance(value, dict) else None

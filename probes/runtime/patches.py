@@ -35,9 +35,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-#: ``proceed(*args, **kwargs)`` calls the rest of the chain (and, last, the original).
-Proceed = Callable[..., Any]
-
 
 @dataclass(frozen=True, eq=False)
 class Layer:
@@ -211,19 +208,32 @@ class PatchRegistry:
 
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _seams: dict[str, AnySeam] = field(default_factory=dict)
+    #: How many holders each (seam, layer) has: one layer shared by every open probe
+    #: (the clip's, ``torch.compile``'s) is added by each and goes with the last.
+    _holders: dict[tuple[str, Layer], int] = field(default_factory=dict)
 
     def add(self, seam: AnySeam, layer: Layer) -> Layer:
-        """Add ``layer`` to ``seam`` (installing the seam's stand-in if it is the first);
-        returns the layer, the key to ``remove`` it."""
+        """Add ``layer`` to ``seam`` (installing the seam's stand-in if it is the first),
+        or count one more holder of it; returns the layer, the key to ``remove`` it."""
         with self._lock:
             self._seams[seam.name] = seam
-            seam._add(layer)
+            key = (seam.name, layer)
+            self._holders[key] = self._holders.get(key, 0) + 1
+            if self._holders[key] == 1:
+                seam._add(layer)
         return layer
 
     def remove(self, seam: AnySeam, layer: Layer) -> None:
-        """Remove ``layer`` (idempotent); the seam's last one restores the original."""
+        """Undo one ``add`` (a layer not held: nothing); its last holder takes it off, and
+        the seam's last layer restores the original."""
         with self._lock:
-            seam._remove(layer)
+            key = (seam.name, layer)
+            held = self._holders.get(key, 0)
+            if held > 1:
+                self._holders[key] = held - 1
+            elif held == 1:
+                del self._holders[key]
+                seam._remove(layer)
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
