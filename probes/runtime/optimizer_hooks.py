@@ -8,7 +8,9 @@ untouched (``probes.runtime.structure.UpdateCheck``), and the clearing watch not
 gradients the update used (``probes.runtime.clearing``: the next backward must find
 them cleared). The measurer adds a post-hook of its own on the steps that measure the
 update (``add_post_hook``): registered then, so it runs after any hook the training
-code added meanwhile, as it always has.
+code added meanwhile, as it always has. On sampled steps, where the model has bfloat16
+or float16 parameters, the same two hooks count the weights the step left bit-identical
+(``probes.runtime.dtype_stall``; a float32 model has none, and pays one ``is None``).
 
 A hook of ours is never removed while torch runs the optimizer's hooks: removing one
 there (the probe switched off by an error inside a hook) would change the dictionary
@@ -25,6 +27,8 @@ from typing import Any, Protocol
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from probes.kernel.diagnosis import Alert
+from probes.runtime.dtype_stall import DtypeStall
 from probes.runtime.layers import LayerMap
 from probes.runtime.stats import Measurement
 from probes.runtime.structure import UpdateCheck, counters_blind
@@ -70,6 +74,7 @@ class OptimizerHooks:
         self._handles: list[RemovableHandle] = []
         self._transient: RemovableHandle | None = None  # the measurer's, this step
         self._check: UpdateCheck | None = None
+        self._stall: DtypeStall | None = None  # (low-precision parameters only)
         self._before_step: PreHook | None = None  # the step boundary's
         self._measurer: CurrentStep | None = None
         self._updated: Callable[[], None] | None = None
@@ -85,9 +90,12 @@ class OptimizerHooks:
         layers: LayerMap,
         measurer: CurrentStep,
         updated: Callable[[], None] | None = None,
+        send: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """Hook ``optimizer.step()``: ``before_step`` (the step boundary's) and the
-        update check of ``layers`` before it, the update check and ``updated`` after it."""
+        update check of ``layers`` before it, the update check and ``updated`` after it;
+        on sampled steps, the count of low-precision weights the step left unchanged,
+        whose alerts go to ``send`` (``probes.runtime.dtype_stall``)."""
         optimizer = self.optimizer
         if optimizer is None:
             return
@@ -96,6 +104,8 @@ class OptimizerHooks:
         self._before_step = before_step
         if layers.params:
             self._check = UpdateCheck(layers, blind=counters_blind(optimizer))
+            if send is not None:
+                self._stall = DtypeStall.of(layers, _sender(send))
         self._handles.append(optimizer.register_step_pre_hook(self._before))
         if self._check is not None:
             self._handles.append(optimizer.register_step_post_hook(self._after))
@@ -153,8 +163,11 @@ class OptimizerHooks:
             if check is not None:
                 started = time.perf_counter()
                 try:
-                    if self._measurer is not None and self._measurer.current is not None:
+                    current = self._measurer.current if self._measurer is not None else None
+                    if current is not None:
                         check.before()
+                        if current.sampled and self._stall is not None:
+                            self._stall.before(optimizer)
                 except Exception as exc:  # never into the user's optimizer.step()
                     self._on_error(exc)
                 self._check_spent = time.perf_counter() - started
@@ -171,6 +184,14 @@ class OptimizerHooks:
             step = self._measurer.current if self._measurer is not None else None
             assert self._check is not None
             untouched = self._check.after()
+            stall = self._stall
+            if stall is not None and stall.taken:  # (a sampled step)
+                if step is None:
+                    stall.discard()
+                else:
+                    stall.after(step.step)
+            elif stall is not None and stall.waiting:  # (counts on their way from CUDA)
+                stall.poll()
             if self._updated is not None:
                 self._updated()  # every update, measured or not
             if step is not None:
@@ -187,3 +208,12 @@ class OptimizerHooks:
             self._on_error(exc)
         finally:
             self._running -= 1
+
+
+def _sender(send: Callable[[dict[str, Any]], None]) -> Callable[[Alert, int], None]:
+    """An alert of the training side's, as the record ``send`` takes."""
+
+    def send_alert(alert: Alert, step: int) -> None:
+        send({"kind": "alert", "step": step, "alert": alert.to_dict()})
+
+    return send_alert

@@ -1,4 +1,12 @@
-"""Rung 5, the update: a learning rate so low that updates no longer change the weights.
+"""Rung 5, the update: updates too small to change the weights.
+
+``LowPrecisionStall`` (judged in the training process, from what
+``probes.runtime.dtype_stall`` counts on sampled steps): bfloat16/float16 weights the
+optimizer's updates no longer move. An update under half an ulp of the weight in its
+dtype rounds away; per tensor, the share of its elements with a gradient left
+bit-identical says so (``thresholds.stall_unchanged``), whatever the rate.
+
+``LrTooLowToUpdate``: a learning rate so low that updates no longer change the weights.
 
 ``update_ratio`` reads a low ratio as a schedule's tail when the rate is far below the
 run's highest (a warmup's start, a decay's end are low by design). Below float32's
@@ -15,7 +23,11 @@ most layers. (A layer never changed from the start is ``updates_not_applied``'s.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
+from probes.kernel.diagnosis.alert import Alert, Severity
+from probes.kernel.diagnosis.catalog import entry
 from probes.kernel.diagnosis.rule import Findings, Rule, ordered_range, spread
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import RecentPast, StepView
@@ -104,3 +116,83 @@ class LrTooLowToUpdate(Rule):
         self._samples = 0
         self._since = None
         return []
+
+
+NAMES_SHOWN = 6
+
+
+class LowPrecisionStall:
+    """Low-precision parameter tensors whose elements with a gradient ``optimizer.step()``
+    leaves bit-identical: a tensor whose share unchanged is at least ``stall_unchanged``
+    on ``stall_samples`` sampled steps in a row is named. One alert a run, naming every
+    tensor named at that step (their streaks began together, at the cause).
+
+    Args:
+        names: each measured tensor's parameter name (``fc.weight``).
+        layers: each one's layer (``fc``).
+        order: the model's layers, in order (the alert's first layer is the first named).
+        dtypes: each one's dtype, as named (``bfloat16``).
+        thresholds: the run's thresholds (the defaults otherwise).
+    """
+
+    kind = AlertKind.LOW_PRECISION_STALL
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        layers: Sequence[str],
+        order: Sequence[str],
+        dtypes: Sequence[str],
+        thresholds: Thresholds | None = None,
+    ) -> None:
+        self.t = thresholds or Thresholds()
+        self._names, self._layers, self._dtypes = list(names), list(layers), list(dtypes)
+        self._position = {name: i for i, name in enumerate(order)}
+        self._streaks: dict[int, tuple[int, int, float]] = {}  # tensor -> since, samples, share
+        self.said = False  # (then nothing more to count)
+
+    def observe(
+        self, step: int, counts: Sequence[tuple[int, float, float]], **context: Any
+    ) -> list[Alert]:
+        """One sampled step's counts: (tensor, elements with a gradient, of them left
+        unchanged) for each tensor the step measured; ``context`` joins the evidence
+        (the rate). The alert, the first time tensors are named."""
+        for index, with_grad, unchanged in counts:
+            share = unchanged / with_grad if with_grad >= 1 else math.nan
+            if not math.isfinite(share) or share < self.t.stall_unchanged:
+                self._streaks.pop(index, None)
+                continue
+            since, samples, _ = self._streaks.get(index, (step, 0, share))
+            self._streaks[index] = (since, samples + 1, share)
+        named = sorted(
+            (i for i, (_, n, _) in self._streaks.items() if n >= self.t.stall_samples),
+            key=lambda i: (self._position.get(self._layers[i], len(self._position)), i),
+        )
+        if not named or self.said:
+            return []
+        self.said = True
+        return [self._alert(step, named, context)]
+
+    def _alert(self, step: int, named: list[int], context: dict[str, Any]) -> Alert:
+        layers = list(dict.fromkeys(self._layers[i] for i in named))
+        names = [self._names[i] for i in named]
+        evidence: dict[str, Any] = {
+            "dtype": ",".join(dict.fromkeys(self._dtypes[i] for i in named)),
+            "unchanged": min(self._streaks[i][2] for i in named),  # every named one's at least
+            "params": len(names),
+            "names": ", ".join(names[:NAMES_SHOWN]),
+            "since_step": min(self._streaks[i][0] for i in named),
+            **context,
+            **spread(layers),
+        }
+        described = entry(self.kind)
+        return Alert(
+            self.kind,
+            Severity.WARNING,
+            step,
+            layers[0],
+            evidence,
+            described.signal,
+            described.experiments,
+            layers=tuple(layers),
+        )

@@ -176,6 +176,8 @@ class AlertKind(StrEnum):
     STEPS_NOT_MEASURED = "steps_not_measured"
     # 5. the update (issue 18 item 7)
     LR_TOO_LOW_TO_UPDATE = "lr_too_low_to_update"
+    # 5. the update (issue 29): low-precision weights the updates no longer move
+    LOW_PRECISION_STALL = "low_precision_stall"
     # 2. shapes, values and the loss contract: torch's own warnings during a step
     TORCH_WARNING = "torch_warning"
     # the first steps and the run's own scale (issue 18: rungs 4 to 6)
