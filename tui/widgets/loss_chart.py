@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from rich.text import Text
 from textual.reactive import reactive
@@ -16,12 +17,19 @@ from tui.text import plain_line
 
 TRAIN_COLOR = "cyan"
 VALIDATION_COLOR = "orange"
+#: An evaluation's other losses (a GCN's ``train_loss`` and ``test_loss`` in eval mode,
+#: ``val_loss[1]``: ``probes.runtime.autoeval``), the first two, in these colours.
+OTHER_COLORS = ("green", "blue")
 NON_FINITE_COLOR = "red"
 SMOOTHING = 0.9
 LEGEND_LIMIT = 40  # characters of a name in the legend
 LEGEND_MARK = "━━"
 #: plotext's colour names as rich styles, for the legend (rich has no "orange")
-LEGEND_STYLES = {TRAIN_COLOR: "cyan", VALIDATION_COLOR: "dark_orange"}
+LEGEND_STYLES = {
+    TRAIN_COLOR: "cyan",
+    VALIDATION_COLOR: "dark_orange",
+    **{color: color for color in OTHER_COLORS},
+}
 XLABEL_MIN_HEIGHT = 16  # a shorter chart gives the "step" label's row to the curves
 
 
@@ -98,6 +106,10 @@ class LossChart(PlotextPlot):
             val_name, series = validation
             label = f"validation ({plain_line(val_name, LEGEND_LIMIT)})"  # (a run's own name)
             out.append((label, VALIDATION_COLOR, *series.points()))
+            for (name, other), color in zip(
+                other_losses(run, val_name), OTHER_COLORS, strict=False
+            ):
+                out.append((f"eval ({plain_line(name, LEGEND_LIMIT)})", color, *other.points()))
         return out
 
     def _axes(self, run: RunState | None, ys: list[float], log: bool) -> None:
@@ -122,6 +134,20 @@ class LossChart(PlotextPlot):
     def cycle_scale(self) -> None:
         """auto -> log -> linear -> auto."""
         self.scale = {"auto": "log", "log": "linear", "linear": "auto"}[self.scale]
+
+
+_LOSS_NAME = re.compile(r".*loss(\[\d+\])?", re.IGNORECASE)
+
+
+def other_losses(run: RunState, validation: str) -> list[tuple[str, BucketedSeries]]:
+    """The run's evaluation losses besides the validation loss (``validation``), in the
+    order they first came: the other splits of an evaluation (``test_loss``,
+    ``val_loss[1]``), or another loss the script logs in it."""
+    return [
+        (name, series)
+        for name, series in run.eval_scalars.items()
+        if name != validation and _LOSS_NAME.fullmatch(name)
+    ]
 
 
 def chart_title(
@@ -157,9 +183,11 @@ def chart_title(
 
 
 def _short_label(label: str) -> str:
-    """``train`` for the train loss; a validation loss by its own name."""
-    if label.startswith("validation (") and label.endswith(")"):
-        return label[len("validation (") : -1]
+    """``train`` for the train loss; a validation (or other evaluation) loss by its own
+    name."""
+    for kind in ("validation (", "eval ("):
+        if label.startswith(kind) and label.endswith(")"):
+            return label[len(kind) : -1]
     return label.removesuffix(" loss")
 
 

@@ -76,6 +76,12 @@ class EvalMode(Rule):
 class OverfittingSignal(Rule):
     """Training loss falling while validation loss rises, over smoothed windows.
 
+    The validation loss is each eval record's (``EvalView.loss``: ``val_loss`` first,
+    ``probes.kernel.schema.validation_loss_name``). An evaluation found with no step API
+    that computed several splits (a GCN's train, val and test masks) names the one for
+    validation ``val_loss``, else its first (``probes.runtime.autoeval``): the others
+    (``test_loss``, ``val_loss[1]``) are not read here, and never averaged into it.
+
     Each change is read against the loss's own scale (``RecentPast.loss_scale``): the
     loss itself while it stays above zero (the fractions of ``overfit_*``, as ratios),
     the distance the run travelled once it reached zero or below (a density's NLL: a
