@@ -221,3 +221,10 @@ class LiveMonitor:
         if self._task is not None:
             self._loop.call_soon_threadsafe(self._task.cancel)
         self._thread.join(5)
+
+
+def verdicts(alerts: list[Any]) -> list[Any]:
+    """What a healthy run must not raise: its warnings and errors. Info notes are not
+    verdicts on the training (the probe's own cost on a shared machine, a model frozen
+    on purpose for linear probing); every kind counts, none is left out by name."""
+    return [a for a in alerts if str(a.severity) != "info"]

@@ -175,7 +175,8 @@ def test_scenario_raises_the_alert_it_teaches(name: str, gallery: Gallery) -> No
 def test_healthy_and_every_fix_raise_no_alert(name: str, gallery: Gallery) -> None:
     outcome = gallery.outcome(name, fixed=name != "healthy")
     assert outcome.status == 0, outcome.output
-    assert outcome.alerts == [], outcome.output
+    # no warning or error; an info note may say the probe's own cost on a busy machine
+    assert [a for a in outcome.alerts if a.severity != "info"] == [], outcome.output
     assert "reason=finished" in outcome.output
 
 

@@ -19,6 +19,7 @@ from tests.collector import (
     FrameCollector,
     diagnose,
     raised_alerts,
+    verdicts,
     wait_for_bye,
 )
 
@@ -208,8 +209,12 @@ def test_sgd_at_lr_50_is_caught_exploding_despite_clipping(
     first = raised_alerts(frames)[0]
     assert first.kind == "update_ratio" and "far_too_high" in first.evidence, first.line()
     assert first.severity == "error" and first.step == 0 and first.subject in layers
+    # What follows it folds under it: the loss diverging (the explosion the clip hides
+    # is named on its own only once it has held half a window, longer than 8 steps)
     folded = diagnose(frames)[1].incidents[first.key].folded
-    assert any(name.startswith("exploding_gradient@") for name in folded), folded
+    assert any(name.startswith(("exploding_gradient@", "loss_diverged@")) for name in folded), (
+        folded
+    )
     steps = kinds(frames, "step")
     # What clipping hid: the update saw norm 1, the gradients had far more.
     assert max(s["clip"]["total_before"] for s in steps) > 20 * steps[0]["clip"]["max_norm"]
@@ -294,8 +299,7 @@ def test_a_healthy_run_at_the_trainers_defaults_raises_nothing(
     train(tmp_path, collector, max_steps=160, eval_strategy="steps", eval_steps=80)
     frames = list(collector.frames)
     assert len([s for s in kinds(frames, "step") if "update_ratios" in s]) >= 3
-    # Rung 7, the probe's own cost, is not the training's health: on this tiny model's
-    # ~13 ms step the probe with its sender thread is about 5%, which its info alert
-    # says, on a quiet machine or not (tests/bench/probe_overhead.py measures it).
-    training = [a for a in raised_alerts(frames) if a.kind != "probe_overhead"]
-    assert [a.line() for a in training] == []
+    # No warning or error; an info note may say the probe's own cost (on this tiny
+    # model's ~13 ms step the probe with its sender thread is about 5%, on a quiet
+    # machine or not: tests/bench/probe_overhead.py measures it)
+    assert [a.line() for a in verdicts(raised_alerts(frames))] == []

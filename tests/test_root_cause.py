@@ -100,8 +100,9 @@ def test_near_miss_a_non_finite_loss_is_the_forwards_and_names_the_loss() -> Non
 
 def hovering(steps: int = 130, period: int = 30) -> list[Record]:
     """A gradient that crosses the explosion's bound and falls back below it again and
-    again (20 steps over, 10 under), as one held-out run's did."""
-    records = [step(n) for n in range(10)]
+    again (20 steps over, 10 under), as one held-out run's did; it was at 40 before
+    (a bound crossed, not a growth from its own level)."""
+    records = [step(n, [40.0, 1.0, 1.0, 1.0]) for n in range(10)]
     for n in range(10, 10 + steps):
         g = 150.0 if (n - 10) % period < 20 else 60.0
         records.append(step(n, [g, 1.0, 1.0, 1.0]))

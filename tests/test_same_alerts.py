@@ -23,13 +23,13 @@ SENDER_BUDGET = 60  # step records a second (the sender's default on rank 0)
 
 def run_records(steps: int, seed: int, *, heavy: bool = True) -> list[Record]:
     """A decaying loss with minibatch noise: heavy-tailed (lognormal, and one batch in
-    a hundred five times as hard) or light; gradients steady."""
+    a hundred twenty times as hard) or light; gradients steady."""
     rng = random.Random(seed)
     records = []
     for n in range(steps):
         base = 2.0 * math.exp(-n / 200) + 0.05
         if heavy:
-            loss = base * math.exp(rng.gauss(0, 0.3)) * (5.0 if rng.random() < 0.01 else 1.0)
+            loss = base * math.exp(rng.gauss(0, 0.3)) * (20.0 if rng.random() < 0.01 else 1.0)
         else:
             loss = base * (1 + rng.gauss(0, 0.01))
         grads = [0.5 + 0.3 * rng.random(), 0.3 + 0.2 * rng.random(), 1.0 + rng.random()]

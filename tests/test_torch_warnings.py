@@ -137,3 +137,33 @@ def test_a_probe_reports_torchs_warning_during_its_step() -> None:
             probe.close()
     kinds = [r["alert"]["kind"] for r in sent if r.get("kind") == "alert"]
     assert kinds == ["broadcast_in_loss"]
+
+
+def test_a_warning_from_a_loss_is_shown_at_the_users_line(tmp_path: Any) -> None:
+    """torch warns at its caller's line (``stacklevel=2``); a stand-in of ours on
+    ``torch.nn.functional`` is that caller while a probe is open, so without care the
+    user would be sent to traintop's file. The line shown is the user's, as unwatched."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import torch, torch.nn.functional as F, probes\n"
+        "m = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "with probes.watch(m, opt, address='unix:' + __import__('sys').argv[1]) as p:\n"
+        "    for i in range(2):\n"
+        "        loss = F.mse_loss(m(torch.randn(4, 3)), torch.randn(4))\n"
+        "        loss.backward(); opt.step(); opt.zero_grad()\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "none.sock")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    shown = [line for line in done.stderr.splitlines() if "UserWarning" in line]
+    assert shown and shown[0].startswith(f"{script}:6: UserWarning: Using a target size")

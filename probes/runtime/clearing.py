@@ -10,7 +10,10 @@ the pass lands on and its version counter, so:
 - **cleared?** At each update the anchor's gradient is noted (tensor and version). The
   first pass after it must find that gradient gone (set to None: a new tensor) or
   changed in place (``zero_grad(set_to_none=False)`` bumps the version); finding the
-  very tensor at the very version means the pass adds to the last update's gradient.
+  very tensor at the very version means the pass adds to the last update's gradient,
+  unless a clear still comes before the next update uses it (a GAN: the generator's
+  backward adds into the discriminator's gradient, which its next ``zero_grad()``
+  throws away): the verdict is the next update's.
   The update is ``optimizer.step()`` (its post-hook; no gradient is touched in place
   between it and the next backward but by a clear) and each closure call (LBFGS
   evaluates it many times a step; each call should clear). Without an optimizer the
@@ -116,6 +119,16 @@ class ClearingWatch:
                     else:
                         self._head += moved  # cleared in place (zero_): counted anew
                         self.passes = 0
+            elif self._uncleared and (
+                held is None
+                or after is None
+                or after() is not held
+                or held._version != self._after_version + self._known_ops
+            ):
+                # Cleared after the passes that added to it, before any update used
+                # them: a GAN's generator backward through the discriminator, whose
+                # gradient the discriminator's next zero_grad() throws away. Healthy.
+                self._uncleared = False
             self.passes += 1
         except Exception as exc:  # never into the user's backward
             self._on_error(exc)
@@ -161,7 +174,8 @@ class ClearingWatch:
         self._known_ops += 1
 
     def take_uncleared(self) -> bool:
-        """Whether a pass since the last call added to an update's gradient."""
+        """Whether this update's gradient holds the last update's: a pass after that
+        one added to it and no clear came before this update."""
         uncleared, self._uncleared = self._uncleared, False
         return uncleared
 

@@ -36,8 +36,22 @@ from probes.runtime.stats import (
     NormReducer,
     compose_order,
 )
+from probes.runtime.undivided import UndividedWatch
 
 _GRAD = operator.attrgetter("grad")
+_STATE_KEYS = 12  # names at most (what a run sends is bounded)
+
+
+def state_keys(optimizer: object) -> list[str]:
+    """The names an optimizer keeps per parameter (``exp_avg_sq``, ``momentum_buffer``,
+    LBFGS's ``old_dirs`` ...): its first parameter with state's, sorted. Host dicts."""
+    state = getattr(optimizer, "state", None)
+    if not isinstance(state, dict):
+        return []
+    for values in state.values():
+        if isinstance(values, dict) and values:
+            return sorted(str(key)[:40] for key in values)[:_STATE_KEYS]
+    return []
 
 
 class HookClock(Protocol):
@@ -99,6 +113,8 @@ class StepMeasurer:
         layer_params = [layers.params[firsts[layer]] for layer in range(len(layers.names))]
         # cleared between updates? passes per layer? (one tensor hook a backward pass)
         self.clearing = ClearingWatch(layer_params, on_error=on_error)
+        # each update's backward passes: an accumulation of losses never divided?
+        self.undivided = UndividedWatch(on_error=on_error)
         # What hooks of ours run inside the user's forward and backward (where the
         # step's boundary does not see them) spends: each one's ``spent`` seconds are
         # added to the step's probe time at its end.
@@ -188,6 +204,9 @@ class StepMeasurer:
                 if taken is not None:
                     step.update_norms, step.update_order = taken
                     self._update_pending = False
+                    keys = state_keys(optimizer)
+                    if keys:  # what the optimizer keeps says what it is (the rules)
+                        step.layer_values["optimizer_state"] = keys
                     if self.merge_updates is not None:
                         self.merge_updates(step)
             except Exception as exc:
@@ -306,10 +325,15 @@ class StepMeasurer:
         many backward passes went into each layer's (``probes.runtime.clearing``)?"""
         uncleared = self.clearing.take_uncleared()
         passes = self.clearing.count_passes()
+        undivided = self.undivided.take(max((p for p in passes if p is not None), default=0))
         if step is not None:
             if self.check_clearing:  # (off: several optimizers check their own)
                 step.not_cleared = uncleared
             step.layer_values["backward_passes"] = passes
+            if undivided:
+                step.layer_values["undivided_passes"] = undivided
+            if self.undivided.reduction is not None and step.step < 50:
+                step.layer_values["loss_reduction"] = self.undivided.reduction
 
     def _append_tensor_scalars(
         self, step: Measurement, values: list[torch.Tensor]

@@ -17,7 +17,11 @@ that lands on its gradient and the version counter around it, so at its next ste
 In-place changes after the last pass (AMP's ``unscale_``, a clip) are the step's own
 and count for nothing. Passes that land after the step and are cleared before the
 next (the canonical GAN loop: the generator's backward adds into the discriminator's
-gradients after it stepped) are healthy: the clear comes after them.
+gradients after it stepped) are healthy: the clear comes after them. They are also
+what says the run is a game (``discarded``): another loss went through this
+optimizer's parameters and its gradient was thrown away, not stepped on; the losses
+of such a run are two players' and do not simply fall (``probes.kernel.diagnosis``
+judges them so).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class OptimizerClearing:
         self._version = 0  # its version then, and after each pass since
         self._passes = 0  # passes onto that very tensor since the step
         self._cleared = False  # a clear seen since the step
+        self.discarded = False  # passes after a step were cleared, never stepped on
         self.spent = 0.0  # seconds in its hooks (inside backward): the probe's own time
 
     def before_step(self) -> bool:
@@ -97,6 +102,8 @@ class OptimizerClearing:
             held = None if self._anchor is None else self._anchor.grad
             stepped = None if self._stepped is None else self._stepped()
             if held is None or held is not stepped or held._version != self._version:
+                if self._passes and not self._cleared:
+                    self.discarded = True  # those passes' gradient went unused
                 self._cleared = True  # set to None, or changed where no pass explains it
         except Exception as exc:
             self._on_error(exc)

@@ -209,6 +209,8 @@ class PerOptimizerReads:
                 self._count_passes(index)
                 if self._clearings and self._clearings[index].before_step() and step is not None:
                     step.not_cleared = True
+                if self._clearings and self._clearings[index].discarded and step is not None:
+                    step.layer_values["discarded_grads"] = True  # (a game: a GAN's players)
             except Exception as exc:
                 self._on_error(exc)
             self.spent += perf_counter() - started

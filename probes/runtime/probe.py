@@ -33,8 +33,9 @@ import torch
 from torch import nn
 
 from probes.kernel.commands import Command
+from probes.kernel.schema import validation_loss_name
 from probes.kernel.wire import TOKEN_ENV
-from probes.runtime import clip, lifecycle, optimizers, torch_warnings
+from probes.runtime import clip, lifecycle, loss_contract_live, optimizers, torch_warnings
 from probes.runtime.control import Control, ControlState
 from probes.runtime.evaluation import EvalScope
 from probes.runtime.hello import hello_fields
@@ -120,18 +121,21 @@ class Probe:
             on_error=self._fail,
         )
         self.sender.on_non_finite = self._boundary.auto.saw_non_finite  # (auto_anomaly)
-        self._boundary.inferred.find_evaluations(self.begin_evaluation, self.end_evaluation)
+        self._boundary.inferred.find_evaluations(self.begin_evaluation, self._end_found_evaluation)
         self._next_step_scope = StepScope(self._boundary, self, None)
         self._hooks.install(
             before_step=self._boundary.before_optimizer_step,
             layers=self.layers,
             measurer=self._measurer,
             updated=self._measurer.clearing.updated,
+            send=self.send,  # (the low-precision stall's alerts: runtime/dtype_stall.py)
         )
         clip.install()  # frameworks clip through torch's function: read before it
         see_compiles()  # a torch.compile wrapper made later is where the model is entered
         lifecycle.register(self)
         self._torch_warnings = torch_warnings.watch(self)  # torch's own, during steps
+        # the loss's contract on the first and sampled steps' loss calls (rung 2, live)
+        self._loss_contract = loss_contract_live.watch(self, self._boundary.count_time)
         for alert in self._boundary.wiring.first_alerts(self.layers):  # (and again later)
             self.send({"kind": "alert", "step": 0, "alert": alert.to_dict()})
 
@@ -318,6 +322,14 @@ class Probe:
             scope.remove_hooks()
             self._fail(exc)
 
+    def _end_found_evaluation(self, losses: dict[str, Scalar]) -> None:
+        """An evaluation found with no step API ends (``probes.runtime.autoeval``) with
+        the losses it saw; a validation loss the script logged in it wins over them."""
+        scope = self._eval
+        if scope is not None and validation_loss_name([*scope.tensors, *scope.floats]):
+            losses = {}
+        self.end_evaluation(**losses)
+
     @property
     def update_skipped(self) -> bool:
         """True when the last step's update was skipped (guard or anomaly step)."""
@@ -385,9 +397,11 @@ class Probe:
         clip.uninstall()
         unsee_compiles()
         self._torch_warnings.remove()
+        self._loss_contract.remove()
         optimizers.detach(self._per_optimizer)
         self._hooks.remove()
         self._measurer.clearing.remove()
+        self._measurer.undivided.remove()
         if self._eval is not None:
             self._eval.remove_hooks()
             self._eval = None

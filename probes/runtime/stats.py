@@ -129,7 +129,9 @@ class Measurement:
         self.not_stepped: list[int] | None = None  # layers optimizer.step() left alone
         # Per-layer fields of the spec known on the host as the step ends (no copy to
         # wait for), by name: written into the record and merged as the spec says.
-        self.layer_values: dict[str, list[Any]] = {}
+        # per-layer lists by field (and a few host values the step's update says:
+        # ``undivided_passes``, ``loss_reduction``, ``optimizer_state``, ...)
+        self.layer_values: dict[str, Any] = {}
         self._host: list[float] | None = None
         self._non_finite: bool | None = None  # (``has_non_finite``, once read)
         # The per-layer gradient norms and their total, made once (thinning reads them,

@@ -9,6 +9,9 @@ they scroll past on stderr. So a probe listens to what is shown, through one hoo
 
 - each warning is passed on unchanged to the handler that was there before, so what
   the user sees, filters and records (pytest's capture included) does not change;
+  but one that points into traintop (torch warns with ``stacklevel=2``, its caller's
+  line, and a stand-in of ours on ``torch.nn.functional`` is that caller) is shown at
+  the user's line that called the function, where it pointed without traintop;
 - a ``UserWarning`` issued by torch's own code (the frame that warned is under torch's
   package) while a step is open becomes an alert: ``broadcast_in_loss`` for the loss
   broadcasting its target (a shape mismatch in the loss, an error), ``torch_warning``
@@ -44,6 +47,8 @@ from probes.runtime.patches import REGISTRY, Layer
 from probes.runtime.seams import SHOW_WARNING
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+#: traintop's own package: a warning shown as from here came through a stand-in of ours
+PROBES_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 MESSAGE_CHARS = 240  # of torch's message, in an alert
 MAX_ALERTS = 8  # distinct torch warnings one run reports
 _BROADCAST = re.compile(
@@ -177,7 +182,21 @@ class _ShowHook:
                     listener.heard(str(message), category)
         except Exception:
             pass
+        if filename.startswith(PROBES_DIR):
+            filename, lineno, line = *_users_line(filename, lineno), None
         proceed(message, category, filename, lineno, file, line)
+
+
+def _users_line(filename: str, lineno: int) -> tuple[str, int]:
+    """The first frame above the warnings machinery, traintop's stand-ins and torch:
+    the line that called the function that warned (``filename``/``lineno``: none)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name not in _MACHINERY and not name.startswith((PROBES_DIR, TORCH_DIR)):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return filename, lineno
 
 
 def _from_torch(filename: str) -> bool:

@@ -325,6 +325,24 @@ CATALOG: dict[AlertKind, Entry] = {
             "changed, and compare a weight before and after one optimizer.step().",
         ),
     ),
+    AlertKind.LOW_PRECISION_STALL: Entry(
+        Rung.UPDATE,
+        (
+            "These bfloat16/float16 weights have gradients, yet optimizer.step() leaves most "
+            "of their elements bit-identical: the update is under half a unit in the last "
+            "place of the weight in its dtype and rounds away (a bfloat16 weight of 1.0 "
+            "ignores any step under 0.004: a LayerNorm gain never moves). Judged per tensor: "
+            "a bias that moves does not hide a weight that does not. It does not say the "
+            "rate is wrong for float32 weights."
+        ),
+        (
+            "Keep float32 master weights: train the float32 model under "
+            "torch.autocast(dtype=torch.bfloat16), not model.to(torch.bfloat16); nothing else.",
+            "Raise the learning rate alone and check that the named tensors move.",
+            "Use an optimizer that keeps what rounding drops (Kahan summation or stochastic "
+            "rounding of the bfloat16 update).",
+        ),
+    ),
     # --- 2. torch's own warnings during a step (raised in the training process) -----------
     AlertKind.TORCH_WARNING: Entry(
         Rung.VALUES,
@@ -356,9 +374,10 @@ CATALOG: dict[AlertKind, Entry] = {
     AlertKind.CLIP_ALWAYS_ACTIVE: Entry(
         Rung.GRADIENT_PATH,
         (
-            "The gradient clip cuts almost every step: the unclipped norm is above max_norm "
-            "nearly always, so the clip hides a persistent instability (or a loss larger "
-            "than it should be) rather than an occasional spike. It does not say which."
+            "The gradient clip cuts almost every step and the instability shows under it: "
+            "the unclipped norm keeps growing, or the loss got worse, while clipped. The "
+            "clip keeps the run finite and hides a persistent instability rather than an "
+            "occasional spike. It does not say where the instability comes from."
         ),
         (
             "Log the unclipped norms (probes.clip_grad_norm_) with the clip removed for a "
@@ -388,10 +407,11 @@ CATALOG: dict[AlertKind, Entry] = {
         (
             "The training loss is a steady whole multiple of the validation loss on every "
             "evaluation, with the evidence for it (the accumulation steps in the records, or "
-            "a ratio that held while the losses moved): the two are not computed like for "
-            "like (a sum against a mean, a loss not divided by the accumulation steps). It "
-            "does not prove which one is off; label smoothing (a floor added, not a multiple) "
-            "is not it."
+            "a ratio that held while the losses moved), or, with no validation, each update "
+            "summed k micro-batches' mean losses from one loop without dividing them (its "
+            "gradient is k times the mean's): the two are not computed like for like (a sum "
+            "against a mean, a loss not divided by the accumulation steps). It does not "
+            "prove which one is off; label smoothing (a floor added, not a multiple) is not it."
         ),
         (
             "Compare the reductions: compute the validation loss with the training code's "

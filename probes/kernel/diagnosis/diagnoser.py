@@ -5,6 +5,7 @@ numbers hover about their bound: ``incidents.HELD``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -13,15 +14,16 @@ from probes.kernel.diagnosis.alert import Alert, AlertChange
 from probes.kernel.diagnosis.clipping import ClipAlwaysActive, GradsStillScaled
 from probes.kernel.diagnosis.divergence import LossDiverged
 from probes.kernel.diagnosis.evaluation import EvalMode, OverfittingSignal
+from probes.kernel.diagnosis.exploding import ExplodingGradient
 from probes.kernel.diagnosis.gradient_path import (
     Activations,
-    ExplodingGradient,
     NoneGradients,
     VanishingGradient,
 )
 from probes.kernel.diagnosis.incidents import (
     EVENTS,
     HELD,
+    RECOVERABLE,
     STICKY,
     cause_for,
     depth,
@@ -168,6 +170,10 @@ class Diagnoser:
         self._pending: dict[str, Alert] = {}  # consequences waiting for a cause
         self._findings: dict[int, list[Alert]] = {}
         self._absent_since: dict[str, int] = {}
+        # kind -> the smoothed training loss when a recoverable sticky cause was raised
+        self._loss_at_damage: dict[str, float | None] = {}
+        self._last_total: float | None = None  # the latest record's total gradient norm
+        self._total_at_spike: dict[str, float | None] = {}  # a waiting spike's key -> then
 
     # --- input ------------------------------------------------------------------------
 
@@ -185,6 +191,9 @@ class Diagnoser:
 
     def observe_step(self, view: StepView) -> list[AlertChange]:
         """Take one step record, parsed (``probes.kernel.schema``: the monitor parses once)."""
+        total = view.grad_norm_total
+        if total is not None and math.isfinite(total):
+            self._last_total = total  # (a spike waits while the gradients climb: ``_due``)
         self.last_view = view
         history, found = self.history, self._findings
         history.add_step(view, keep_first=self.thresholds.smoothing_steps)
@@ -317,13 +326,34 @@ class Diagnoser:
             cause = cause_for(alert, self.live_causes())
             if cause is not None:
                 del self._pending[key]
+                self._total_at_spike.pop(key, None)
                 self._fold(key, alert, cause)
                 continue
             waiting_causes = {a.kind: a for k, a in self._pending.items() if k != key}
+            if self._climbing_under(key, alert, step):
+                continue
             if step >= alert.step + grace and cause_for(alert, waiting_causes) is None:
                 del self._pending[key]
+                self._total_at_spike.pop(key, None)
                 changes.append(self._raise(alert))  # as first found: its step, its evidence
         return changes
+
+    def _climbing_under(self, key: str, alert: Alert, step: int) -> bool:
+        """Does a waiting loss spike (or divergence) wait longer? While the gradients
+        have grown at least twice what they were when it was found: the explosion it is
+        the consequence of shows the later the slower it grows (50x its level), so it
+        waits while that evidence builds, up to the explosion's window more."""
+        if alert.kind not in (AlertKind.LOSS_SPIKE, AlertKind.LOSS_DIVERGED):
+            return False
+        then = self._total_at_spike.setdefault(key, self._last_total)
+        now = self._last_total
+        late = alert.step + self.thresholds.consequence_grace_steps
+        return (
+            then is not None
+            and now is not None
+            and now >= 2 * then
+            and step < late + self.thresholds.exploding_window
+        )
 
     def _clear(self, first: int, step: int, current: dict[str, Alert]) -> list[AlertChange]:
         changes = []
@@ -351,7 +381,23 @@ class Diagnoser:
         self.raised_count[alert.kind] = self.raised_count.get(alert.kind, 0) + 1
         self._causes[alert.kind] = alert
         self._roots[alert.kind] = alert.key
+        if alert.kind in RECOVERABLE:
+            self._loss_at_damage[alert.kind] = self.history.smoothed_loss(
+                alert.step, self.thresholds.smoothing_steps
+            )
         return AlertChange(alert, raised=True)
+
+    def _recovered(self, kind: str) -> bool:
+        """A recoverable sticky cause (``incidents.RECOVERABLE``) that has cleared, the
+        smoothed training loss now below where it stood when it was raised."""
+        if kind not in RECOVERABLE or self._roots.get(kind) in self.active:
+            return False
+        before = self._loss_at_damage.get(kind)
+        view = self.last_view
+        if before is None or view is None or not math.isfinite(before):
+            return False
+        now = self.history.smoothed_loss(view.step, self.thresholds.smoothing_steps)
+        return now is not None and now < before
 
     def live_causes(self) -> dict[str, Alert]:
         """Causes by kind: alerts that hold now (raised or folded), and sticky ones that
@@ -359,7 +405,7 @@ class Diagnoser:
         live = {a.kind: a for a in self.active.values()}
         for kind, alert in self._causes.items():
             if (
-                kind in STICKY
+                (kind in STICKY and not self._recovered(kind))
                 or self._roots.get(kind) in self.active
                 or any(key.split(":")[0] == kind for key in self.folded)
             ):

@@ -17,7 +17,8 @@ class LossDiverged(Rule):
     record's least: before the updates it judges) on every step of ``diverged_steps``
     in a row. A record standing for several steps counts by its least loss: it stayed
     high only if its lowest step did. A spike that returns is ``loss_spike``'s; a loss
-    that goes negative has no scale to diverge from."""
+    that goes negative has no scale to diverge from; nor do a game's (a GAN's
+    generator's loss rises as its discriminator learns: ``RecentPast.adversarial``)."""
 
     kind: str = AlertKind.LOSS_DIVERGED
     severity: Severity = Severity.ERROR
@@ -28,6 +29,9 @@ class LossDiverged(Rule):
         self._since: int | None = None  # the first step of the current run of high losses
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
+        if history.adversarial:
+            self._since = None
+            return []  # a game's losses: not a scale to diverge from
         low = view.loss_min
         if low is None or not math.isfinite(low):
             return None  # no finite loss: nothing new to say (non_finite's business)

@@ -5,10 +5,8 @@ failing one (the first to fail, then the first in the model) and listing the oth
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 
-from probes.kernel.diagnosis.alert import Severity
 from probes.kernel.diagnosis.rule import (
     Findings,
     Rule,
@@ -19,209 +17,10 @@ from probes.kernel.diagnosis.rule import (
     spread,
 )
 from probes.kernel.diagnosis.thresholds import Thresholds
+from probes.kernel.diagnosis.update_ratio import converged
 from probes.kernel.diagnosis.views import RecentPast, RunInfo, StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind
 from probes.kernel.schema import INPUT_SUFFIX
-
-
-class ExplodingGradient(Rule):
-    """A layer's gradient norm above an absolute bound, or grown by a large factor over
-    the last few steps; names the layer that crossed first (the peak of a record that
-    stands for several steps counts).
-
-    The bound gives way to the run's own scale: a run already above it at its first
-    record, with a loss at least as large as its total norm (a loss summed over pixels
-    has gradients in the thousands from step 0), is judged against
-    ``exploding_start_factor`` times its first norms once its loss has fallen by
-    ``exploding_start_drop`` within ``exploding_start_steps`` (it trains at that
-    scale); a run whose loss has not by then is held to the absolute bound again (data
-    in raw units: a mean loss in the tens of thousands that does not move).
-    Gradients still multiplied by a GradScaler's scale are not judged at all
-    (``grads_still_scaled`` says so)."""
-
-    kind: str = AlertKind.EXPLODING_GRADIENT
-    severity: Severity = Severity.ERROR
-
-    def __init__(self, thresholds: Thresholds) -> None:
-        super().__init__(thresholds)
-        # The last records' per-layer norms, kept whole (step, peaks, shown): the
-        # common step, every layer below the bounds, then costs no work per layer.
-        self._recent: deque[tuple[int, Sequence[float | None], Sequence[float | None]]] = deque()
-        self._total: deque[tuple[int, float]] = deque()
-        self._crossed: dict[int, tuple[int, float, float]] = {}  # layer -> (step, norm, x)
-        # The run's own scale: its first record's norms and loss; ``_own_scale`` is
-        # False (the absolute bound), None (above it from the start, not yet judged) or
-        # True (it trains at that scale: bounds relative to the first norms).
-        self._own_scale: bool | None = False
-        self._start: Sequence[float | None] = ()
-        self._start_total: float | None = None
-        self._start_loss: float | None = None
-        self._seen = False
-        self._start_step = 0
-        self._start_over: list[int] = []  # layers above the bound at the first record
-
-    def _growth(self, window: deque[tuple[int, float]], value: float, first: int) -> float:
-        while window and window[0][0] < first - self.t.exploding_window:
-            window.popleft()
-        low = min((v for _, v in window), default=0.0)
-        return value / low if low > 0 else 1.0
-
-    def _layer_growth(self, layer: int, value: float) -> float:
-        """``value`` over the layer's low in the recent window (its finite norms: the
-        norm shown for a record, or its peak when that is not finite)."""
-        low = math.inf
-        for _, peaks, shown in self._recent:
-            peak = peaks[layer] if layer < len(peaks) else None
-            if peak is None or not math.isfinite(peak):
-                continue
-            norm = shown[layer] if layer < len(shown) else None
-            low = min(low, norm if norm is not None and math.isfinite(norm) else peak)
-        return value / low if 0 < low < math.inf else 1.0
-
-    def _over(self, value: float, growth: float, bound: float) -> bool:
-        return value > bound or (
-            growth >= self.t.exploding_growth and value > self.t.exploding_growth_floor
-        )
-
-    def _bound(self, start: float | None) -> float:
-        """The absolute bound, or at the run's own scale ``exploding_start_factor``
-        times its first norm (``start``), whichever is higher."""
-        if self._own_scale is False or start is None or not math.isfinite(start):
-            return self.t.exploding_norm
-        return max(self.t.exploding_norm, self.t.exploding_start_factor * start)
-
-    def _note_scale(self, history: RecentPast, view: StepView) -> None:
-        """The run's first record sets its scale; judge, within the first steps, whether
-        a run above the bound from the start trains at that scale."""
-        if not self._seen:
-            self._seen = True
-            total = view.peak_total
-            peaks = view.peak_grads
-            above = (total is not None and total > self.t.exploding_norm) or any(
-                g is not None and g > self.t.exploding_norm for g in peaks
-            )
-            loss = view.loss_estimate
-            # the loss's scale explains them: no larger than the loss itself (a mean
-            # loss of 2 with a gradient of 500 is not a summed loss's scale)
-            explained = total is not None and loss is not None and 0 < total <= loss
-            if above and explained:
-                self._own_scale = None
-                self._start_step = view.first
-                self._start_over = [
-                    i for i, g in enumerate(peaks) if g is not None and g > self.t.exploding_norm
-                ]
-                self._start = list(peaks)
-                self._start_total = total
-                self._start_loss = view.loss_estimate
-            return
-        if self._own_scale is not None:
-            return
-        began = self._start_loss
-        now = history.smoothed_loss(view.step, self.t.smoothing_steps)
-        if began is None or not began > 0:
-            self._own_scale = False  # no loss to judge it by: the bound holds
-        elif now is not None and now <= (1 - self.t.exploding_start_drop) * began:
-            self._own_scale = True
-        elif view.step >= self.t.exploding_start_steps:
-            self._own_scale = False
-
-    def _held_since_start(self) -> None:
-        """The run was not at its own scale after all: the layers above the bound at its
-        first record have been over it since then (named so, first failing first)."""
-        for i in self._start_over:
-            peak = self._start[i]
-            if peak is not None:
-                self._crossed[i] = (self._start_step, peak, 1.0)
-
-    def on_step(self, history: RecentPast, view: StepView) -> Findings:
-        if view.grads_scaled is not None:
-            return []  # norms times a GradScaler's scale: not this rule's to read
-        undecided = self._own_scale is None
-        self._note_scale(history, view)
-        judged = undecided and self._own_scale is False  # held to the bound from now
-        if judged:
-            self._held_since_start()
-        start = self._start
-        # Growth matters only above its floor (and the bound alone above that): most
-        # norms are below both, and need no look at the window.
-        floor = min(self.t.exploding_growth_floor, self.t.exploding_norm)
-        oldest = view.first - self.t.exploding_window
-        while self._recent and self._recent[0][0] < oldest:
-            self._recent.popleft()
-        peaks = view.peak_grads
-        high = [
-            i
-            for i, peak in enumerate(peaks)
-            if peak is not None and peak > floor and math.isfinite(peak)
-        ]
-        for i in list(self._crossed):  # back below the floor: no longer crossed
-            peak = peaks[i] if i < len(peaks) else None
-            if peak is not None and math.isfinite(peak) and peak <= floor:
-                del self._crossed[i]
-        for i in high:
-            peak = peaks[i]
-            assert peak is not None
-            growth = self._layer_growth(i, peak)
-            if self._over(peak, growth, self._bound(start[i] if i < len(start) else None)):
-                self._crossed.setdefault(i, (view.step, peak, growth))
-            else:
-                self._crossed.pop(i, None)
-        if judged:  # (even those back below the floor now: over it since the start)
-            self._held_since_start()
-            self._start_over = []
-        self._recent.append((view.step, peaks, view.grad_norms))
-        total = view.peak_total
-        total_growth = 1.0
-        if total is not None and math.isfinite(total):
-            total_growth = self._growth(self._total, total, view.first)
-            self._total.append((view.step, total))
-        if self._crossed:
-            since = {i: crossed[0] for i, crossed in self._crossed.items()}
-            order = first_failing(since)
-            step, norm, growth = self._crossed[order[0]]
-            names = [history.info.layer(i) for i in order]
-            return [
-                self.alert(
-                    view.step,
-                    names[0],
-                    {
-                        "grad_norm": norm,
-                        "growth": growth,
-                        "since_step": step,
-                        "grad_norm_total": total if total is not None else math.nan,
-                        "layers_over": len(order),
-                        **_range(names, history.info.layers),
-                        **self._scale_evidence(),
-                    },
-                    layers=names,
-                )
-            ]
-        if (
-            total is not None
-            and math.isfinite(total)
-            and self._over(total, total_growth, self._bound(self._start_total))
-        ):
-            return [
-                self.alert(
-                    view.step,
-                    "total",
-                    {"grad_norm_total": total, "growth": total_growth, **self._scale_evidence()},
-                )
-            ]
-        return []
-
-    def _scale_evidence(self) -> dict[str, float]:
-        """For a run above the bound from its first record: that record's total."""
-        if self._start_total is None:
-            return {}
-        return {"first_grad_norm_total": self._start_total}
-
-
-def _range(names: Sequence[str], order: Sequence[str]) -> dict[str, str]:
-    if len(names) < 2:
-        return {}
-    ordered = ordered_range(names, order)
-    return {"range": f"{ordered[0]}..{ordered[-1]}"}
 
 
 class VanishingGradient(Rule):
@@ -238,6 +37,11 @@ class VanishingGradient(Rule):
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.param_norms is not None:
             self._last_params = view.param_norms
+        if converged(history, view, self.t):
+            # A finished fit (its loss a hundred-thousandth of where it began): its
+            # gradients vanish by design, not because they cannot reach a layer.
+            self._streaks = Streaks()
+            return []
         peaks = view.peak_grads
         finite = [g for g in peaks if g is not None and math.isfinite(g)]
         weights = self._last_params or ()

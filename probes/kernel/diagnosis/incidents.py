@@ -51,6 +51,20 @@ STICKY = frozenset(
     }
 )
 
+# ... except these, once the run has recovered from them: cleared, and the smoothed
+# training loss back below where it stood when they were raised (the damage undone: an
+# early explosion the optimiser came back from does not explain a spike, a plateau or
+# overfitting hundreds of steps later). Structural faults and the pre-training checks
+# do not heal by training: they stay.
+RECOVERABLE = frozenset(
+    {
+        K.EXPLODING_GRADIENT,
+        K.NON_FINITE,
+        K.GRAD_NOT_CLEARED,
+        K.GUARD_SKIPPED_UPDATE,
+    }
+)
+
 # Incidents whose numbers hover about their bound while the cause persists: held
 # ``hold_steps`` once healthy (not ``clear_after``), so one cause stays one incident.
 HELD = frozenset(

@@ -14,7 +14,7 @@ import math
 from collections import Counter, deque
 from typing import Any
 
-from probes.kernel.diagnosis.rule import Findings, Rule
+from probes.kernel.diagnosis.rule import Findings, Rule, reached_at
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import EvalView, RecentPast, StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind
@@ -36,7 +36,12 @@ class LossReductionMismatch(Rule):
     loss's and of the train - val difference's: a sum scales with the loss, a floor
     added to it does not). Once found, the alert holds while the ratio stays steady
     within ``reduction_steadiness`` of N. Overfitting (validation above training, the
-    gap growing) and the usual dropout gap (training a little above) are not it."""
+    gap growing) and the usual dropout gap (training a little above) are not it.
+
+    With no validation to compare against, the training side's own evidence says it:
+    ``undivided_passes`` k >= 2 on ``reduction_undivided_updates`` updates in a row
+    (each update's gradient the sum of k mean losses' gradients, undivided, from one
+    loop: ``probes.runtime.undivided``), and it holds while they continue."""
 
     kind: str = AlertKind.LOSS_REDUCTION_MISMATCH
 
@@ -45,6 +50,30 @@ class LossReductionMismatch(Rule):
         self._pairs: deque[tuple[float, float]] = deque(maxlen=thresholds.reduction_evals)
         self._passes: int | None = None  # backward passes into the latest update's gradients
         self._found: tuple[int, dict[str, Any]] | None = None  # (N, its evidence)
+        self._undivided_since: int | None = None  # the first update of the current streak
+        self._undivided = 0  # its k
+
+    def _undivided_finding(self, view: StepView) -> Findings:
+        """The training side's evidence (see the class): None while it says nothing."""
+        k = view.undivided_passes
+        if not view.optimizer_stepped:
+            return None if self._undivided_since is None else []
+        if k < 2 or (self._undivided and k != self._undivided):
+            self._undivided_since = None
+            self._undivided = 0
+            return None
+        if self._undivided_since is None:
+            self._undivided_since, self._undivided = view.first, k
+        at = reached_at(self._undivided_since, self.t.reduction_undivided_updates, view)
+        if at is None:
+            return None
+        evidence = {
+            "nearest_whole": k,
+            "backward_passes": k,
+            "each_on": "a mean loss as returned (not divided by the passes)",
+            "since_step": self._undivided_since,
+        }
+        return [self.alert(at, "loss", evidence)]
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         counts = view.more_layers.get("backward_passes")
@@ -52,9 +81,11 @@ class LossReductionMismatch(Rule):
             seen = Counter(int(c) for c in counts if c is not None and c >= 1)
             if seen:  # most layers' count (ties: the larger)
                 self._passes = max(seen, key=lambda c: (seen[c], c))
-        return None
+        return self._undivided_finding(view)
 
     def on_eval(self, history: RecentPast, view: EvalView) -> Findings:
+        if self._undivided_since is not None:
+            return None  # the training side's evidence holds: it speaks for the rule
         val = view.loss
         train = history.smoothed_loss(view.step, self.t.smoothing_steps)
         if val is None or train is None or not math.isfinite(val) or not math.isfinite(train):

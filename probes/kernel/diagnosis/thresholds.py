@@ -22,11 +22,19 @@ RENAMED = {
 class Thresholds:
     """Every threshold the rules use, with the reason for its default."""
 
-    # exploding_gradient: the seed's example uses 100 for the total norm.
+    # exploding_gradient: growth against the run's own recent level, a layer's norm at
+    # least exploding_growth times its median over the last exploding_window steps
+    # (judged once the run has half that many steps behind it: its first update moves
+    # it off its initialisation, no level to grow from), above exploding_growth_floor (a norm
+    # of 1e-4 growing to 1e-2 is no instability); and, for a run whose loss's scale
+    # does not explain its norms, the seed's bound of 100 on the total norm.
     exploding_norm: float = 100.0
-    exploding_growth: float = 50.0  # x over the window's smallest norm
+    exploding_growth: float = 50.0  # x over the recent median
     exploding_growth_floor: float = 10.0  # growth counts only for norms above this
-    exploding_window: int = 10  # steps
+    exploding_window: int = 10  # steps (under a clip, growth alone must hold half of it)
+    # ... or that many times its lowest level (window median) of the last
+    # exploding_long_window steps: a steady climb, 6% a step, is an explosion too
+    exploding_long_window: int = 100  # steps
     # vanishing_gradient: a layer's gradient this much smaller than the largest layer's,
     # or than its own weights (while also well below the largest layer's: a model that
     # has converged everywhere is not vanishing), for this many steps in a row.
@@ -88,13 +96,22 @@ class Thresholds:
     saturated_fraction: float = 0.90
     activation_samples: int = 2
     activation_steps: int = 20
-    # loss_spike: the loss this many times its rolling median, and this many median
-    # absolute deviations above it, after spike_min_steps steps of history.
-    spike_factor: float = 4.0
-    spike_deviations: float = 12.0
-    # ... and a jump of at least this fraction of the start loss: back at least halfway
-    # to where the run began (a converged model's loss of 0.006 jumping to 0.2 on one
-    # hard batch is the noise of a tiny loss, not instability).
+    # loss_spike: measured against the run's recent baseline (the last spike_window
+    # steps), never against where it began: the loss at least spike_factor times the
+    # baseline's median, and spike_deviations standard deviations of its noise above it
+    # in log space (a loss's batch noise is multiplicative: the same rule sees an LLM at
+    # 3 jumping to 5, and passes a converged loss ranging 0 to 0.1 that reaches 0.27).
+    # The noise is that of consecutive steps (a falling curve's trend is not noise); 8
+    # standard deviations is what the 12 median absolute deviations were for Gaussian
+    # noise.
+    spike_factor: float = 1.5
+    spike_deviations: float = 8.0
+    # ... and taking back at least this share of the run's progress (its first loss
+    # down to the baseline): an LLM at 3 (from 10.8) jumping to 5 takes back a quarter; a
+    # converged loss at 0.018 (from 0.95) doubling takes back 2%
+    spike_undone: float = 0.1
+    # The ranks' comparison (``ranks``): a rank's loss scale apart from the others' by
+    # at least this fraction of the run's start loss.
     spike_min_jump: float = 0.5
     spike_window: int = 50  # steps
     spike_min_steps: int = 20
@@ -124,6 +141,16 @@ class Thresholds:
     update_precision: float = 1e-7
     precision_samples: int = 2
     precision_steps: int = 20
+    # low_precision_stall: an update is lost when |dw| is under half an ulp of w in its
+    # dtype (round to nearest gives w back; bfloat16 keeps 8 significant bits: a weight
+    # of 1.0 ignores any step under 2^-8 ~ 0.004). On sampled steps, per bfloat16/float16
+    # parameter tensor, the share of its elements with a non-zero gradient that
+    # optimizer.step() left bit-identical: at least stall_unchanged on stall_samples
+    # sampled steps in a row. A healthy bf16 run loses some elements' updates each step,
+    # those whose gradients average out (AdamW at lr 1e-3 on a small MLP: 17% to 42% of
+    # a tensor, once 60% of a 10-element bias); at lr 5e-5 it loses 87% to 100%.
+    stall_unchanged: float = 0.75
+    stall_samples: int = 3
     # ... but an incident whose numbers cross its bound back and forth while the cause
     # persists (gradients about the explosion's bound, update ratios about the band's
     # edge, activations about their fraction: ``incidents.HELD``) clears only after this
@@ -141,6 +168,11 @@ class Thresholds:
     # healthy runs (Adadelta at its usual lr 1.0: 0.14; Adam's first steps move every
     # weight by the rate itself): their band's top and far-too-high bound are higher.
     update_far_too_high: float = 0.3
+    # ... for a quasi-Newton step (LBFGS: a line search over many iterations, sized by
+    # the curvature, not a rate): an update that replaces the weights, |dw| at least
+    # 0.8 of |w| after the step on most layers (the weights after it are mostly the
+    # update; the time-sequence example's healthy first step: 0.2 to 0.8, one layer high)
+    update_far_too_high_quasi_newton: float = 0.8
     update_high_adaptive: float = 0.3
     update_far_too_high_adaptive: float = 0.5
     # ... but an adaptive optimizer's first update moves every weight by the rate itself,
@@ -162,12 +194,11 @@ class Thresholds:
     update_high_falling: float = 0.25
     # exploding_gradient at the run's own scale: a run whose first record is already
     # above exploding_norm, its loss at least its total norm (a loss summed over
-    # pixels), has its bound at this many times its first norms once its smoothed loss
-    # has fallen this fraction below where it began within exploding_start_steps (it
-    # trains at its scale: a VAE's summed loss halves in its first tens of steps); if
-    # not, the absolute bound holds again (raw-unit data, unscaled: an LSTM's mean
-    # loss of 1e5 under a clip fell 25% in 70 steps).
-    exploding_start_factor: float = 10.0
+    # pixels), is judged by growth alone once its smoothed loss has fallen
+    # exploding_start_drop below where it began within exploding_start_steps (it trains
+    # at that scale: a VAE's summed loss halves in its first tens of steps); if not,
+    # the absolute bound holds again (raw-unit data, unscaled: an LSTM's mean loss of
+    # 1e5 under a clip fell 25% in 70 steps).
     exploding_start_steps: int = 40
     exploding_start_drop: float = 0.5
     # loss_diverged: the loss at least this many times the run's first loss (before any
@@ -176,18 +207,30 @@ class Thresholds:
     diverged_steps: int = 3
     # clip_always_active: over the last clip_window steps (once the run has clipped for
     # that long, and at least clip_min_steps of them measured), the unclipped total
-    # above max_norm on this fraction of the clipped steps (a healthy char-GPT: 36 of
-    # 251; a loss not divided by its accumulation steps: 251 of 251). Long enough to
-    # outlast a healthy start: a tiny GPT-2 at the HF Trainer's defaults (clip 1.0) is
-    # above 1 on each of its first 50 steps.
+    # above max_norm on this fraction of the clipped steps, *and* the instability the
+    # clip hides shows (the lesson: a clip keeps a run finite; investigate persistent
+    # instability): the unclipped norm's median over the window's last quarter at least
+    # clip_norm_growth times its first quarter's (it keeps growing under the clip), or
+    # the loss's last-quarter median above its first quarter's by more than
+    # clip_loss_spread times that quarter's own median absolute deviation (worse while
+    # clipped, beyond its noise). A bound below the run's gradient scale is not this:
+    # a GPT at clip 1.0 above 1 on every step while its loss falls, a regression clipped
+    # at its noise floor. The window outlasts a healthy start (a tiny GPT-2 at the HF
+    # Trainer's defaults is above 1 on each of its first 50 steps).
     clip_window: int = 200
     clip_min_steps: int = 20
     clip_active_fraction: float = 0.95
+    clip_norm_growth: float = 2.0
+    clip_loss_spread: float = 3.0
     # loss_reduction_mismatch: the smoothed training loss this many times the validation
     # loss on reduction_evals evaluations in a row, steady within reduction_steadiness
     # (max over min of their ratios, less 1): a sum where the other is a mean, a loss not
     # divided by the accumulation steps (dropout or augmentation: train ~1.1 to 1.5x).
     reduction_factor: float = 2.0
+    # ... or, without a validation loss, an accumulation of k >= 2 backward passes each
+    # on a mean loss as returned, from one loop, on this many updates in a row (a loop's
+    # pattern, not one odd step: the same evidence a validation's three evaluations give)
+    reduction_undivided_updates: int = 3
     reduction_evals: int = 3
     reduction_steadiness: float = 0.25
     # ... with the evidence for a whole number N >= 2: the records' backward passes into

@@ -39,6 +39,8 @@ class FlatLoss(Rule):
         return [] if estimate is None else [(estimate, min(view.steps, self.START_STEPS))]
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
+        if history.adversarial:
+            return []  # a game's losses (a GAN's players) are not meant to fall
         if view.step < self.t.flat_after_steps:
             return None
         # Counted in steps: a thinned run's first records stand for more steps each.

@@ -7,6 +7,7 @@ another model, run in the training process: ``probes.runtime.structure``.)
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
@@ -22,6 +23,7 @@ from probes.kernel.diagnosis.rule import (
     spread,
 )
 from probes.kernel.diagnosis.thresholds import Thresholds
+from probes.kernel.diagnosis.update_ratio import converged, family
 from probes.kernel.diagnosis.views import RecentPast, StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind
 
@@ -83,10 +85,25 @@ class UpdatesNotApplied(Rule):
         self._why: dict[int, str] = {}
         self._versions_trusted = True  # until a sampled step contradicts them
         self._moved: set[int] = set()  # layers a sampled ratio saw change
+        self._state: object = None  # the names the optimizer keeps (what it is)
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if not view.optimizer_stepped or history.info.every > 1:
             return None
+        if converged(history, view, self.t):
+            # A finished fit: an optimizer whose own convergence test stops it (LBFGS's
+            # tolerance on the gradient) leaves the weights as they are, by design.
+            self._streaks = Streaks()
+            return []
+        if view.optimizer_state is not None:
+            self._state = view.optimizer_state
+        # A line search (LBFGS) takes no step when its own tests say so (the gradient or
+        # the change below its tolerances): weights left as they were are its decision,
+        # not an update lost. A rate of 0 still is.
+        if family(history.info.optimizer, self._state) == "quasi_newton" and not (
+            view.lrs and all(lr == 0 for lr in view.lrs)
+        ):
+            return []
         versions = history.info.update_check and self._versions_trusted
         ratios = view.update_ratios
         untouched = set(view.not_stepped)
@@ -278,6 +295,34 @@ class LossSpike(Rule):
             self._held = None
         return [] if self._held is None else [self._held]
 
+    def _spike(self, step: int, loss: float, values: list[float]) -> Alert | None:
+        """``loss`` against the window's ``values`` (in step order): at least
+        ``spike_factor`` times their median, and ``spike_deviations`` times their noise
+        above it in log space. A loss's batch-to-batch noise is multiplicative (a
+        converged loss near zero spans orders of magnitude from batch to batch; one at
+        3 moves by a few percent), so the same rule sees 3 to 5 in an LLM run and
+        passes a hard batch's 0.27 in a loss that already ranges from 0 to 0.1. The
+        noise is read from consecutive steps' differences (the median one, scaled to a
+        standard deviation), which a falling curve's trend does not inflate."""
+        median = statistics.median(values)
+        if not (median > 0 and loss > median * self.t.spike_factor):
+            return None
+        logs = [math.log(v) if v > 0 and math.isfinite(v) else None for v in values]
+        steps = [abs(b - a) for a, b in itertools.pairwise(logs) if a is not None and b is not None]
+        if 2 * len(steps) < len(values):
+            return None  # mostly zeros: no scale to measure a jump against
+        # |a - b| of two draws of N(0, s^2) has median 0.954 s
+        noise = statistics.median(steps) / 0.954 or 0.01
+        if math.log(loss) - math.log(median) <= self.t.spike_deviations * noise:
+            return None
+        # ... and it takes back a share of what the run has learnt (its first loss down
+        # to the baseline): a converged loss's 2x blip (0.018 to 0.036 from 0.95) is
+        # not an incident; a run that has made no progress is judged by the above alone
+        progress = (self._start or 0.0) - median
+        if progress > 0 and loss - median < self.t.spike_undone * progress:
+            return None
+        return self.alert(step, "loss", {"loss": loss, "baseline": median, "times": loss / median})
+
     def _judge(self, step: int, first: int, loss: float, shown: float) -> Alert | None:
         """Is ``loss`` (at ``step``; a span's from ``first``) a spike over the window
         before it? Then ``shown`` joins the window."""
@@ -299,18 +344,7 @@ class LossSpike(Rule):
             and (loss > self.t.spike_factor * least[0][1])
         ):
             # (below factor x the window's least, it is below factor x its median too)
-            values = [value for _, value in window]
-            median = statistics.median(values)
-            deviation = statistics.median(abs(x - median) for x in values) or (abs(median) * 0.01)
-            if (
-                median > 0
-                and loss > median * self.t.spike_factor
-                and loss - median > self.t.spike_deviations * deviation
-                and loss - median > self.t.spike_min_jump * abs(self._start)
-            ):
-                found = self.alert(
-                    step, "loss", {"loss": loss, "baseline": median, "times": loss / median}
-                )
+            found = self._spike(step, loss, [value for _, value in window])
         window.append((step, shown))
         if not math.isnan(shown):  # (a NaN is no bound: it never joins the least)
             while least and least[-1][1] >= shown:

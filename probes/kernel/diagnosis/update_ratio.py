@@ -43,6 +43,7 @@ class UpdateRatio(Rule):
         self._top_lr = 0.0  # the highest learning rate of the run so far
         self._sampled = False  # whether a sampled step was seen (the first is special)
         self._last: dict[int, float] = {}  # each layer's ratio on the last sampled step
+        self._state: object = None  # the names the optimizer keeps (what it is)
 
     def _low_counts(self, view: StepView, ratios: list[float]) -> bool:
         """Whether a low ratio says the learning rate is too low, on this record."""
@@ -55,22 +56,7 @@ class UpdateRatio(Rule):
         return 2 * low > len(ratios)
 
     def _converged(self, history: RecentPast, view: StepView) -> bool:
-        """Whether the training loss says the fit is done, on the run's own scale (far
-        below where it started) or near zero with the gradients near zero too."""
-        now = history.smoothed_loss(view.step, self.t.smoothing_steps)
-        if now is None or now < 0:
-            return False  # (a loss that goes negative has no zero to converge to)
-        total = view.peak_total
-        if (
-            now <= self.t.update_converged_loss
-            and total is not None
-            and total <= self.t.update_converged_grad
-        ):
-            return True
-        began = weighted_mean(
-            [(s.loss_estimate, s.steps) for s in history.first_steps if s.loss_estimate is not None]
-        )
-        return began is not None and began > 0 and now <= self.t.update_converged_fraction * began
+        return converged(history, view, self.t)
 
     def _learning(self, history: RecentPast, view: StepView) -> bool:
         """Whether the run's own loss says it learns: the smoothed training loss at
@@ -89,8 +75,10 @@ class UpdateRatio(Rule):
     def on_step(self, history: RecentPast, view: StepView) -> Findings:
         if view.update_ratios is None:
             return None  # not a sampled step: no news
-        optimizer = history.info.optimizer
-        adaptive = is_adaptive(optimizer)
+        if view.optimizer_state is not None:
+            self._state = view.optimizer_state
+        kind = family(history.info.optimizer, self._state)
+        adaptive = kind == "adaptive"
         far = self.t.update_far_too_high_adaptive if adaptive else self.t.update_far_too_high
         high = self.t.update_high_adaptive if adaptive else self.t.update_high
         first_sample = not self._sampled
@@ -98,6 +86,15 @@ class UpdateRatio(Rule):
         if adaptive and first_sample:
             # the adaptive optimizer's first update: the rate itself in every coordinate
             far = max(far, self.t.update_far_too_high_adaptive_first)
+        if kind == "quasi_newton":
+            # A line search's step over many iterations, sized by the curvature: no
+            # rate's band to hold it to; only an update that replaces the weights on
+            # most layers is far too high.
+            measured, over = _far_layers(view, self.t.update_far_too_high_quasi_newton)
+            if over and 2 * len(over) > len(measured):
+                far = self.t.update_far_too_high_quasi_newton
+                return [self._far_too_high(history, view, far, far, measured, over)]
+            return []
         finite = [r for r in view.update_ratios if r is not None and math.isfinite(r)]
         measured, over = _far_layers(view, far)
         if over and 2 * len(over) > len(measured):
@@ -231,13 +228,51 @@ def _far_layers(view: StepView, far: float) -> tuple[list[int], list[int]]:
     return measured, [i for i in measured if ratios[i] >= far]  # type: ignore[operator]
 
 
-#: Optimizers whose updates adapt to each weight's gradient history (their healthy
-#: update ratios sit higher): matched in the class name, lower case (``AdamW``,
-#: ``FusedAdam``, ``PagedAdamW8bit``, ``Adadelta``, ``RMSprop``, ...).
+def converged(history: RecentPast, view: StepView, t: Thresholds) -> bool:
+    """Whether the training loss says the fit is done, on the run's own scale (far
+    below where it started) or near zero with the gradients near zero too."""
+    now = history.smoothed_loss(view.step, t.smoothing_steps)
+    if now is None or now < 0:
+        return False  # (a loss that goes negative has no zero to converge to)
+    total = view.peak_total
+    if now <= t.update_converged_loss and total is not None and total <= t.update_converged_grad:
+        return True
+    began = weighted_mean(
+        [(s.loss_estimate, s.steps) for s in history.first_steps if s.loss_estimate is not None]
+    )
+    return began is not None and began > 0 and now <= t.update_converged_fraction * began
+
+
+#: What an optimizer keeps per parameter says what it is. A running second moment (or
+#: its like) normalises each coordinate's step: adaptive (Adam's ``exp_avg_sq``,
+#: Adafactor's ``exp_avg_sq_row``, RMSprop's and Adadelta's ``square_avg``, Adagrad's
+#: ``sum``, Adamax's ``exp_inf``, Rprop's ``step_size``). Curvature pairs: a
+#: quasi-Newton method (LBFGS's ``old_dirs``/``old_stps``), whose step is a line
+#: search's over many iterations, sized by the curvature rather than by a rate.
+SECOND_MOMENT_STATE = ("exp_avg_sq", "square_avg", "sum", "exp_inf", "step_size")
+QUASI_NEWTON_STATE = ("old_dirs", "old_stps")
+#: Before an optimizer has state (its first step), or from a probe that does not send
+#: it: the class name, lower case (``AdamW``, ``FusedAdam``, ``PagedAdamW8bit``, ...).
 ADAPTIVE_OPTIMIZERS = ("adam", "adadelta", "adagrad", "rmsprop", "adafactor", "lion", "lamb")
 
 
-def is_adaptive(optimizer: str | None) -> bool:
-    """Whether an optimizer's class name is one of the adaptive family's."""
+def family(optimizer: str | None, state: object = None) -> str:
+    """``"adaptive"``, ``"quasi_newton"`` or ``"first_order"``: by the names the
+    optimizer keeps per parameter (``state``, untrusted: a list of strings, else
+    ignored), else by its class name."""
+    keys = [k for k in state if isinstance(k, str)] if isinstance(state, list) else []
+    if keys:
+        if any(k in QUASI_NEWTON_STATE for k in keys):
+            return "quasi_newton"
+        if any(k.startswith(SECOND_MOMENT_STATE) for k in keys):
+            return "adaptive"
+        return "first_order"
     name = (optimizer or "").lower()
-    return any(family in name for family in ADAPTIVE_OPTIMIZERS)
+    if "lbfgs" in name:
+        return "quasi_newton"
+    return "adaptive" if any(f in name for f in ADAPTIVE_OPTIMIZERS) else "first_order"
+
+
+def is_adaptive(optimizer: str | None, state: object = None) -> bool:
+    """Whether the optimizer normalises each coordinate's step (see ``family``)."""
+    return family(optimizer, state) == "adaptive"

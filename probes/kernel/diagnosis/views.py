@@ -57,10 +57,15 @@ class RecentPast:
 
     # The least training loss seen (``loss_scale``: a loss that reached zero or below)
     least_loss: float = math.inf
+    # A game (a GAN): an optimizer's gradient, made by another player's loss, was
+    # thrown away unused. Its losses are players' and do not simply fall.
+    adversarial: bool = False
 
     MIN_RECORDS: ClassVar[int] = 3  # a smoothed loss averages at least this many records
 
     def add_step(self, view: StepView, keep_first: int) -> None:
+        if view.discarded_grads:
+            self.adversarial = True
         low = view.loss_min
         if low is not None and low < self.least_loss:
             self.least_loss = low

@@ -102,6 +102,10 @@ class StepRecord(_StepRecordRequired, total=False):
     step_losses: list[list[float]]  # a thinned record: [step, loss] of each of its steps
     input_rms: float  # RMS of the model's input, on sampled steps (compared across ranks)
     local_grad_norm: float  # a rank's own gradient norm before the all-reduce, sampled steps
+    undivided_passes: int  # an update's k accumulated passes, each on a mean loss undivided
+    discarded_grads: bool  # an optimizer's gradient cleared unused after passes: a game
+    loss_reduction: str  # "sum" / "mean": the loss's, read off its autograd node (first steps)
+    optimizer_state: list[str]  # names the optimizer keeps per parameter (sampled steps)
     clip_steps: int  # steps that clipped (1 for a step record; summed over a span)
     clip_active_steps: int  # ... whose unclipped total norm was above max_norm
     grads_scaled: float  # a GradScaler's loss scale still in the gradients clipped or read

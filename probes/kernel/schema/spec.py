@@ -152,6 +152,14 @@ STEP_FIELDS = (
     _F("input_rms", _T.NUMBER, "RMS of the model's input (sampled steps)", checked=False),
     _F("local_grad_norm", _T.NUMBER, "a job's rank: its own gradient norm before the "
        "all-reduce (sampled steps)", checked=False),
+    _F("undivided_passes", _T.INT, "an update's accumulated backward passes, each on a mean "
+       "loss as returned (not divided), from one line", merge=Merge.MAX, default=0),
+    _F("discarded_grads", _T.FLAG, "a gradient cleared unused after passes landed on it "
+       "(another player's loss: a game)", merge=Merge.MAX, checked=False, default=False),
+    _F("loss_reduction", _T.TEXT, "the loss's reduction, read from its autograd nodes "
+       "(first steps)", merge=Merge.LAST, checked=False),
+    _F("optimizer_state", _T.ANY, "names the optimizer keeps per parameter (sampled steps)",
+       merge=Merge.LAST, checked=False),
     _F("clip_steps", _T.INT, "steps that clipped (clip_grad_norm_)", merge=SUM, default=0),
     _F("clip_active_steps", _T.INT, "... whose unclipped total was above max_norm", merge=SUM,
        default=0),

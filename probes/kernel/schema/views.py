@@ -156,6 +156,10 @@ class StepView:
     clip_steps: int = 0  # steps of the span that clipped (clip_grad_norm_)
     clip_active_steps: int = 0  # ... whose unclipped total norm was above max_norm
     grads_scaled: float | None = None  # a GradScaler's scale still in the gradients read
+    undivided_passes: int = 0  # an update's k accumulated passes on mean losses, undivided
+    discarded_grads: bool = False  # an optimizer's gradient cleared unused: a game (a GAN)
+    optimizer_state: Any = None  # names the optimizer keeps per parameter (untrusted)
+    loss_reduction: str | None = None  # "sum" / "mean": the loss's, on the first steps
     # The spec's per-layer fields that have no attribute above, by name: a field added
     # to the spec is read here with no change to the view (see ``per_layer``).
     more_layers: Mapping[str, Sequence[float | None] | None] = field(default_factory=dict)
@@ -383,6 +387,10 @@ def _expression(spec_field: Field) -> str:
         if optional:
             return f"(None if (_v := {value}) is None else _opt_dict(_v))"
         return f"{{str(k): as_number(v) for k, v in ({value} or {{}}).items()}}"
+    if kind is Type.TEXT:
+        return f"(_v if isinstance(_v := {value}, str) else None)"
+    if kind is Type.ANY:
+        return value  # (as sent: untrusted, the rule that reads it checks its shape)
     raise TypeError(f"a view does not read {spec_field.name} ({kind.name})")
 
 
