@@ -417,6 +417,17 @@ def test_exploding_growth_skips_non_finite_norms_in_its_window() -> None:
     assert alert.evidence["growth"] == pytest.approx(60.0)
 
 
+def test_exploding_near_miss_a_first_update_leaving_its_initialisation() -> None:
+    """A 4-layer MLP under Adam at lr 1e-2 (the issue's: its loss falls 2.31 to 0.44):
+    step 0's gradient at initialisation is no level to grow from; its first update
+    moves the last layer's norm from 0.2 to 12 and it stays there. Before: an
+    ``exploding_gradient`` error at step 1 (60x the window's low, above 10)."""
+    records = [step(0, grads=[0.3, 0.2, 0.2])]
+    records += [step(n, loss=2.3 * 0.99**n, grads=[1.0, 3.0, 12.0]) for n in range(1, 200)]
+    _, changes = run(records)
+    assert "exploding_gradient" not in kinds(changes)
+
+
 def test_exploding_absolute_near_miss_99() -> None:
     _, changes = run(steady_grads(30, [99.0, 1.0, 1.0]))
     assert "exploding_gradient" not in kinds(changes)

@@ -51,6 +51,7 @@ def held(run: RunState, name: str) -> list[float]:
     return run.eval_scalars[name].points()[1]
 
 
+@pytest.mark.slow  # a traintop run child (~5 to 10 s); the watch() tests cover it by default
 @pytest.mark.parametrize(
     "how",
     [

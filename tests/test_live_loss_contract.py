@@ -94,6 +94,7 @@ def contract_alerts(frames: list[Frame]) -> list[dict[str, Any]]:
     return alerts
 
 
+@pytest.mark.slow  # a traintop run child (~5 to 10 s); the watch() tests cover it by default
 @pytest.mark.parametrize(("script", "kind"), BUGS, ids=[script for script, _ in BUGS])
 def test_traintop_run_names_the_broken_contract_at_the_first_steps(
     tmp_path: Any, script: str, kind: str

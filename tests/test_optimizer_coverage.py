@@ -145,6 +145,7 @@ def alert_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith("ALERT ")]
 
 
+@pytest.mark.slow  # a traintop run child (~5 to 10 s); the watch() tests cover it by default
 def test_a_head_optimizer_under_traintop_run_names_the_backbone(tmp_path: Any) -> None:
     done, frames = run(tmp_path, "resnet_head")
     assert done.returncode == 0, done.stderr

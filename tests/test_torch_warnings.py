@@ -9,6 +9,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -139,6 +140,7 @@ def test_a_probe_reports_torchs_warning_during_its_step() -> None:
     assert kinds == ["broadcast_in_loss"]
 
 
+@pytest.mark.slow  # a child process (~4 s)
 def test_a_warning_from_a_loss_is_shown_at_the_users_line(tmp_path: Any) -> None:
     """torch warns at its caller's line (``stacklevel=2``); a stand-in of ours on
     ``torch.nn.functional`` is that caller while a probe is open, so without care the

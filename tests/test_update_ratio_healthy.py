@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -132,6 +133,7 @@ def forward_forward_run(collector: FrameCollector, steps: int, lr: float = 0.03)
     return frames_of(collector)
 
 
+@pytest.mark.slow  # 1,000 updates through a real probe (~6 s); the healthy bench runs it too
 def test_forward_forward_adam_at_lr_0_03_raises_nothing(collector: FrameCollector) -> None:
     """mnist_forward_forward (Adam lr 0.03 a layer), shrunk. Before: an ``update_ratio``
     error at step 0 on both layers (Adam's first updates are the rate itself in every
@@ -198,6 +200,7 @@ def by_hand_run(collector: FrameCollector, steps: int, lr: float = 20.0) -> list
     return frames_of(collector)
 
 
+@pytest.mark.slow  # 1,000 updates through a real probe (~6 s); the healthy bench runs it too
 def test_an_lstm_lm_updated_by_hand_at_lr_20_raises_nothing(collector: FrameCollector) -> None:
     """word_language_model (SGD by hand at lr 20, clip 0.25), shrunk. Before: an
     ``update_ratio`` warning on the decoder while the loss falls."""
@@ -284,6 +287,7 @@ def test_lbfgs_blown_up_in_one_step_is_still_named(collector: FrameCollector) ->
     assert (alerts[0].step, alerts[0].severity, alerts[0].subject) == (0, "error", "lstm1")
 
 
+@pytest.mark.slow  # 1,000 updates through a real probe (~6 s); the healthy bench runs it too
 def test_lbfgs_time_sequence_prediction_raises_nothing(collector: FrameCollector) -> None:
     """time_sequence_prediction's LBFGS (lr 0.8, 20 iterations a step), four times the
     example's 15 steps. Its first step moves the LSTM by 0.2 to 0.8 of its weights (a
