@@ -271,8 +271,3 @@ def family(optimizer: str | None, state: object = None) -> str:
     if "lbfgs" in name:
         return "quasi_newton"
     return "adaptive" if any(f in name for f in ADAPTIVE_OPTIMIZERS) else "first_order"
-
-
-def is_adaptive(optimizer: str | None, state: object = None) -> bool:
-    """Whether the optimizer normalises each coordinate's step (see ``family``)."""
-    return family(optimizer, state) == "adaptive"
