@@ -228,3 +228,14 @@ def verdicts(alerts: list[Any]) -> list[Any]:
     verdicts on the training (the probe's own cost on a shared machine, a model frozen
     on purpose for linear probing); every kind counts, none is left out by name."""
     return [a for a in alerts if str(a.severity) != "info"]
+
+
+def verdict_lines(stdout: str) -> list[str]:
+    """The headless monitor's ALERT lines that are verdicts (warnings and errors), in
+    order: what :func:`verdicts` keeps, read from a child's output. An info note such as
+    the probe's own cost on a crowded machine comes and goes with the machine's load."""
+    return [
+        line
+        for line in stdout.splitlines()
+        if line.startswith("ALERT ") and line.split()[1] in ("warning", "error")
+    ]

@@ -18,7 +18,14 @@ from probes.kernel.diagnosis.precision import LowPrecisionStall
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.runtime.dtype_stall import DtypeStall
 from probes.runtime.layers import map_layers
-from tests.collector import FrameCollector, diagnose, verdicts, wait_for_bye, watch_unthinned
+from tests.collector import (
+    FrameCollector,
+    diagnose,
+    verdict_lines,
+    verdicts,
+    wait_for_bye,
+    watch_unthinned,
+)
 from tests.test_run import SCRIPTS, result_lines, traintop_run
 
 Frame = dict[str, Any]
@@ -261,7 +268,7 @@ def test_counts_on_their_way_from_a_device_are_judged_once_landed(
 def test_bf16_weights_that_stop_moving_are_named_under_traintop_run(tmp_path: Any) -> None:
     done, frames = run_bf16(tmp_path, "--bf16")
     assert done.returncode == 0, done.stderr
-    [line] = [line for line in done.stdout.splitlines() if line.startswith("ALERT ")]
+    [line] = verdict_lines(done.stdout)
     assert line.startswith("ALERT warning low_precision_stall step=40 subject=block.norm"), line
     assert "block.norm.weight" in line
     [alert] = stall_alerts(frames)
@@ -279,7 +286,7 @@ def test_bf16_weights_that_stop_moving_are_named_under_traintop_run(tmp_path: An
 def test_healthy_twins_raise_nothing_under_traintop_run(tmp_path: Any, args: list[str]) -> None:
     done, frames = run_bf16(tmp_path, *args)
     assert done.returncode == 0, done.stderr
-    assert "ALERT " not in done.stdout, done.stdout
+    assert verdict_lines(done.stdout) == [], done.stdout
     assert [f for f in frames if f["kind"] == "alert"] == []
 
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from probes.attach import attach
 from probes.attach.attach import plan_runs
-from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
+from tests.collector import FrameCollector, verdict_lines, wait_for_bye, watch_unthinned
 from tests.run_scripts.coverage import near_misses
 from tests.run_scripts.coverage.resnet_head import ResNetSmall, batch
 from tests.test_run import SCRIPTS, losses, result_lines, steps, traintop_run
@@ -142,7 +142,7 @@ def untouched(script: str, *args: str) -> str:
 
 
 def alert_lines(stdout: str) -> list[str]:
-    return [line for line in stdout.splitlines() if line.startswith("ALERT ")]
+    return verdict_lines(stdout)
 
 
 @pytest.mark.slow  # a traintop run child (~5 to 10 s); the watch() tests cover it by default

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.collector import Frame, raised_alerts
+from tests.collector import Frame, raised_alerts, verdict_lines, verdicts
 from tui.cli import split_run
 from tui.runner import child_command
 
@@ -83,7 +83,8 @@ _FLOAT = r"(?:-?\d+(?:\.\d+)?(?:e[-+]\d+)?|nan|-?inf)"  # a float's repr
 
 
 def kinds(frames: list[Frame]) -> set[str]:
-    return {alert.kind for alert in raised_alerts(frames)}
+    """The kinds of the verdicts (warnings and errors) a monitor raises on ``frames``."""
+    return {alert.kind for alert in verdicts(raised_alerts(frames))}
 
 
 def losses(frames: list[Frame]) -> dict[int, float | None]:
@@ -256,7 +257,7 @@ def test_a_ddp_lstm_raises_one_alert_for_the_job_or_none(
     # rate's (each was raised on its own before: three or four alerts for one cause).
     done, _ = traintop_run(tmp_path, "ddp_lstm", "--lr", str(lr), launcher=torchrun())
     assert done.returncode == 0, done.stderr
-    alerts = [line.split() for line in done.stdout.splitlines() if line.startswith("ALERT ")]
+    alerts = [line.split() for line in verdict_lines(done.stdout)]
     assert [(words[2], words[-2]) for words in alerts] == expected, done.stdout
 
 
