@@ -78,29 +78,42 @@ def mlp(sizes: list[int], norm: type[nn.Module] | None = None) -> nn.Sequential:
 class Block(nn.Module):
     """nanoGPT's Block: pre-LayerNorm causal self-attention and a GELU MLP."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.ln_1, self.ln_2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.c_attn, self.attn_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.c_fc, self.c_proj = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
         self.heads = heads
+        self.dropout = dropout
+        self.resid_drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+        drop = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        x = x + self.resid_drop(self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+        return x + self.resid_drop(self.c_proj(F.gelu(self.c_fc(self.ln_2(x)))))
 
 
 class TinyGPT(nn.Module):
-    """nanoGPT's GPT (minGPT's without weight tying), shrunk."""
+    """nanoGPT's GPT (minGPT's without weight tying), shrunk; ``dropout`` on the
+    embeddings, the attention and the residual branches, as both place it."""
 
-    def __init__(self, vocab: int, block: int, dim: int = 32, layers: int = 2, tied: bool = True):
+    def __init__(
+        self,
+        vocab: int,
+        block: int,
+        dim: int = 32,
+        layers: int = 2,
+        tied: bool = True,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(block, dim)
-        self.h = nn.ModuleList([Block(dim, 2) for _ in range(layers)])
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList([Block(dim, 2, dropout) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         if tied:
@@ -117,7 +130,7 @@ class TinyGPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1])))
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
@@ -182,9 +195,10 @@ def sort_data(n: int = 4096, length: int = 6, digits: int = 3) -> tuple[torch.Te
 
 def mingpt(bench: Bench, steps: int) -> None:
     """minGPT's Trainer on its sort demo: AdamW (0.9, 0.95) at 5e-4, decay 0.1 on the
-    Linear weights only (its configure_optimizers), clip 1.0, no schedule."""
+    Linear weights only (its configure_optimizers), clip 1.0, no schedule, and its
+    GPT's default dropout of 0.1 (embeddings, attention, residuals)."""
     x, y = sort_data()
-    model = TinyGPT(3, 11, dim=32, tied=False)
+    model = TinyGPT(3, 11, dim=32, tied=False, dropout=0.1)
     decay = {f"{m}.weight" for m, mod in model.named_modules() if isinstance(mod, nn.Linear)}
     named = dict(model.named_parameters())
     groups = [

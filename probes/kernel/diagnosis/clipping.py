@@ -22,11 +22,13 @@ class ClipAlwaysActive(Rule):
     ``clip_active_fraction`` of the steps that clipped (counted exactly however the
     records are thinned), *and* the instability shows under it: the unclipped norm
     keeps rising (its median over the window's last quarter ``clip_norm_growth``
-    times its first quarter's) or the loss got worse while clipped (its last quarter's
-    median above its first quarter's by more than ``clip_loss_spread`` times the
-    first quarter's own spread). A clip active on every step of a run whose norm
-    holds and whose loss falls or rests at its floor (a GPT at clip 1.0, a regression
-    at its noise floor) is a bound below the run's gradient scale doing its job."""
+    times its first quarter's; in the run's first window, where a gradient scale grows
+    as the model leaves its initialisation, only with the loss no better) or the loss
+    got worse while clipped (its last quarter's median above its first quarter's by
+    more than ``clip_loss_spread`` times the first quarter's own spread). A clip active
+    on every step of a run whose norm holds and whose loss falls or rests at its floor
+    (a GPT at clip 1.0, a regression at its noise floor) is a bound below the run's
+    gradient scale doing its job."""
 
     kind: str = AlertKind.CLIP_ALWAYS_ACTIVE
 
@@ -88,18 +90,37 @@ class ClipAlwaysActive(Rule):
         late = [r for r in self._window if r[0] > now - quarter]
         early_norms = [r[3] for r in early if r[3] is not None]
         late_norms = [r[3] for r in late if r[3] is not None]
-        if early_norms and late_norms:
-            before, after = median(early_norms), median(late_norms)
-            if before > 0 and after >= self.t.clip_norm_growth * before:
-                return {"unclipped_norm_from": before, "unclipped_norm_to": after}
         early_losses = [r[4] for r in early if r[4] is not None]
         late_losses = [r[4] for r in late if r[4] is not None]
+        if early_norms and late_norms:
+            before, after = median(early_norms), median(late_norms)
+            if (
+                before > 0
+                and after >= self.t.clip_norm_growth * before
+                and (self._settled(now) or _no_better(early_losses, late_losses))
+            ):
+                return {"unclipped_norm_from": before, "unclipped_norm_to": after}
         if len(early_losses) >= 3 and late_losses:
             before, after = median(early_losses), median(late_losses)
             spread = median([abs(v - before) for v in early_losses])
             if after > before + self.t.clip_loss_spread * spread and after > before:
                 return {"loss_from": before, "loss_to": after, "loss_spread": spread}
         return None
+
+    def _settled(self, now: int) -> bool:
+        """Is the window past the run's first ``clip_window`` clipped steps? Those are
+        its move off the initialisation: a gradient scale that grows while the loss
+        falls fastest (a GPT's norm x5 in its first 150 steps as its loss falls x4) is
+        learning, no level to grow from, as the explosion rule's baseline waits out
+        the first steps. There the norm's growth counts only with the loss no better."""
+        assert self._first is not None
+        return now - self.t.clip_window + 1 >= self._first + self.t.clip_window
+
+
+def _no_better(early: list[float], late: list[float]) -> bool:
+    """The late quarter's median loss no lower than the early quarter's (True when
+    either is unknown: no evidence that it improves)."""
+    return not early or not late or median(late) >= median(early)
 
 
 class GradsStillScaled(Rule):

@@ -210,7 +210,9 @@ class Thresholds:
     # above max_norm on this fraction of the clipped steps, *and* the instability the
     # clip hides shows (the lesson: a clip keeps a run finite; investigate persistent
     # instability): the unclipped norm's median over the window's last quarter at least
-    # clip_norm_growth times its first quarter's (it keeps growing under the clip), or
+    # clip_norm_growth times its first quarter's (it keeps growing under the clip; in
+    # the run's first clip_window steps, its move off the initialisation, only with the
+    # loss no better: minGPT's norm grows x5 as its loss falls x4, then holds), or
     # the loss's last-quarter median above its first quarter's by more than
     # clip_loss_spread times that quarter's own median absolute deviation (worse while
     # clipped, beyond its noise). A bound below the run's gradient scale is not this:
