@@ -4,9 +4,13 @@ While steps are inferred, a forward pre-hook on the watched model (removed once 
 API is used, and at close) sees each forward: one with the model in eval mode or with
 gradients off (``no_grad``, ``inference_mode``) begins an evaluation
 (``Probe.begin_evaluation``: the eval-mode checks hook the model's layers from there
-on), and the next training forward, backward or ``optimizer.step()`` ends it. A
-forward in train mode under ``no_grad`` is the bug the eval-mode check names, so it
-counts as an evaluation too.
+on), and the next training forward, backward, ``optimizer.step()`` or loss with
+gradients (the model in train mode) ends it. A forward in train mode under ``no_grad``
+is the bug the eval-mode check names, so it counts as an evaluation too, if a loss
+judges its outputs or the script logs in it: one that nothing judges is sampling (a
+GAN's fixed noise drawn for its image grid, ``generate()``), not an evaluation, and
+sends no record. (An evaluation that computes only a metric by hand, ``argmax`` against
+the labels, is taken for sampling too: ``probe.evaluate()`` declares it.)
 
 While such a probe is open, the loss functions of ``torch.nn.functional`` (the ``nn``
 loss modules call them) have stand-ins (``probes.runtime.patches``), from the probe's
@@ -158,6 +162,7 @@ class InferredEvaluation:
         end: Callable[[dict[str, torch.Tensor]], None],
     ) -> None:
         self._begin, self._end = begin, end
+        self._module: Callable[[], torch.nn.Module | None] = weakref.ref(module)
         self.open = False
         self._splits: list[Split] = []
         self._after_forward = 0  # losses since the latest forward: the next one's split
@@ -180,6 +185,13 @@ class InferredEvaluation:
             self.finish()
         else:
             self._after_forward = 0  # the next loss is the first of this forward's
+
+    def model_training(self) -> bool:
+        """Is the watched model in training mode? A loss with gradients then, after an
+        evaluation opened by ``no_grad`` alone, is training again (a GAN's D stepping
+        after G sampled its fixed noise): it ends the evaluation, it is not its loss."""
+        module = self._module()
+        return module is not None and module.training
 
     def add_loss(self, value: torch.Tensor, terms: Terms = 1, label: str | None = None) -> None:
         """One loss call: ``value``, the sum over its ``terms`` (``_reduced``), joins the
@@ -272,8 +284,12 @@ def _note(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: torc
         except Exception:  # an argument of a kind not foreseen: the call weighs one
             value, terms = _detached(result), 1
         label = _call_site_label()
+        training = torch.is_grad_enabled() and result.requires_grad
         for evaluation in list(_open):
-            evaluation.add_loss(value, terms, label)
+            if training and evaluation.model_training():
+                evaluation.finish()  # training again: this loss is not the evaluation's
+            else:
+                evaluation.add_loss(value, terms, label)
     except Exception:
         return
 

@@ -324,10 +324,15 @@ class Probe:
 
     def _end_found_evaluation(self, losses: dict[str, Scalar]) -> None:
         """An evaluation found with no step API ends (``probes.runtime.autoeval``) with
-        the losses it saw; a validation loss the script logged in it wins over them."""
+        the losses it saw; a validation loss the script logged in it wins over them. One
+        with no loss and nothing logged judged no output: sampling, dropped unsent."""
         scope = self._eval
         if scope is not None and validation_loss_name([*scope.tensors, *scope.floats]):
             losses = {}
+        elif scope is not None and not (losses or scope.tensors or scope.floats):
+            self._eval = None
+            scope.remove_hooks()
+            return
         self.end_evaluation(**losses)
 
     @property
