@@ -1,11 +1,11 @@
-"""Regenerate the README's captured screens and sample lines from real runs.
+"""Regenerate the captured screens and sample lines of the README and docs/ from real runs.
 
-Every block of README.md that follows a ``<!-- capture: NAME -->`` line is what the
+Every block of README.md and docs/*.md that follows a ``<!-- capture: NAME -->`` line is what the
 program printed or drew for NAME: a demo run in a tmux window of the stated size
 (``tmux capture-pane``), or a headless run's lines. Run it after a change that alters
 what a user sees, and review the diff:
 
-    python scripts/readme_captures.py                 # every capture, README rewritten
+    python scripts/readme_captures.py                 # every capture, the pages rewritten
     python scripts/readme_captures.py main-80x24      # only these
     python scripts/readme_captures.py --list          # the names
 
@@ -27,6 +27,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+
+
+def pages() -> list[Path]:
+    """The pages that hold captures: the README and the manual's."""
+    return [README, *sorted((REPO / "docs").glob("*.md"))]
+
+
 # the marker line, the opening fence, the block's lines (maybe none), the closing fence
 MARK = re.compile(
     r"(<!-- capture: (?P<name>[\w.-]+) -->\n```[^\n]*\n)"
@@ -164,6 +171,9 @@ def captures(recordings: Recordings) -> dict[str, Callable[[], str]]:
         "healthy-120x40": lambda: screen_of(
             traintop("demo", "healthy"), (120, 40), step_at_least(900), "healthy at step 900"
         ),
+        "exploding-80x24": lambda: screen_of(
+            traintop("demo", "exploding"), (80, 24), step_at_least(80), "exploding at step 80"
+        ),
         "main-80x24": lambda: screen_of(
             traintop("demo", "vanishing"), (80, 24), finished, "vanishing, finished"
         ),
@@ -244,11 +254,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.names or list(known):
             print(f"capturing {name} ...", file=sys.stderr, flush=True)
             produced[name] = known[name]()
-        text, missing = rewrite(README.read_text(), produced)
-        README.write_text(text)
-        for name in missing:
+        missing = set(produced)
+        for page in pages():
+            text, absent = rewrite(page.read_text(), produced)
+            if set(produced) - set(absent):
+                page.write_text(text)
+            missing &= set(absent)
+        for name in sorted(missing):
             print(
-                f"readme_captures: no '<!-- capture: {name} -->' block in README.md",
+                f"readme_captures: no '<!-- capture: {name} -->' block in README.md or docs/",
                 file=sys.stderr,
             )
         return 1 if missing else 0
