@@ -74,7 +74,7 @@ def _alert(
         step,
         subject,
         evidence,
-        described.signal,
+        described.said,
         described.experiments,
         layers=tuple(layers),
     )

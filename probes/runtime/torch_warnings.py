@@ -139,7 +139,7 @@ def warning_alert(text: str, category: str, step: int) -> Alert:
         step,
         "",
         evidence,
-        described.signal,
+        described.said,
         described.experiments,
     )
 

@@ -1,7 +1,9 @@
-"""An alert in full: its evidence, what it signals and does not prove, what to try next.
+"""An alert in full: its evidence, what it signals and does not prove, what to try next,
+and where the manual (``docs/alerts.md``) explains its kind.
 
 An alert raised in the training process carries the probe's own words (its kind,
-subject, evidence, signal, experiments): every one is shown as plain text.
+subject, evidence, signal, experiments): every one is shown as plain text. What a kind
+does not prove is the catalog's (``Entry.not_proved``), shown after the alert's signal.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from probes.kernel.diagnosis import Alert
+from probes.kernel.diagnosis import CATALOG, Alert, AlertKind
+from probes.kernel.diagnosis.manual import PAGE
 from tui.format import number
 from tui.run import AlertEntry
 from tui.screens.panel import PanelScreen
@@ -38,11 +41,14 @@ class AlertDetail(PanelScreen):
             yield Static(self._title(), id="title")
             yield Static(evidence_table(alert), id="evidence")
             yield Static(
-                Text.assemble(("What it signals. ", "bold"), plain_block(alert.signal)), id="signal"
+                Text.assemble(("What it signals. ", "bold"), plain_block(signal_text(alert))),
+                id="signal",
             )
             if len(alert.layers) > 1 or alert.folded:
                 yield Static(incident_text(alert), id="incident")
             yield Static(experiments_text(alert), id="experiments")
+            if isinstance(alert.kind, AlertKind):  # (a newer probe's kind has no section)
+                yield Static(manual_text(alert.kind), id="manual")
             yield Static(Text("Escape closes.", style="dim"))
 
     def _title(self) -> Text:
@@ -69,6 +75,21 @@ def evidence_table(alert: Alert) -> Table:
         shown = number(value) if isinstance(value, float) else plain_line(value)
         table.add_row(Text(plain_name(key).replace("_", " ")), Text(shown))
     return table
+
+
+def signal_text(alert: Alert) -> str:
+    """What the alert signals (its own words), then what its kind does not prove (the
+    catalog's), unless its words say that already (an older probe's alert did)."""
+    described = CATALOG.get(alert.kind)  # type: ignore[call-overload]
+    not_proved = described.not_proved if described is not None else ""
+    if not not_proved or not_proved in alert.signal:
+        return alert.signal
+    return f"{alert.signal} {not_proved}".strip()
+
+
+def manual_text(kind: AlertKind) -> Text:
+    """Where the manual explains ``kind``: ``manual: docs/alerts.md#<kind>``."""
+    return Text(f"manual: {PAGE}#{kind.value}", style="dim")
 
 
 def incident_text(alert: Alert) -> Text:

@@ -192,7 +192,7 @@ class LowPrecisionStall:
             step,
             layers[0],
             evidence,
-            described.signal,
+            described.said,
             described.experiments,
             layers=tuple(layers),
         )

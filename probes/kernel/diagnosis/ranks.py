@@ -363,7 +363,7 @@ class JobChecks:
             step,
             subject,
             evidence,
-            described.signal,
+            described.said,
             described.experiments,
             layers=layers,
         )

@@ -55,7 +55,7 @@ class Rule:
             step,
             subject,
             evidence,
-            described.signal,
+            described.said,
             described.experiments,
             layers=tuple(layers),
         )
