@@ -4,7 +4,7 @@ during training, and torch's own warning of a broadcast in the loss."""
 
 from __future__ import annotations
 
-from probes.kernel.diagnosis.entry import Entry
+from probes.kernel.diagnosis.entry import Entry, Traits
 from probes.kernel.diagnosis.vocabulary import AlertKind, Rung, Severity
 
 _BATCH = "`probes.check_batch`, on one batch (`probes/checks/batch_checks.py`)"
@@ -245,6 +245,7 @@ CONTRACT_ENTRIES: dict[AlertKind, Entry] = {
             "(`probes/runtime/torch_warnings.py`)"
         ),
         severity=Severity.ERROR,
+        traits=Traits(said_once=True),
     ),
     AlertKind.SHAPE_MISMATCH: Entry(
         rung=Rung.VALUES,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from probes.kernel.diagnosis.entry import Entry
+from probes.kernel.diagnosis.entry import Entry, Traits
 from probes.kernel.diagnosis.vocabulary import AlertKind, Rung, Severity
 
 EVALUATION_ENTRIES: dict[AlertKind, Entry] = {
@@ -103,6 +103,7 @@ EVALUATION_ENTRIES: dict[AlertKind, Entry] = {
             "train_loss_then": 0.58,
             "train_loss_now": 0.214,
         },
+        traits=Traits(waits_for_cause=True),
     ),
     AlertKind.LOSS_REDUCTION_MISMATCH: Entry(
         rung=Rung.EVALUATION,

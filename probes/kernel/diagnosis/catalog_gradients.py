@@ -3,7 +3,7 @@ gradients, dead or saturated activations, the guard, and the clip."""
 
 from __future__ import annotations
 
-from probes.kernel.diagnosis.entry import Entry
+from probes.kernel.diagnosis.entry import Entry, Traits
 from probes.kernel.diagnosis.vocabulary import AlertKind, Rung, Severity
 
 _LAYERS_AFFECTED = ("layers_affected", "with several layers: how many")
@@ -56,6 +56,7 @@ GRADIENT_ENTRIES: dict[AlertKind, Entry] = {
             "layers_over": 2,
             "range": "encoder.0..encoder.2",
         },
+        traits=Traits(sticky=True, recoverable=True, held=True),
     ),
     AlertKind.VANISHING_GRADIENT: Entry(
         rung=Rung.GRADIENT_PATH,
@@ -91,6 +92,7 @@ GRADIENT_ENTRIES: dict[AlertKind, Entry] = {
             "layers_affected": 3,
             "range": "layers.0..layers.2",
         },
+        traits=Traits(waits_for_cause=True),
     ),
     AlertKind.NONE_GRADIENTS: Entry(
         rung=Rung.GRADIENT_PATH,
@@ -149,6 +151,7 @@ GRADIENT_ENTRIES: dict[AlertKind, Entry] = {
             "zero_fraction": 0.97,
             "samples": 2,
         },
+        traits=Traits(held=True),
     ),
     AlertKind.SATURATED_ACTIVATIONS: Entry(
         rung=Rung.GRADIENT_PATH,
@@ -178,6 +181,7 @@ GRADIENT_ENTRIES: dict[AlertKind, Entry] = {
             "layers_affected": 2,
             "range": "fc1..fc2",
         },
+        traits=Traits(held=True),
     ),
     AlertKind.GUARD_SKIPPED_UPDATE: Entry(
         rung=Rung.GRADIENT_PATH,
@@ -208,6 +212,7 @@ GRADIENT_ENTRIES: dict[AlertKind, Entry] = {
             "skips an update with non-finite gradients (`probes/runtime/guard.py`)"
         ),
         severity=Severity.ERROR,
+        traits=Traits(sticky=True, recoverable=True),
     ),
     AlertKind.CLIP_ALWAYS_ACTIVE: Entry(
         rung=Rung.GRADIENT_PATH,
@@ -253,6 +258,7 @@ GRADIENT_ENTRIES: dict[AlertKind, Entry] = {
             "unclipped_norm_from": 4.21,
             "unclipped_norm_to": 11.7,
         },
+        traits=Traits(waits_for_cause=True),
     ),
     AlertKind.GRADS_STILL_SCALED: Entry(
         rung=Rung.GRADIENT_PATH,

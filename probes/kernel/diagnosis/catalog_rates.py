@@ -4,7 +4,7 @@ learning-rate experiment."""
 
 from __future__ import annotations
 
-from probes.kernel.diagnosis.entry import Entry
+from probes.kernel.diagnosis.entry import Entry, Traits
 from probes.kernel.diagnosis.vocabulary import AlertKind, Rung, Severity
 
 _LAYERS_AFFECTED = ("layers_affected", "with several layers: how many")
@@ -56,6 +56,7 @@ RATE_ENTRIES: dict[AlertKind, Entry] = {
             "`error` when one update is far too high on most layers (`far_too_high` in the "
             "evidence): raised at once, from one sampled step."
         ),
+        traits=Traits(held=True, waits_for_cause=True),
     ),
     AlertKind.LR_TOO_LOW_TO_UPDATE: Entry(
         rung=Rung.UPDATE,
@@ -98,6 +99,7 @@ RATE_ENTRIES: dict[AlertKind, Entry] = {
             "layers_affected": 4,
             "range": "fc1..fc4",
         },
+        traits=Traits(waits_for_cause=True),
     ),
     AlertKind.LOW_PRECISION_STALL: Entry(
         rung=Rung.UPDATE,
@@ -172,6 +174,7 @@ RATE_ENTRIES: dict[AlertKind, Entry] = {
             "baseline": 2.108,
             "times": 3.762,
         },
+        traits=Traits(event=True, waits_for_cause=True),
     ),
     AlertKind.LOSS_DIVERGED: Entry(
         rung=Rung.UPDATE,
@@ -202,6 +205,7 @@ RATE_ENTRIES: dict[AlertKind, Entry] = {
             "times": 17.2,
             "since_step": 5,
         },
+        traits=Traits(waits_for_cause=True),
     ),
     AlertKind.LR_EXPERIMENT_UNDONE: Entry(
         rung=Rung.UPDATE,

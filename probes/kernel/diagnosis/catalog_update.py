@@ -3,7 +3,7 @@ are gradients cleared, does optimizer.step() run and change the weights."""
 
 from __future__ import annotations
 
-from probes.kernel.diagnosis.entry import Entry
+from probes.kernel.diagnosis.entry import Entry, Traits
 from probes.kernel.diagnosis.vocabulary import AlertKind, Rung, Severity
 
 _LAYERS_AFFECTED = ("layers_affected", "with several layers: how many")
@@ -41,6 +41,7 @@ WIRING_ENTRIES: dict[AlertKind, Entry] = {
         },
         raised_by=_STRUCTURE,
         severity=Severity.WARNING,
+        traits=Traits(sticky=True),
     ),
     AlertKind.OPTIMIZER_NOT_FOR_MODEL: Entry(
         rung=Rung.UPDATE,
@@ -78,6 +79,7 @@ WIRING_ENTRIES: dict[AlertKind, Entry] = {
         },
         raised_by=_STRUCTURE,
         severity=Severity.ERROR,
+        traits=Traits(sticky=True),
     ),
     AlertKind.MOSTLY_FROZEN: Entry(
         rung=Rung.UPDATE,
@@ -122,6 +124,7 @@ WIRING_ENTRIES: dict[AlertKind, Entry] = {
             "`warning` when only normalisation layers or biases are left to train "
             "(`only_normalisation=True`)."
         ),
+        traits=Traits(sticky=True),
     ),
     AlertKind.UPDATES_NOT_APPLIED: Entry(
         rung=Rung.UPDATE,
@@ -161,6 +164,7 @@ WIRING_ENTRIES: dict[AlertKind, Entry] = {
             "layers_affected": 3,
             "range": "fc1..fc3",
         },
+        traits=Traits(waits_for_cause=True),
     ),
     AlertKind.GRAD_NOT_CLEARED: Entry(
         rung=Rung.UPDATE,
@@ -192,6 +196,7 @@ WIRING_ENTRIES: dict[AlertKind, Entry] = {
             "since_step": 1,
             "grad_norm_total": 7.93,
         },
+        traits=Traits(sticky=True, recoverable=True),
     ),
     AlertKind.SKIPPED_UPDATES: Entry(
         rung=Rung.UPDATE,

@@ -3,7 +3,7 @@ during a step, and a loss that does not come down."""
 
 from __future__ import annotations
 
-from probes.kernel.diagnosis.entry import Entry
+from probes.kernel.diagnosis.entry import Entry, Traits
 from probes.kernel.diagnosis.vocabulary import AlertKind, Rung, Severity
 
 VALUE_ENTRIES: dict[AlertKind, Entry] = {
@@ -58,6 +58,7 @@ VALUE_ENTRIES: dict[AlertKind, Entry] = {
             "checked_step": 413,
             "check_cost": "one step (automatic)",
         },
+        traits=Traits(sticky=True, recoverable=True),
     ),
     AlertKind.TORCH_WARNING: Entry(
         rung=Rung.VALUES,
@@ -114,5 +115,6 @@ VALUE_ENTRIES: dict[AlertKind, Entry] = {
             "loss_now": 2.2981,
             "steps": 200,
         },
+        traits=Traits(waits_for_cause=True),
     ),
 }

@@ -31,6 +31,7 @@ class ClipAlwaysActive(Rule):
     gradient scale doing its job."""
 
     kind: str = AlertKind.CLIP_ALWAYS_ACTIVE
+    replicated = True  # it reads what every replica holds alike
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -128,6 +129,7 @@ class GradsStillScaled(Rule):
     read them (a clip, or ``optimizer.step()`` itself): ``scaler.unscale_`` missing."""
 
     kind: str = AlertKind.GRADS_STILL_SCALED
+    replicated = True  # it reads what every replica holds alike
     severity: Severity = Severity.ERROR
 
     def on_step(self, history: RecentPast, view: StepView) -> Findings:

@@ -51,35 +51,11 @@ from probes.kernel.diagnosis.vocabulary import AlertKind
 
 Record = Mapping[str, Any]
 
-# Along the checklist; when several alerts rise on one record, they are reported in
-# checklist order (and the growth that led to a non-finite value before it).
-#: Rules over what every replica of a DDP job holds alike: the all-reduced gradients,
-#: the weights they update, and what follows from them on every rank at once (whether
-#: GradScaler skipped the update, whether the optimizer stepped, the clip, the scale
-#: left on the gradients). On a rank other than 0 they would repeat rank 0's findings,
-#: so they run on rank 0 alone and what they find holds for every rank. A rank's own
-#: values (its shard's loss, its inputs, its time) are judged on every rank, and where
-#: one rank's replicated values part from the others', the cross-rank checks say so.
-REPLICA_RULES: frozenset[type[Rule]] = frozenset(
-    {
-        ExplodingGradient,
-        VanishingGradient,
-        NoneGradients,
-        Activations,
-        GradNotCleared,
-        UpdatesNotApplied,
-        UpdateRatio,
-        LrTooLowToUpdate,
-        SkippedUpdates,
-        NoUpdates,
-        ClipAlwaysActive,
-        GradsStillScaled,
-    }
-)
-
-#: What the replica rules raise: under DDP, rank 0's finding holds for every rank.
-REPLICA_KINDS: frozenset[str] = frozenset(kind for rule in REPLICA_RULES for kind in rule.raises())
-
+#: Every rule, along the checklist: when several alerts rise on one record, they are
+#: reported in this order (and the growth that led to a non-finite value before it).
+#: A new rule is added here; what it needs (replicated or not) it says on itself, and
+#: how its alerts are kept (sticky, held, waiting for a cause) its kind's catalog entry
+#: says (``Entry.traits``).
 RULES: tuple[type[Rule], ...] = (
     NonFinite,
     FlatLoss,
@@ -102,6 +78,16 @@ RULES: tuple[type[Rule], ...] = (
     GradsStillScaled,
     LossReductionMismatch,
 )
+
+#: Rules over what every replica of a DDP job holds alike (``Rule.replicated``): on a
+#: rank other than 0 they would repeat rank 0's findings, so they run on rank 0 alone
+#: and what they find holds for every rank. A rank's own values (its shard's loss, its
+#: inputs, its time) are judged on every rank, and where one rank's replicated values
+#: part from the others', the cross-rank checks say so.
+REPLICA_RULES: frozenset[type[Rule]] = frozenset(rule for rule in RULES if rule.replicated)
+
+#: What the replica rules raise: under DDP, rank 0's finding holds for every rank.
+REPLICA_KINDS: frozenset[str] = frozenset(kind for rule in REPLICA_RULES for kind in rule.raises())
 
 
 def producer_evidence(report: Record) -> dict[str, Any]:

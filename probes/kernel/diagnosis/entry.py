@@ -25,6 +25,29 @@ EXAMPLE_FIELDS = ("step", "subject", "severity")
 
 
 @dataclass(frozen=True)
+class Traits:
+    """How the monitor keeps alerts of one kind as incidents
+    (``probes.kernel.diagnosis.incidents`` reads them; every flag is off by default)."""
+
+    # a cause that leaves the run damaged: its consequences fold under it for the rest
+    # of the run, even once it has cleared ...
+    sticky: bool = False
+    # ... unless the run recovers: cleared, and the smoothed loss back below where it
+    # stood when raised (structural faults do not heal by training: not recoverable)
+    recoverable: bool = False
+    # its numbers hover about their bound while the cause persists: held
+    # ``hold_steps`` once healthy (not ``clear_after``), so one cause is one incident
+    held: bool = False
+    # its rule says when a new incident begins (a burst of spikes is one): a finding
+    # first seen at another step is another incident, even while one is held
+    event: bool = False
+    # one a run: a contract broken, seen by two checks, is one incident
+    said_once: bool = False
+    # a consequence that may be found a few steps before its cause: it waits for it
+    waits_for_cause: bool = False
+
+
+@dataclass(frozen=True)
 class Entry:
     """One kind of alert, as the catalog describes it."""
 
@@ -44,6 +67,8 @@ class Entry:
     severity: Severity | None = None
     # when its severity varies: with which, when
     severity_note: str = ""
+    # how its alerts are kept as incidents (sticky, held, ...)
+    traits: Traits = field(default_factory=Traits)
 
     @property
     def said(self) -> str:

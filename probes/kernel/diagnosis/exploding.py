@@ -33,6 +33,7 @@ class ExplodingGradient(Rule):
     (``grads_still_scaled`` says so)."""
 
     kind: str = AlertKind.EXPLODING_GRADIENT
+    replicated = True  # it reads what every replica holds alike
     severity: Severity = Severity.ERROR
 
     def __init__(self, thresholds: Thresholds) -> None:

@@ -28,6 +28,7 @@ class VanishingGradient(Rule):
     weights, for many steps in a row (the largest value of a record's span counts)."""
 
     kind: str = AlertKind.VANISHING_GRADIENT
+    replicated = True  # it reads what every replica holds alike
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -101,6 +102,7 @@ class NoneGradients(Rule):
     """Trainable parameters whose ``.grad`` stays None after backward."""
 
     kind: str = AlertKind.NONE_GRADIENTS
+    replicated = True  # it reads what every replica holds alike
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -147,6 +149,7 @@ class Activations(Rule):
     kind, naming the first module."""
 
     kind: str = AlertKind.DEAD_ACTIVATIONS
+    replicated = True  # it reads what every replica holds alike
     kinds = (AlertKind.DEAD_ACTIVATIONS, AlertKind.SATURATED_ACTIVATIONS)
 
     def __init__(self, thresholds: Thresholds) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from probes.kernel.diagnosis.alert import Alert
-from probes.kernel.diagnosis.catalog import CHECK_RUNGS
+from probes.kernel.diagnosis.catalog import CHECK_RUNGS, ENTRIES
 from probes.kernel.diagnosis.vocabulary import AlertKind as K
 
 
@@ -36,53 +36,26 @@ class Fold:
     cause_side: str = ""
 
 
-# Causes that leave the run damaged: their consequences fold under them for the rest of
-# the run, even once the cause itself has cleared.
-STICKY = frozenset(
-    {
-        K.EXPLODING_GRADIENT,
-        K.NON_FINITE,
-        K.GRAD_NOT_CLEARED,
-        K.PARAMS_NOT_IN_OPTIMIZER,
-        K.OPTIMIZER_NOT_FOR_MODEL,
-        K.MOSTLY_FROZEN,
-        K.GUARD_SKIPPED_UPDATE,
-        *CHECK_RUNGS,
-    }
-)
+# Each kind's traits are on its catalog entry (``Entry.traits``): the tables below are
+# read from them, so a new kind says how it is kept where it is described.
 
-# ... except these, once the run has recovered from them: cleared, and the smoothed
-# training loss back below where it stood when they were raised (the damage undone: an
-# early explosion the optimiser came back from does not explain a spike, a plateau or
-# overfitting hundreds of steps later). Structural faults and the pre-training checks
-# do not heal by training: they stay.
-RECOVERABLE = frozenset(
-    {
-        K.EXPLODING_GRADIENT,
-        K.NON_FINITE,
-        K.GRAD_NOT_CLEARED,
-        K.GUARD_SKIPPED_UPDATE,
-    }
-)
 
-# Incidents whose numbers hover about their bound while the cause persists: held
-# ``hold_steps`` once healthy (not ``clear_after``), so one cause stays one incident.
-HELD = frozenset(
-    {
-        K.EXPLODING_GRADIENT,
-        K.UPDATE_RATIO,
-        K.DEAD_ACTIVATIONS,
-        K.SATURATED_ACTIVATIONS,
-    }
-)
+def _having(trait: str) -> frozenset[str]:
+    return frozenset(kind for kind, found in ENTRIES.items() if getattr(found.traits, trait))
 
-# Probe alerts a run has one of: a loss's broken contract seen by two checks (the batch
-# check's shapes, torch's own warning during a step) is one incident; the second folds.
-SAID_ONCE_A_RUN = frozenset({K.BROADCAST_IN_LOSS})
 
-# Events whose rule says when a new incident begins (a burst of spikes is one): a
-# finding first seen at another step is another incident, even while one is held.
-EVENTS = frozenset({K.LOSS_SPIKE})
+# Causes that leave the run damaged: their consequences fold under it for the rest of
+# the run; the pre-training checks' findings too (they do not heal by training).
+STICKY = _having("sticky") | frozenset(CHECK_RUNGS)
+# ... except these, once the run has recovered from them (the damage undone: an early
+# explosion the optimiser came back from does not explain a spike hundreds of steps on)
+RECOVERABLE = _having("recoverable")
+# Incidents whose numbers hover about their bound while the cause persists.
+HELD = _having("held")
+# Probe alerts a run has one of.
+SAID_ONCE_A_RUN = _having("said_once")
+# Events whose rule says when a new incident begins.
+EVENTS = _having("event")
 
 _DAMAGE = (K.EXPLODING_GRADIENT, K.NON_FINITE, K.GRAD_NOT_CLEARED)
 _CONTRACT = (
@@ -190,19 +163,7 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
 }
 
 # Consequences that may be found a few steps before their cause: they wait for it.
-WAIT_FOR_CAUSE = frozenset(
-    {
-        K.LOSS_SPIKE,
-        K.OVERFITTING_SIGNAL,
-        K.FLAT_LOSS,
-        K.UPDATE_RATIO,
-        K.VANISHING_GRADIENT,
-        K.UPDATES_NOT_APPLIED,
-        K.LR_TOO_LOW_TO_UPDATE,
-        K.LOSS_DIVERGED,
-        K.CLIP_ALWAYS_ACTIVE,
-    }
-)
+WAIT_FOR_CAUSE = _having("waits_for_cause")
 
 # What an incident across a job's ranks (``job``) explains when it comes first: a bad
 # shard's loss makes the (all-reduced) gradients explode and the loss spike everywhere;

@@ -209,6 +209,9 @@ def section(kind: AlertKind) -> Iterator[str]:
     yield f"- **Rung:** {found.rung.value}, {found.rung.label}"
     yield f"- **Raised by:** {raised_by(kind)}"
     yield f"- **Severity:** {severity_text(kind)}"
+    kept = kept_as(found)
+    if kept:
+        yield f"- **Kept as an incident:** {kept}"
     causes = folds_under(kind)
     if causes:
         yield (
@@ -232,6 +235,22 @@ def section(kind: AlertKind) -> Iterator[str]:
     yield example_line(kind)
     yield "```"
     yield ""
+
+
+#: What each of an entry's traits means on the page (``Entry.traits``).
+TRAIT_WORDS = {
+    "sticky": "sticky (what follows from it folds under it for the rest of the run)",
+    "recoverable": "until the run recovers (cleared, and the loss back below where it was)",
+    "held": "held a while once healthy (its numbers hover about the bound)",
+    "event": "each burst its own incident",
+    "said_once": "once a run",
+    "waits_for_cause": "waits a few steps for a cause to fold under",
+}
+
+
+def kept_as(found: Entry) -> str:
+    """The entry's traits in words ('' when it has none)."""
+    return "; ".join(words for trait, words in TRAIT_WORDS.items() if getattr(found.traits, trait))
 
 
 def evidence_table(found: Entry) -> Iterator[str]:

@@ -46,6 +46,7 @@ class LrTooLowToUpdate(Rule):
     sample: the weights moved, and have stopped moving."""
 
     kind: str = AlertKind.LR_TOO_LOW_TO_UPDATE
+    replicated = True  # it reads what every replica holds alike
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)

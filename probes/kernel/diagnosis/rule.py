@@ -21,6 +21,10 @@ class Rule:
     kind: str = "rule"
     kinds: tuple[str, ...] = ()  # every kind it raises, when more than ``kind``
     severity: Severity = Severity.WARNING
+    # It reads what every replica of a DDP job holds alike (the all-reduced gradients,
+    # the weights they update, what follows from them on every rank at once): under
+    # DDP it runs on rank 0 alone, and what it finds holds for every rank.
+    replicated: bool = False
 
     @classmethod
     def raises(cls) -> tuple[str, ...]:

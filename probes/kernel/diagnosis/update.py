@@ -36,6 +36,7 @@ class GradNotCleared(Rule):
     not this: only a pass after an update is checked, whatever the loop's shape."""
 
     kind: str = AlertKind.GRAD_NOT_CLEARED
+    replicated = True  # it reads what every replica holds alike
     severity: Severity = Severity.ERROR
 
     def __init__(self, thresholds: Thresholds) -> None:
@@ -78,6 +79,7 @@ class UpdatesNotApplied(Rule):
     move it no more are ``lr_too_low_to_update``'s: a rate decayed to nothing."""
 
     kind: str = AlertKind.UPDATES_NOT_APPLIED
+    replicated = True  # it reads what every replica holds alike
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -191,6 +193,7 @@ class _UpdateStreak(Rule):
 
     non_finite: bool
     evidence_name: str
+    replicated = True  # whether the replicas' optimizer stepped: alike on every rank
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)

@@ -34,6 +34,7 @@ class UpdateRatio(Rule):
     optimizer leaves alone is ``updates_not_applied``'s business."""
 
     kind: str = AlertKind.UPDATE_RATIO
+    replicated = True  # it reads what every replica holds alike
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
