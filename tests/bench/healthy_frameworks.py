@@ -159,8 +159,10 @@ def lightning_clip(bench: Bench, steps: int) -> None:
 def lightning_gan(bench: Bench, steps: int) -> Trained:
     """Lightning's manual-optimization GAN (its docs' example: D's step on real and
     detached fake, then G's through D, ``manual_backward``, ``log_dict``), MLPs on
-    2-D points, Adam 2e-4 (0.5, 0.999). Lightning counts each optimizer's steps: 2 a
-    batch. Its own check: the generated points' mean and spread near the data's."""
+    2-D points, Adam 1e-3 (0.5, 0.999): the docs' 2e-4 is MNIST's over epochs, and
+    moves 2-D points' G a quarter of the way in 1,000 batches, as plain torch does too.
+    Lightning counts each optimizer's steps: 2 a batch. Its own check: the generated
+    points' mean and spread near the data's."""
     import pytorch_lightning as pl
 
     real_mean, real_std = torch.tensor([0.5, -0.5]), torch.tensor([0.5, 0.3])
@@ -194,8 +196,8 @@ def lightning_gan(bench: Bench, steps: int) -> Trained:
         def configure_optimizers(self) -> list[torch.optim.Optimizer]:
             betas = (0.5, 0.999)
             return [
-                torch.optim.Adam(self.G.parameters(), lr=2e-4, betas=betas),
-                torch.optim.Adam(self.D.parameters(), lr=2e-4, betas=betas),
+                torch.optim.Adam(self.G.parameters(), lr=1e-3, betas=betas),
+                torch.optim.Adam(self.D.parameters(), lr=1e-3, betas=betas),
             ]
 
     module = GAN()

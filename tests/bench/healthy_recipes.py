@@ -296,20 +296,19 @@ def loss_cell(recipe: Recipe, measured: Measured | None) -> str:
 
 def table(chosen: list[Recipe], results: dict[str, dict[str, Measured]]) -> str:
     """The table, its summary line, and the details (every ALERT line)."""
-    slow_mode = next((m for m in ("slow", "every") if any(m in r for r in results.values())), "")
+    modes = [m for m in ("full", "slow", "every") if any(m in r for r in results.values())]
     head = (
         "| recipe | steps | loop shape | how watched | loss first→last (mean of first "
-        f"{FIRST} → last {LAST}) | alerts (full) | alerts ({slow_mode or 'slow/every'}) |"
+        f"{FIRST} → last {LAST}) | " + " | ".join(f"alerts ({m})" for m in modes) + " |"
     )
-    lines = [head, "|" + "---|" * 7]
+    lines = [head, "|" + "---|" * (5 + len(modes))]
     silent = verdict_free = 0
     for recipe in chosen:
         ran = results[recipe.name]
-        full, slow = ran.get("full"), ran.get(slow_mode)
-        reference = full or slow or next(iter(ran.values()), None)
+        reference = next((ran[m] for m in modes if m in ran), None)
         steps = str(reference.steps if reference and reference.steps else recipe.steps)
         cells = [recipe.name, steps, recipe.shape, recipe.watched_by]
-        cells += [loss_cell(recipe, reference), alerts_cell(full), alerts_cell(slow)]
+        cells += [loss_cell(recipe, reference), *(alerts_cell(ran.get(m)) for m in modes)]
         lines.append("| " + " | ".join(cells) + " |")
         silent += all(not m.alerts and not m.error for m in ran.values())
         # the target: no warning or error (an info note, the probe's own cost on a busy
