@@ -30,6 +30,7 @@ import pytest
 import tui.runner
 import tui.serve
 from tests.waiting import wait_until
+from tui.cli import MonitorOptions, parse
 from tui.runner import Script, run_script
 from tui.screens.confirm_stop import ConfirmStop
 
@@ -88,16 +89,12 @@ def started() -> Iterator[list[Script]]:
         shutil.rmtree(os.path.dirname(script.log_path), ignore_errors=True)
 
 
-def arguments(*child: str, stop_on_quit: bool = False) -> argparse.Namespace:
-    return argparse.Namespace(
-        child=list(child),
-        headless=False,
-        record=None,
-        summary_every=100,
-        fail_on=None,
-        thresholds=None,
-        stop_on_quit=stop_on_quit,
-    )
+def arguments(
+    *child: str, stop_on_quit: bool = False, headless: bool = False
+) -> tuple[argparse.Namespace, MonitorOptions]:
+    """``traintop run [--stop-on-quit] [--headless] -- CHILD...``, parsed."""
+    flags = ["--stop-on-quit"] * stop_on_quit + ["--headless"] * headless
+    return parse(["run", *flags, "--", *child])
 
 
 def fake_screen(
@@ -110,10 +107,10 @@ def fake_screen(
     ``then`` says (0: q; 1: the app failed; raising: serve failed)."""
     calls: list[dict[str, Any]] = []
 
-    def serve(source: Any, **kwargs: Any) -> int:
+    def serve(source: Any, options: MonitorOptions, **kwargs: Any) -> int:
         script = kwargs["script"]
         started.append(script)
-        calls.append({**kwargs, "sid": os.getsid(script.pid)})
+        calls.append({**kwargs, "mode": options.mode, "sid": os.getsid(script.pid)})
         wait_until(lambda: until(script), "the script to get there", 20)
         return then()
 
@@ -141,7 +138,7 @@ def test_quitting_the_screen_detaches_and_the_script_trains_on(
     started: list[Script],
 ) -> None:
     calls = fake_screen(monkeypatch, started, said_started)
-    assert run_script(arguments(sleeper, "2")) == 0  # detached: 0
+    assert run_script(*arguments(sleeper, "2")) == 0  # detached: 0
     [script] = started
     out, err = capfd.readouterr()
     assert calls[0]["mode"] == "run" and calls[0]["sid"] == script.pid  # a session of its own
@@ -169,7 +166,7 @@ def test_a_monitor_that_fails_detaches_and_says_so_in_one_line(
         return 1
 
     fake_screen(monkeypatch, started, said_started, fail)
-    assert run_script(arguments(sleeper, "2")) == 1
+    assert run_script(*arguments(sleeper, "2")) == 1
     err = capfd.readouterr().err
     first = err.splitlines()[0]
     if how == "raises":
@@ -191,7 +188,7 @@ def test_quitting_after_the_script_ended_shows_its_log_and_returns_its_status(
     started: list[Script],
 ) -> None:
     fake_screen(monkeypatch, started, lambda script: script.status() is not None)
-    assert run_script(arguments(sleeper, "0.2", "seven")) == 7
+    assert run_script(*arguments(sleeper, "0.2", "seven")) == 7
     out, err = capfd.readouterr()
     assert "started\nfinal line\n" in out and "detached" not in err
     assert not os.path.exists(started[0].log_path)  # nothing runs: the folder goes
@@ -204,7 +201,7 @@ def test_stop_on_quit_sends_sigint_once_and_waits(
     started: list[Script],
 ) -> None:
     fake_screen(monkeypatch, started, said_started)
-    assert run_script(arguments(sleeper, "30", stop_on_quit=True)) == 130  # its own status
+    assert run_script(*arguments(sleeper, "30", stop_on_quit=True)) == 130  # its own status
     out, err = capfd.readouterr()
     assert "interrupted" in out and "KeyboardInterrupt" in out  # its log, shown
     assert f"stopping the script (SIGINT to pid {started[0].pid})" in err
@@ -218,7 +215,7 @@ def test_stop_on_quit_never_kills_a_script_that_goes_on(
 ) -> None:
     monkeypatch.setattr(tui.runner, "STOP_WAIT_S", 0.5)
     fake_screen(monkeypatch, started, said_started)
-    assert run_script(arguments(sleeper, "30", "ignore", stop_on_quit=True)) == 1
+    assert run_script(*arguments(sleeper, "30", "ignore", stop_on_quit=True)) == 1
     [script] = started
     err = capfd.readouterr().err
     assert (
@@ -235,16 +232,14 @@ def test_a_headless_run_keeps_the_terminals_session(
 ) -> None:
     sessions: list[int] = []
 
-    def serve(source: Any, **kwargs: Any) -> int:
+    def serve(source: Any, options: MonitorOptions, **kwargs: Any) -> int:
         assert kwargs["script"] is None and kwargs["companion"] is not None
         sessions.append(os.getsid(0))
         wait_until(lambda: kwargs["companion"]() is not None, "the script to end", 20)
         return 0
 
     monkeypatch.setattr(tui.serve, "serve", serve)
-    args = arguments(sleeper, "0.1", "seven")
-    args.headless = True
-    assert run_script(args) == 7
+    assert run_script(*arguments(sleeper, "0.1", "seven", headless=True)) == 7
     assert sessions == [os.getsid(0)]
 
 
@@ -253,13 +248,12 @@ def test_a_headless_monitor_that_fails_says_so_and_the_script_trains_on(
     capfd: pytest.CaptureFixture[str],
     sleeper: str,
 ) -> None:
-    def serve(source: Any, **kwargs: Any) -> int:
+    def serve(source: Any, options: MonitorOptions, **kwargs: Any) -> int:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(tui.serve, "serve", serve)
-    args = arguments(sleeper, "0.5")
-    args.headless = True
-    assert run_script(args) == 1  # (the script's own status when it is not 0)
+    # (the script's own status when it is not 0)
+    assert run_script(*arguments(sleeper, "0.5", headless=True)) == 1
     out, err = capfd.readouterr()
     [line] = err.splitlines()
     assert line.startswith("traintop: the monitor failed (RuntimeError: boom); the script ")

@@ -17,7 +17,7 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, OptionList
 
 from tui import toasts
-from tui.dispatch import dispatch
+from tui.dispatch import dispatch, handles
 from tui.events import (
     AckReceived,
     AlertRaised,
@@ -260,23 +260,28 @@ class TraintopApp(App[int]):
                 self.call_after_refresh(self.redraw, True)  # fitted to the new size
 
     def _on_monitor_events(self, events: list[MonitorEvent]) -> None:
-        dispatch(events, self)  # to the handle_... methods below (tui.dispatch)
+        dispatch(events, self)  # to the @handles methods below (tui.dispatch)
 
+    @handles(RunConnected)
     def handle_run_connected(self, event: RunConnected) -> None:
         if self.state.takes_the_view(event.run, self.current_run):  # (never from a live run)
             self.selected_run = event.run.run_id
         self._show(toasts.run_connected(event))
 
+    @handles(RunDisconnected)
     def handle_run_disconnected(self, event: RunDisconnected) -> None:
         self._show(toasts.run_disconnected(event))
 
+    @handles(FrameRejected)
     def handle_frame_rejected(self, event: FrameRejected) -> None:
         self._show(toasts.frame_rejected(event), topic="rejected")
 
+    @handles(AckReceived)
     def handle_ack_received(self, event: AckReceived) -> None:
         if event.run.run_id == self.selected_run:  # (a job's ranks all ack: one toast)
             self._show(toasts.ack_received(event))
 
+    @handles(AnomalyReported)
     def handle_anomaly_reported(self, event: AnomalyReported) -> None:
         live = not event.report.get("replayed")  # not an old one, sent on connect
         if not (self._shown_or_its_job(event.run) and live):
@@ -286,9 +291,11 @@ class TraintopApp(App[int]):
         elif not isinstance(self.screen, AnomalyReportScreen):
             self.push_screen(AnomalyReportScreen(event.report))
 
+    @handles(ProbeSwitchedOff)
     def handle_probe_switched_off(self, event: ProbeSwitchedOff) -> None:
         self._show(toasts.probe_switched_off(event))
 
+    @handles(AlertRaised)
     def handle_alert_raised(self, event: AlertRaised) -> None:
         if self._shown_or_its_job(event.run):
             self._show(toasts.alert_raised(event), topic="alert")
@@ -478,23 +485,5 @@ class TraintopApp(App[int]):
         self.selected_run = ids[(index + 1) % len(ids)]
 
 
-def make_app(
-    source: FrameSource,
-    *,
-    record_path: str | None = None,
-    state: MonitorState | None = None,
-    companion: Callable[[], int | None] | None = None,
-    script: StoppableScript | None = None,
-    mode: str = "live",
-    compare_on_start: bool = False,
-) -> TraintopApp:
-    """Build the monitor app around a frame source (injected, so tests need no socket)."""
-    return TraintopApp(
-        source,
-        record_path=record_path,
-        state=state,
-        companion=companion,
-        script=script,
-        mode=mode,
-        compare_on_start=compare_on_start,
-    )
+#: Build the monitor app around a frame source (injected, so tests need no socket).
+make_app = TraintopApp

@@ -12,15 +12,62 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 
-from probes.kernel.diagnosis import Thresholds
+from probes.kernel.diagnosis import Severity, Thresholds
 from probes.kernel.diagnosis.thresholds import RENAMED
 from probes.kernel.wire import TOKEN_ENV, resolve_address
 from tui.serve import serve
 from tui.server import ServerError
 
-SEVERITIES = ("info", "warning", "error")
+SEVERITIES = tuple(severity.value for severity in Severity)
+#: The subcommands that run a monitor (None: plain ``traintop``), each taking every
+#: option of ``add_monitor_options``; ``MonitorOptions.from_args`` says what each implies.
+MONITOR_COMMANDS = (None, "replay", "demo", "run")
+
+
+@dataclass(frozen=True)
+class MonitorOptions:
+    """The monitor's options, as the command line gave them (``add_monitor_options``
+    declares them, ``from_args`` reads them), carried whole to ``tui.serve.serve``.
+
+    A field with a ``flag`` is an option every command that runs a monitor takes; the
+    others (``mode``, ``compare_on_start``) follow from the command itself.
+    """
+
+    headless: bool = field(default=False, metadata={"flag": "--headless"})
+    record: str | None = field(default=None, metadata={"flag": "--record"})
+    summary_every: int = field(default=100, metadata={"flag": "--summary-every"})
+    exit_when_done: bool = field(default=False, metadata={"flag": "--exit-when-done"})
+    fail_on: str | None = field(default=None, metadata={"flag": "--fail-on"})
+    thresholds: Thresholds = field(default_factory=Thresholds, metadata={"flag": "--threshold"})
+    #: ``live``, ``run``, ``demo`` or ``replay``: what q does, as the help says it.
+    mode: str = "live"
+    #: open on the comparison of every run (a replay of several logs)
+    compare_on_start: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> MonitorOptions:
+        """The options of ``build_parser().parse_args(...)``, with what the command
+        implies (a replay or a headless demo exits when done); a ``ValueError`` says
+        what is wrong with them."""
+        command = getattr(args, "command", None)
+        if args.fail_on and not args.headless:
+            raise ValueError("--fail-on needs --headless")
+        if command == "replay" and args.record:
+            raise ValueError("--record is for runs: a replay's frames are already a run log")
+        return cls(
+            headless=args.headless,
+            record=args.record,
+            summary_every=args.summary_every,
+            exit_when_done=(
+                args.exit_when_done or command == "replay" or (command == "demo" and args.headless)
+            ),
+            fail_on=args.fail_on,
+            thresholds=parse_thresholds(args.threshold or []),
+            mode=command or "live",
+            compare_on_start=command == "replay" and len(args.files) > 1,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,21 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="traintop",
         description="A live, interactive debugger for PyTorch training runs.",
     )
-    _add_output_options(parser, suppress=False)
+    add_monitor_options(parser, suppress=False)
     parser.add_argument(
         "--address",
         help="listen here: unix:/path or tcp://HOST:PORT "
         "(default: $TRAINTOP_ADDRESS, else a per-user Unix socket)",
     )
-    parser.add_argument(
-        "--exit-when-done",
-        action="store_true",
-        help="headless: exit once every run that connected has finished",
-    )
     # The same options after a subcommand: defaults suppressed there, so an option given
     # before the subcommand is not overwritten by the subcommand's default.
     shared = argparse.ArgumentParser(add_help=False)
-    _add_output_options(shared, suppress=True)
+    add_monitor_options(shared, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     replay = commands.add_parser(
         "replay", parents=[shared], help="show recorded run logs (several: side by side)"
@@ -84,34 +126,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: traintop's own options that take a value (``split_run``).
-_VALUED = ("--record", "--summary-every", "--fail-on", "--threshold", "--address")
-#: ... and those that take none (``traintop run --help`` is traintop's, not the script's).
-_FLAGS = ("--headless", "--stop-on-quit", "-h", "--help")
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """``build_parser()``'s subcommands' parsers, by name."""
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.update(action.choices)
+    return found
 
 
-def split_run(argv: list[str]) -> tuple[list[str], list[str]]:
+def _traintop_options(parser: argparse.ArgumentParser) -> tuple[set[str], set[str]]:
+    """traintop's own options after ``run`` (and those before it, which argparse then
+    refuses in one line): (those that take a value, those that take none: ``traintop
+    run --help`` is traintop's, not the script's)."""
+    valued: set[str] = set()
+    flags: set[str] = set()
+    for action in [*parser._actions, *subcommands(parser)["run"]._actions]:
+        (flags if action.nargs == 0 else valued).update(action.option_strings)
+    return valued, flags
+
+
+def split_run(
+    argv: list[str], parser: argparse.ArgumentParser | None = None
+) -> tuple[list[str], list[str]]:
     """``traintop ... run [options] [--] COMMAND...``: (traintop's arguments, COMMAND).
     COMMAND starts at the first word that is not one of traintop's options (so a
     ``-m`` or a script's own ``--flag`` is the script's), or after ``--``."""
     if "run" not in argv:
         return argv, []
+    valued, flags = _traintop_options(parser or build_parser())
     at = argv.index("run") + 1
     while at < len(argv):
         word = argv[at]
         if word == "--":
             return argv[:at], argv[at + 1 :]
-        if word in _VALUED:
+        if word in valued:
             at += 2
-        elif word in _FLAGS or (word.startswith("--") and word.split("=")[0] in _VALUED):
+        elif word in flags or (word.startswith("--") and word.split("=")[0] in valued):
             at += 1
         else:
             break
     return argv[:at], argv[at:]
 
 
-def _add_output_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
-    """Options of the monitor itself, valid before or after a subcommand."""
+def add_monitor_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The monitor's options (``MonitorOptions``), valid before or after a subcommand:
+    ``suppress``, no defaults (a subcommand's must not overwrite those given before it)."""
 
     def default(value: object) -> object:
         return argparse.SUPPRESS if suppress else value
@@ -136,6 +196,13 @@ def _add_output_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
         help="headless: a summary line every N steps (default 100)",
     )
     parser.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        default=default(False),
+        help="headless: exit once every run that connected has finished "
+        "(a replay and a headless demo always do)",
+    )
+    parser.add_argument(
         "--fail-on",
         choices=SEVERITIES,
         default=default(None),
@@ -152,35 +219,38 @@ def _add_output_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``traintop`` console script."""
+def parse(argv: list[str]) -> tuple[argparse.Namespace, MonitorOptions]:
+    """The command line's arguments and the monitor's options (a bad one: exit 2)."""
     parser = build_parser()
-    ours, child = split_run(list(sys.argv[1:] if argv is None else argv))
+    ours, child = split_run(argv, parser)
     args = parser.parse_args(ours)
     if args.command == "run":
         if not child:
             parser.error("traintop run needs a command: traintop run python train.py")
         args.child = child
-    if getattr(args, "fail_on", None) and not args.headless:
-        parser.error("--fail-on needs --headless")
     if getattr(args, "stop_on_quit", False) and args.headless:
         parser.error("--stop-on-quit is for the screen (headless: Ctrl-C reaches the script)")
     try:
-        args.thresholds = parse_thresholds(args.threshold or [])
+        return args, MonitorOptions.from_args(args)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``traintop`` console script."""
+    args, options = parse(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.command == "demo":
             from tui.launcher import run_demo
 
-            return run_demo(args)
+            return run_demo(args, options)
         if args.command == "run":
             from tui.runner import run_script
 
-            return run_script(args)
+            return run_script(args, options)
         if args.command == "replay":
-            return _replay(args)
-        return _monitor(args)
+            return _replay(args, options)
+        return _monitor(args, options)
     except (ServerError, OSError, ValueError) as exc:
         print(f"traintop: {exc}", file=sys.stderr)
         return 1
@@ -188,23 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _monitor(args: argparse.Namespace) -> int:
+def _monitor(args: argparse.Namespace, options: MonitorOptions) -> int:
     from tui.sources import ServerSource
 
     address = resolve_address(args.address)
-    source = ServerSource(address, token=os.environ.get(TOKEN_ENV))
-    return serve(
-        source,
-        headless=args.headless,
-        record=args.record,
-        summary_every=args.summary_every,
-        exit_when_done=args.exit_when_done,
-        fail_on=args.fail_on,
-        thresholds=args.thresholds,
-    )
+    return serve(ServerSource(address, token=os.environ.get(TOKEN_ENV)), options)
 
 
-def _replay(args: argparse.Namespace) -> int:
+def _replay(args: argparse.Namespace, options: MonitorOptions) -> int:
     from tui.runlog import check_run_log
     from tui.sources import ReplaySource
 
@@ -212,17 +273,7 @@ def _replay(args: argparse.Namespace) -> int:
         if not os.path.isfile(path):
             raise OSError(f"no run log at {path}")
         check_run_log(path)  # fail now, with one line, if it is not a run log
-    return serve(
-        ReplaySource(*args.files),
-        headless=args.headless,
-        record=None,
-        summary_every=args.summary_every,
-        exit_when_done=True,
-        fail_on=args.fail_on,
-        thresholds=args.thresholds,
-        mode="replay",
-        compare_on_start=len(args.files) > 1,
-    )
+    return serve(ReplaySource(*args.files), options)
 
 
 def parse_thresholds(pairs: list[str]) -> Thresholds:

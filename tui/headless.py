@@ -37,7 +37,7 @@ from typing import TextIO
 from probes.kernel.diagnosis import Alert
 from probes.kernel.diagnosis.book import AlertEntry, trips_fail_on
 from probes.kernel.wire import Frame
-from tui.dispatch import dispatch
+from tui.dispatch import dispatch, handles
 from tui.events import (
     AckReceived,
     AlertCleared,
@@ -172,6 +172,7 @@ class HeadlessMonitor:
             self._labels[run.run_id] = label
         return label
 
+    @handles(RunConnected)
     def handle_run_connected(self, event: RunConnected) -> None:
         run, info = event.run, event.run.info
         self._line(
@@ -185,6 +186,7 @@ class HeadlessMonitor:
             )
             self.send_command(run.run_id, "resume")
 
+    @handles(RunDisconnected)
     def handle_run_disconnected(self, event: RunDisconnected) -> None:
         run = event.run
         for alert in run.book.unmeasured():  # the run ended with nothing measured
@@ -214,14 +216,17 @@ class HeadlessMonitor:
         if entries:
             self._line(causes_line(run, label=self._label(run), entries=entries))
 
+    @handles(FrameRejected)
     def handle_frame_rejected(self, event: FrameRejected) -> None:
         self._line(f"rejected frame from={word(event.peer)} message={word(event.message)}")
 
+    @handles(AlertRaised)
     def handle_alert_raised(self, event: AlertRaised) -> None:
         self._line(f"{alert_line(event.alert)} run={self._label(event.run)}")
         if trips_fail_on(event.alert, self.fail_on):
             self._fail(event)
 
+    @handles(RunPaused)
     def handle_run_paused(self, event: RunPaused) -> None:
         """A headless monitor takes no keys: say why the run paused, and resume it."""
         paused = f"PAUSED step={event.step} reason={word(event.reason)}"
@@ -231,14 +236,17 @@ class HeadlessMonitor:
         self._line(f"{paused} - resuming (headless) run={self._label(event.run)}")
         self.send_command(event.run.run_id, "resume")
 
+    @handles(ProbeSwitchedOff)
     def handle_probe_switched_off(self, event: ProbeSwitchedOff) -> None:
         self._line(f"PROBE OFF run={self._label(event.run)} message={word(event.message)}")
 
+    @handles(AnomalyReported)
     def handle_anomaly_reported(self, event: AnomalyReported) -> None:
         self._line(
             self._history_mark() + anomaly_line(event.report) + f" run={self._label(event.run)}"
         )
 
+    @handles(AckReceived)
     def handle_ack_received(self, event: AckReceived) -> None:
         ack = event.ack
         self._line(
@@ -247,6 +255,7 @@ class HeadlessMonitor:
             f"run={self._label(event.run)}"
         )
 
+    @handles(AlertCleared)
     def handle_alert_cleared(self, event: AlertCleared) -> None:
         self._line(
             f"CLEARED {word(event.alert.kind)} step={event.step} "

@@ -26,6 +26,7 @@ from probes.kernel.diagnosis.book import AlertEntry
 from probes.kernel.diagnosis.diagnoser import REPLICA_KINDS
 from probes.kernel.diagnosis.job import JobDiagnoser, RankProgress
 from probes.kernel.diagnosis.views import StepView
+from probes.kernel.endings import CONNECTION_LOST
 from tui.run import RunState
 
 
@@ -165,7 +166,7 @@ class JobState:
             run.rank,
             last_step=run.last_step,
             clean=clean,
-            reason=run.end_reason or run.disconnect_reason or "connection lost",
+            reason=run.end_reason or run.disconnect_reason or CONNECTION_LOST,
             others=others,
             now=time.monotonic(),
         )

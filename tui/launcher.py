@@ -21,15 +21,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 import demo
 from demo.catalog import SCENARIOS, listing
 from probes.kernel.wire import ADDRESS_ENV, Address
 
+if TYPE_CHECKING:
+    from tui.cli import MonitorOptions
 
-def run_demo(args: argparse.Namespace) -> int:
+
+def run_demo(args: argparse.Namespace, options: MonitorOptions) -> int:
     """Start the installed demo's ``SCENARIO`` (``trainer_command``) and a monitor
-    connected to it; return a status."""
+    connected to it (``options``: the monitor's); return a status."""
     if args.list:
         print(listing())
         return 0
@@ -47,17 +51,7 @@ def run_demo(args: argparse.Namespace) -> int:
         from tui.serve import serve
         from tui.sources import ServerSource
 
-        status = serve(
-            ServerSource(address),
-            headless=args.headless,
-            record=args.record,
-            summary_every=args.summary_every,
-            exit_when_done=args.headless,
-            fail_on=args.fail_on,
-            thresholds=args.thresholds,
-            companion=trainer.poll,
-            mode="demo",
-        )
+        status = serve(ServerSource(address), options, companion=trainer.poll)
     finally:
         # A second signal must not cut the clean-up short (the trainer left running,
         # the folder left behind): held off while it runs, a second or so.

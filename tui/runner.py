@@ -42,9 +42,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 import probes
 from probes.kernel.wire import ADDRESS_ENV, PROTOCOL_VERSION, Address
+
+if TYPE_CHECKING:
+    from tui.cli import MonitorOptions
 
 #: Set in the child's environment: attach there (``probes.attach.bootstrap``).
 ATTACH_ENV = "TRAINTOP_ATTACH"
@@ -368,8 +372,9 @@ def detached_lines(script: Script, address: Address) -> list[str]:
 # --- traintop run --------------------------------------------------------------------
 
 
-def run_script(args: argparse.Namespace) -> int:
-    """Run ``args.child`` watched, with the monitor in front; an exit status."""
+def run_script(args: argparse.Namespace, options: MonitorOptions) -> int:
+    """Run ``args.child`` watched, with the monitor (``options``) in front; an exit
+    status."""
     command = child_command(list(args.child))
     python = command_python(command)
     if python is not None:
@@ -382,14 +387,14 @@ def run_script(args: argparse.Namespace) -> int:
         handle.write(sitecustomize_source())
     log_path = os.path.join(folder, "script.log")
     try:
-        child = _start(command, child_environment(folder, address), log_path, args.headless)
+        child = _start(command, child_environment(folder, address), log_path, options.headless)
     except OSError as exc:
         shutil.rmtree(folder, ignore_errors=True)
         raise OSError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
-    script = Script(child, log_path, own_group=not args.headless)
-    if args.headless:
-        return _run_headless(args, script, folder, address)
-    return _run_screen(args, script, folder, address)
+    script = Script(child, log_path, own_group=not options.headless)
+    if options.headless:
+        return _run_headless(options, script, folder, address)
+    return _run_screen(options, script, folder, address, getattr(args, "stop_on_quit", False))
 
 
 def _start(
@@ -408,29 +413,23 @@ def _start(
         )
 
 
-def _serve(args: argparse.Namespace, script: Script, address: Address) -> int:
+def _serve(options: MonitorOptions, script: Script, address: Address) -> int:
     from tui.serve import serve
     from tui.sources import ServerSource
 
     return serve(
         ServerSource(address),
-        headless=args.headless,
-        record=args.record,
-        summary_every=args.summary_every,
-        exit_when_done=False,  # the script's end is the end (it may watch later)
-        fail_on=args.fail_on,
-        thresholds=args.thresholds,
+        options,  # (the script's end is the end, unless --exit-when-done: it may watch later)
         companion=script.status,
-        script=None if args.headless else script,
-        mode="live" if args.headless else "run",
+        script=None if options.headless else script,
     )
 
 
-def _run_headless(args: argparse.Namespace, script: Script, folder: str, address: Address) -> int:
+def _run_headless(options: MonitorOptions, script: Script, folder: str, address: Address) -> int:
     """The monitor's lines beside the script's; the script's status (3: --fail-on)."""
     status = 0
     try:
-        status = _serve(args, script, address)
+        status = _serve(options, script, address)
     except KeyboardInterrupt:
         pass  # the script had the terminal's Ctrl-C too: it says what it does
     except Exception as exc:  # the monitor failed: the script trains on
@@ -451,11 +450,13 @@ def _run_headless(args: argparse.Namespace, script: Script, folder: str, address
     return script_status or status  # (1: the monitor failed, the script did not)
 
 
-def _run_screen(args: argparse.Namespace, script: Script, folder: str, address: Address) -> int:
+def _run_screen(
+    options: MonitorOptions, script: Script, folder: str, address: Address, stop_on_quit: bool
+) -> int:
     """The screen in front; quitting it detaches (or stops: ``--stop-on-quit``)."""
     failed: str | None = None
     try:
-        status = _serve(args, script, address)
+        status = _serve(options, script, address)
         if status == 1:  # the app ended on an error (it said which)
             failed = "the monitor failed"
     except KeyboardInterrupt:
@@ -464,7 +465,7 @@ def _run_screen(args: argparse.Namespace, script: Script, folder: str, address: 
         failed = f"the monitor failed ({type(exc).__name__}: {exc})"
     if failed and script.status() is None:
         _say(f"traintop: {failed}; detached, the script trains on")
-    elif failed is None and getattr(args, "stop_on_quit", False) and script.status() is None:
+    elif failed is None and stop_on_quit and script.status() is None:
         _say(f"traintop: stopping the script (SIGINT to pid {script.pid}) ...")
         script.send(signal.SIGINT)
         if script.wait(STOP_WAIT_S) is None:

@@ -25,6 +25,7 @@ import stat
 from typing import Protocol
 
 from probes.kernel import auth
+from probes.kernel.endings import CLOSED_BY_THE_RUN, CONNECTION_LOST
 from probes.kernel.wire import (
     READS,
     Address,
@@ -204,7 +205,7 @@ class MonitorServer:
             self._tasks.add(task)
         peer = _peer_name(writer)
         conn = Connection(next(self._ids), peer, writer)
-        reason = "connection lost"
+        reason = CONNECTION_LOST
         try:
             _, reason = await self._serve(conn, reader)
         except asyncio.CancelledError:
@@ -231,7 +232,7 @@ class MonitorServer:
             except TimeoutError:
                 problem = f"no answer to the challenge within {HANDSHAKE_TIMEOUT_S:g} s"
             except (ConnectionError, OSError) as exc:
-                return False, f"connection lost: {exc}"
+                return False, f"{CONNECTION_LOST}: {exc}"
             if problem:
                 self.sink.frame_rejected(conn, problem)
                 conn.refuse(problem)
@@ -240,9 +241,9 @@ class MonitorServer:
             try:
                 data = await reader.read(READ_CHUNK)
             except (ConnectionError, OSError) as exc:
-                return greeted, f"connection lost: {exc}"
+                return greeted, f"{CONNECTION_LOST}: {exc}"
             if not data:
-                return greeted, "connection closed by the run"
+                return greeted, CLOSED_BY_THE_RUN
             for item in frames.feed(data):
                 if isinstance(item, VersionMismatch) or (
                     isinstance(item, FrameError) and not greeted

@@ -14,6 +14,7 @@ import time
 
 from probes.kernel.diagnosis import Alert, AlertChange, Thresholds
 from probes.kernel.diagnosis.book import AlertBook
+from probes.kernel.endings import CLOSED
 from probes.kernel.schema import EvalView, RunInfo, StepView
 from probes.kernel.wire import Frame
 from tui.events import (
@@ -102,7 +103,7 @@ class MonitorState:
             return [AnomalyReported(run, frame)]
         if kind == "bye":
             run.ended = True
-            run.end_reason = str(frame.get("reason") or "closed")
+            run.end_reason = str(frame.get("reason") or CLOSED)
             return self._alert_events(run, run.finish_diagnosis(), force=True)
         return self._event(run, frame)
 
@@ -291,7 +292,7 @@ class MonitorState:
             job = self.jobs.get(run.job) if run.job else None  # (unless just forgotten)
         events = self._alert_events(run, run.finish_diagnosis(), force=True)
         if job is not None:
-            clean = run.ended and run.end_reason == "closed"
+            clean = run.ended and run.end_reason == CLOSED
             events += self._share_incidents(job, job.rank_gone(run, clean, self.runs))
         return [*events, RunDisconnected(run, run.disconnect_reason)]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from probes.kernel.diagnosis import Severity as AlertSeverity
 from probes.kernel.endings import Ending
 from tui.events import (
     AckReceived,
@@ -100,7 +101,7 @@ def alert_raised(event: AlertRaised) -> Toast:
         f"{plain_name(alert.kind)} at step {alert.step:,}"
         + (f" on {plain_name(alert.subject)}" if alert.subject else ""),
         title=plain_name(alert.severity),
-        severity="error" if alert.severity == "error" else "warning",
+        severity="error" if alert.severity == AlertSeverity.ERROR else "warning",
         timeout=6,
     )
 
