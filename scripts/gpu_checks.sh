@@ -14,6 +14,6 @@ python=${PYTHON:-python}
   exit 1
 }
 status=0
-"$python" -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_probe_cost.py || status=1
+"$python" -m pytest -q -p no:cacheprovider -rs tests/runtime/test_cuda.py tests/runtime/test_probe_cost.py || status=1
 "$python" tests/bench/probe_overhead.py --quick --default-only --no-frameworks --device cuda || status=1
 exit $status

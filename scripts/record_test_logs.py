@@ -3,7 +3,7 @@
 Each log is what ``traintop --headless --record FILE`` wrote while a real training
 connected to it: the demo trainer (``healthy``, ``exploding``, ``exploding-fixed``), the
 Hugging Face Trainer and Lightning's Trainer with traintop's callback on tiny models
-(built as ``tests/test_hf.py`` and ``tests/test_lightning.py`` build them, no hub), and a
+(built as ``tests/frameworks/test_hf.py`` and ``tests/frameworks/test_lightning.py`` build them, no hub), and a
 2-rank DistributedDataParallel job (``demo.ddp.run_job``) whose ranks' frames interleave
 in one log, as a monitor receives them. The single-process runs send every step (no
 rate thinning), so the tests diagnose them at full resolution; the job's ranks send at
@@ -86,7 +86,7 @@ def hf_run(address: str) -> None:
     from transformers import Trainer
 
     from probes.hf import TraintopCallback
-    from tests.test_hf import arguments, tiny_gpt2, token_data
+    from tests.frameworks.test_hf import arguments, tiny_gpt2, token_data
 
     callback = TraintopCallback(address=address, max_steps_per_s=UNTHINNED)
     folder = tempfile.mkdtemp(prefix="traintop-hf-")
@@ -119,7 +119,7 @@ def lightning_run(address: str) -> None:
     import pytorch_lightning as pl
 
     from probes.lightning import TraintopCallback
-    from tests.test_lightning import TinyLM, loaders
+    from tests.frameworks.test_lightning import TinyLM, loaders
 
     trainer = pl.Trainer(
         max_steps=12,

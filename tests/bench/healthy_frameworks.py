@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.bench.healthy_recipes import Bench, Frames, Recipe, Trained
-from tests.test_update_ratio_healthy import learnable_text
+from tests.runtime.test_update_ratio_healthy import learnable_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "healthy_scripts"

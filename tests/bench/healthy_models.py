@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.bench.healthy_recipes import Bench, Recipe, Trained
-from tests.test_update_ratio_healthy import learnable_text
+from tests.runtime.test_update_ratio_healthy import learnable_text
 
 # --- data: synthetic but learnable ---------------------------------------------------------
 

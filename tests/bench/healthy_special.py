@@ -1,7 +1,7 @@
 """Healthy recipes (``tests/bench/healthy_recipes.py``) of special shapes: a DCGAN, a
 VAE, a Gaussian NLL whose loss goes below zero, REINFORCE, a contrastive loss, AMP (fp16
 and bf16 autocast with a GradScaler; two optimizers under one scaler), and the three
-runs of ``tests/test_update_ratio_healthy.py`` (LBFGS, forward-forward, an LSTM LM by
+runs of ``tests/runtime/test_update_ratio_healthy.py`` (LBFGS, forward-forward, an LSTM LM by
 hand at lr 20), reused as they are written there.
 """
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import tests.test_update_ratio_healthy as written
+import tests.runtime.test_update_ratio_healthy as written
 from tests.bench.healthy_models import batches, mlp, teacher_data
 from tests.bench.healthy_recipes import Bench, Recipe, Trained, mean
 
@@ -346,7 +346,7 @@ def amp_two_optimizers(bench: Bench, steps: int) -> None:
 
 
 def reused(run: Callable[[Any, int], Any]) -> Callable[[Bench, int], None]:
-    """One of ``tests/test_update_ratio_healthy.py``'s runs as written there, its
+    """One of ``tests/runtime/test_update_ratio_healthy.py``'s runs as written there, its
     ``watch_unthinned`` replaced by the bench's watch (this mode's options)."""
 
     def bench_run(bench: Bench, steps: int) -> None:

@@ -232,5 +232,5 @@ def amp(
 
 def compiled(model: nn.Module) -> nn.Module:
     """torch.compile with dynamo's tracing and no code generation (``backend="eager"``,
-    as tests/test_compile.py): inductor's C++ build costs minutes on these CPUs."""
+    as tests/runtime/test_compile.py): inductor's C++ build costs minutes on these CPUs."""
     return torch.compile(model, backend="eager")  # type: ignore[return-value]

@@ -10,7 +10,7 @@ example has the real format.
     python -m probes.kernel.diagnosis.manual > docs/alerts.md   # write the page
     python -m probes.kernel.diagnosis.manual --check docs/alerts.md   # 1 when stale
 
-(``tests/test_alerts_manual.py`` fails when the committed page is stale.)
+(``tests/repo/test_alerts_manual.py`` fails when the committed page is stale.)
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ INTRO = f"""\
 
 <!-- Generated from the alert catalog (probes/kernel/diagnosis/catalog*.py) by
 `{REGENERATE}`; do not edit it by hand:
-tests/test_alerts_manual.py fails when this page and the catalog differ. -->
+tests/repo/test_alerts_manual.py fails when this page and the catalog differ. -->
 
 Every kind of alert traintop raises, one section each (its anchor is the kind:
 `{PAGE}#exploding_gradient`), along the debugging checklist.

@@ -4,7 +4,7 @@ The probe writes these records (``probes.runtime.stats``, ``probes.runtime.hello
 ``probes.runtime.control``, ``probes.runtime.anomaly``) and the monitor reads them
 (``probes.kernel.schema.views``). Each field is declared once in the record spec
 (``probes.kernel.schema.spec``: its type, shape and merge); these typed dictionaries are
-the types mypy checks every use of, and ``tests/test_spec.py`` holds them to the spec. A
+the types mypy checks every use of, and ``tests/kernel/test_spec.py`` holds them to the spec. A
 choice such as "which eval scalar is the validation loss" is made here once too.
 
 Every frame also carries ``v`` (the protocol version) and ``kind``, set by

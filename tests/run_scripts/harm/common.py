@@ -1,4 +1,4 @@
-"""The do-no-harm loop (``tests/test_do_no_harm.py``): a small MLP with dropout, AdamW,
+"""The do-no-harm loop (``tests/e2e/test_do_no_harm.py``): a small MLP with dropout, AdamW,
 an evaluation under ``torch.no_grad()`` each epoch, and every user action in turn, each
 in a segment of its own that starts from the same weights, optimizer state and seed
 (so one action's harm does not spill into the next cell). No traintop here: the

@@ -1,0 +1,1 @@
+"""The Hugging Face Trainer and Lightning glue, with the real Trainers."""
