@@ -3,7 +3,7 @@
 A handler marks the method that shows an event type with ``@handles(EventType)``;
 ``dispatch`` calls them in order and skips the events a handler has no method for. The
 registry is by type, never by name: mypy checks that a method takes the event it is
-marked for, and a test (``tests/test_dispatch.py``) that every event has a handler.
+marked for, and a test (``tests/tui/test_dispatch.py``) that every event has a handler.
 """
 
 from __future__ import annotations

@@ -1,1 +1,3 @@
-"""The monitor's pure core: diagnosis rules, the alert book, the wire and the record spec, on synthetic records (no training)."""
+"""The monitor's pure core: diagnosis rules, the alert book, the wire and the record spec,
+on synthetic records (no training).
+"""

@@ -1,1 +1,3 @@
-"""The repository itself: the docs and their links, the module sizes, the import graph, the install."""
+"""The repository itself: the docs and their links, the module sizes, the import graph, the
+install.
+"""

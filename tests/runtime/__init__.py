@@ -1,1 +1,3 @@
-"""The probe inside a training process: watch(), the step API, hooks and patches, measurements, checks, in this test process."""
+"""The probe inside a training process: watch(), the step API, hooks and patches,
+measurements, checks, in this test process.
+"""

@@ -26,8 +26,8 @@ from probes.kernel.replay import ReplayHistory
 from probes.runtime import autoeval
 from probes.runtime.autoeval import series_names
 from tests.collector import FrameCollector, wait_for_bye
-from tests.recorded import replay
 from tests.e2e.test_run import _FLOAT, ROOT, SCRIPTS
+from tests.recorded import replay
 from tui.run import RunState
 from tui.state import MonitorState
 

@@ -203,7 +203,10 @@ def two_rank_steps(collector: FrameCollector, weight: float) -> dict[int, dict[i
     import sys
 
     address = str(collector.address)
-    code = f"from tests.runtime.test_local_grads import weighted_job; weighted_job({address!r}, {weight})"
+    code = (
+        "from tests.runtime.test_local_grads import weighted_job; "
+        f"weighted_job({address!r}, {weight})"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
     done = subprocess.run([sys.executable, "-c", code], env=env, timeout=120, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]

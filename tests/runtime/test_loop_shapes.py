@@ -475,7 +475,8 @@ def ddp_job(address: str, clear: bool) -> None:
 @pytest.mark.parametrize("clear", [False, True], ids=["forgotten", "healthy"])
 def test_ddp_two_ranks(clear: bool, collector: FrameCollector) -> None:
     code = (
-        f"from tests.runtime.test_loop_shapes import ddp_job; ddp_job({str(collector.address)!r}, {clear})"
+        "from tests.runtime.test_loop_shapes import ddp_job; "
+        f"ddp_job({str(collector.address)!r}, {clear})"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
     done = subprocess.run([sys.executable, "-c", code], env=env, timeout=90, capture_output=True)

@@ -21,9 +21,9 @@ from torch import nn
 from probes.attach import attach
 from probes.attach.attach import plan_runs
 from tests.collector import FrameCollector, verdict_lines, wait_for_bye, watch_unthinned
+from tests.e2e.test_run import SCRIPTS, losses, result_lines, steps, traintop_run
 from tests.run_scripts.coverage import near_misses
 from tests.run_scripts.coverage.resnet_head import ResNetSmall, batch
-from tests.e2e.test_run import SCRIPTS, losses, result_lines, steps, traintop_run
 
 Frame = dict[str, Any]
 
