@@ -5,9 +5,9 @@ connected to it: the demo trainer (``healthy``, ``exploding``, ``exploding-fixed
 Hugging Face Trainer and Lightning's Trainer with traintop's callback on tiny models
 (built as ``tests/frameworks/test_hf.py`` and ``tests/frameworks/test_lightning.py``
 build them, no hub), and a 2-rank DistributedDataParallel job (``demo.ddp.run_job``)
-whose ranks' frames interleave in one log, as a monitor receives them. The single-process runs send every step (no
-rate thinning), so the tests diagnose them at full resolution; the job's ranks send at
-the probe's default rate, as a job does.
+whose ranks' frames interleave in one log, as a monitor receives them. The single-
+process runs send every step (no rate thinning), so the tests diagnose them at full
+resolution; the job's ranks send at the probe's default rate, as a job does.
 
 Run it after a change to what the probe sends, then run the tests and review the diff:
 
