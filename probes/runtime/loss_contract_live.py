@@ -40,7 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -51,12 +51,30 @@ from probes.checks.loss_contract import (
     checked_by_hand,
     live_contract,
 )
-from probes.checks.reports import CheckReport, Finding
+from probes.checks.reports import CheckReport, Finding, Probe
 from probes.runtime import seams
+from probes.runtime.options import WatchOptions
 from probes.runtime.patches import REGISTRY, Layer, Seam
 
-if TYPE_CHECKING:
-    from probes.runtime.probe import Probe
+
+class Run(Probe, Protocol):
+    """What the live check reads of its run (``probes.runtime.probe.Probe``, which
+    imports this module: a protocol keeps the two out of an import circle)."""
+
+    @property
+    def options(self) -> WatchOptions: ...
+
+    @property
+    def in_step(self) -> bool: ...
+
+    @property
+    def evaluating(self) -> bool: ...
+
+    @property
+    def step_index(self) -> int: ...
+
+    def owns(self, param: torch.Tensor) -> bool: ...
+
 
 #: Every run's first steps are checked (the contract is broken from the first call, or
 #: by a change the sampled steps see later), then every ``sample_every`` steps.
@@ -97,7 +115,7 @@ class LiveContract:
         count_time: adds the seconds since a start to the step's probe time.
     """
 
-    def __init__(self, run: Probe, count_time: Callable[[float], None]) -> None:
+    def __init__(self, run: Run, count_time: Callable[[float], None]) -> None:
         self._run = run
         self._count_time = count_time
         self._every = run.options.sample_every
@@ -148,7 +166,7 @@ class LiveContract:
         _LISTENERS.remove(self)
 
 
-def watch(run: Probe, count_time: Callable[[float], None]) -> LiveContract:
+def watch(run: Run, count_time: Callable[[float], None]) -> LiveContract:
     """Check ``run``'s losses against their contract (see the module)."""
     contract = LiveContract(run, count_time)
     _LISTENERS.add(contract)

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from probes.runtime.step import StepBoundary
+
+class Boundary(Protocol):
+    """What a ``StepScope`` calls (``probes.runtime.step.StepBoundary``, which imports
+    this module: a protocol keeps the two out of an import circle)."""
+
+    def begin_step(self, index: int | None = None) -> None: ...
+
+    def end_step(self, error: BaseException | None = None) -> bool: ...
 
 
 def with_closure(
@@ -25,7 +31,7 @@ class StepScope:
 
     __slots__ = ("_boundary", "_index", "_probe")
 
-    def __init__(self, boundary: StepBoundary, probe: object, index: int | None) -> None:
+    def __init__(self, boundary: Boundary, probe: object, index: int | None) -> None:
         self._boundary = boundary
         self._probe = probe
         self._index = index
