@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from probes.checks.data_checks import check_preprocessing, check_split
     from probes.checks.tiny_batch import overfit_batch
     from probes.kernel.diagnosis import Alert, Diagnoser, Thresholds
-    from probes.runtime.clip import clip_grad_norm_
+    from probes.runtime.optimizers.clip import clip_grad_norm_
     from probes.runtime.options import WatchOptions
     from probes.runtime.probe import Probe, watch
 
@@ -50,8 +50,8 @@ _LAZY = {
     "Probe": "probes.runtime.probe",
     "watch": "probes.runtime.probe",
     "WatchOptions": "probes.runtime.options",
-    "clip_grad_norm_": "probes.runtime.clip",
-    "patched": "probes.runtime.patches",
+    "clip_grad_norm_": "probes.runtime.optimizers.clip",
+    "patched": "probes.runtime.patches.patches",
     "Alert": "probes.kernel.diagnosis",
     "Diagnoser": "probes.kernel.diagnosis",
     "Thresholds": "probes.kernel.diagnosis",

@@ -41,8 +41,8 @@ except ImportError:  # one line, naming what to install
 
 import torch
 
+from probes.runtime.link.sender import warn
 from probes.runtime.probe import Probe, watch
-from probes.runtime.sender import warn
 
 _STACK_DEPTH = 12  # frames searched above on_train_begin for the Trainer
 

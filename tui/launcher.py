@@ -28,7 +28,7 @@ from demo.catalog import SCENARIOS, listing
 from probes.kernel.wire import ADDRESS_ENV, Address
 
 if TYPE_CHECKING:
-    from tui.cli import MonitorOptions
+    from tui.options import MonitorOptions
 
 
 def run_demo(args: argparse.Namespace, options: MonitorOptions) -> int:

@@ -48,7 +48,7 @@ import probes
 from probes.kernel.wire import ADDRESS_ENV, PROTOCOL_VERSION, Address
 
 if TYPE_CHECKING:
-    from tui.cli import MonitorOptions
+    from tui.options import MonitorOptions
 
 #: Set in the child's environment: attach there (``probes.attach.bootstrap``).
 ATTACH_ENV = "TRAINTOP_ATTACH"

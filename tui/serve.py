@@ -15,7 +15,7 @@ from tui.sources import FrameSource
 from tui.state import MonitorState
 
 if TYPE_CHECKING:
-    from tui.cli import MonitorOptions
+    from tui.options import MonitorOptions
     from tui.screens.confirm_stop import StoppableScript
 
 

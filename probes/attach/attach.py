@@ -5,7 +5,7 @@
   pre-hook, removed then; so a ``DDP(model)`` or ``torch.compile`` wrapper made in
   between is seen), or at its first ``step()`` if no forward comes first: one run per
   model (a GAN's two optimizers: two runs). Its steps are inferred
-  (``probes.runtime.autostep``).
+  (``probes.runtime.steps.autostep``).
 - **An optimizer's own model** is the smallest module that owns every parameter it
   holds (and any wrapper holding just those parameters around it): modules are seen as
   they register parameters and submodules (torch's global registration hooks), not
@@ -49,8 +49,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from probes.runtime import seams
-from probes.runtime.patches import Held, Layer
+from probes.runtime.patches import seams
+from probes.runtime.patches.patches import Held, Layer
 
 # By id, with a weak reference to tell a reused id: a tensor cannot be a weak key (its
 # ``==`` compares elements).
@@ -140,7 +140,7 @@ def _note_pending(optimizer: torch.optim.Optimizer) -> None:
     global _forward_hook
     _pending.append(weakref.ref(optimizer))
     if _forward_hook is None:
-        from probes.runtime.first_forward import FirstForwardHook
+        from probes.runtime.steps.first_forward import FirstForwardHook
 
         _forward_hook = FirstForwardHook(_first_forward)
 
@@ -151,7 +151,7 @@ def _first_forward(module: nn.Module, args: Any) -> None:
     if not torch.is_grad_enabled():
         return  # an evaluation, or a look at the data: wait for a training forward
     _attach_pending(module)
-    from probes.runtime import autostep
+    from probes.runtime.steps import autostep
 
     autostep.forward_begins(module, args)  # step 0 of what was just watched: this forward
 
@@ -249,7 +249,7 @@ def _decide_deferred(tensors: Any) -> None:
         for model, optimizers in runs:
             made = _watch(model, optimizers) is not None or made
     if tensors is not None and made:
-        from probes.runtime import autostep
+        from probes.runtime.steps import autostep
 
         autostep.adopt_backward(tensors)  # this backward is step 0's
 
@@ -331,7 +331,8 @@ def _backward(proceed: Any, *args: Any, **kwargs: Any) -> Any:
 
 @_safely
 def _hand_written(tensors: Any) -> None:
-    from probes.runtime import autostep, lifecycle
+    from probes.runtime import lifecycle
+    from probes.runtime.steps import autostep
 
     if lifecycle.open_probes():
         return
@@ -412,7 +413,9 @@ def torch_imported(module: ModuleType) -> None:
     if _installed:
         return
     _installed = True
-    from probes.runtime import autoeval, clip, module_hooks
+    from probes.runtime.evaluation import autoeval
+    from probes.runtime.optimizers import clip
+    from probes.runtime.patches import module_hooks
 
     _process.hold(seams.PARAMETER_REGISTRATION_HOOK, Layer("traintop run", _parameter_registered))
     _process.hold(seams.MODULE_REGISTRATION_HOOK, Layer("traintop run", _module_registered))

@@ -5,7 +5,7 @@ them, class indices where it takes them, targets of the outputs' shape where a l
 would broadcast silently, targets on the outputs' device. ``check_batch``
 (``probes.checks.batch_checks``) runs ``loss_contract`` on one batch, by hand;
 ``live_contract`` is the same contract for one call of a loss function of
-``torch.nn.functional`` during training (``probes.runtime.loss_contract_live`` calls it
+``torch.nn.functional`` during training (``probes.runtime.live_checks.loss_contract_live`` calls it
 on the first steps and on sampled steps), its numbers read in one transfer.
 
 The tests are principled, not tuned (the tolerances below: ``row_sum_tolerance``,
@@ -466,7 +466,7 @@ def _live_broadcast(function: str, outputs: torch.Tensor, targets: torch.Tensor)
     """A regression loss whose targets broadcast against its outputs to more elements
     (shapes only: nothing read). Targets that broadcast to the outputs' own shape (a
     constant target) are left alone. Its subject is the loss, as the alert from torch's
-    own warning of the same call says (``probes.runtime.torch_warnings``): one cause."""
+    own warning of the same call says (``probes.runtime.live_checks.torch_warnings``): one cause."""
     if targets.shape == outputs.shape:
         return []
     broadcast = _broadcast_shape(outputs, targets)

@@ -8,12 +8,23 @@ Every check returns a ``CheckReport``: printable (``print(report)``), testable
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from probes.kernel.diagnosis import Alert, Severity
 
-if TYPE_CHECKING:
-    from probes.runtime.probe import Probe
+
+class Probe(Protocol):
+    """What ``CheckReport.send`` uses of a probe (``probes.runtime.probe.Probe``, which
+    imports this module by way of the live loss check: a protocol keeps the two out of
+    an import circle)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def step_index(self) -> int: ...
+
+    def send(self, record: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)

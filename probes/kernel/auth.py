@@ -20,17 +20,25 @@ import json
 import secrets
 from collections.abc import Mapping
 from hashlib import sha256
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from probes.kernel.wire import Address
+from typing import Any, Literal, Protocol
 
 NONCE_BYTES = 16
 _NONCE_CHARS = frozenset("0123456789abcdef")
 Role = Literal["probe", "monitor"]
 
 
-def uses_token(address: Address, token: str | None) -> bool:
+class Endpoint(Protocol):
+    """What ``uses_token`` reads of an address (``probes.kernel.wire.Address``, which
+    imports this module: a protocol keeps the two out of an import circle)."""
+
+    @property
+    def scheme(self) -> str: ...
+
+    @property
+    def is_loopback(self) -> bool: ...
+
+
+def uses_token(address: Endpoint, token: str | None) -> bool:
     """Whether connections to ``address`` authenticate both ends with the token."""
     return address.scheme == "tcp" and (bool(token) or not address.is_loopback)
 

@@ -2,7 +2,7 @@
 
 A command frame carries the command's value (``"pause"``, ...) as a plain string, as it
 always has; the monitor builds it from a ``Command`` and the probe's control
-(``probes.runtime.control``) reads it back into one, refusing what is not a member.
+(``probes.runtime.link.control``) reads it back into one, refusing what is not a member.
 Each member also carries how the screen offers it: the key that sends it and the label
 of that key.
 """

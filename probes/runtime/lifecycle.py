@@ -17,7 +17,7 @@ from probes.kernel.endings import bye_reason
 
 
 class OpenProbe(Protocol):
-    """What the registry and the clip (``probes.runtime.clip``) ask of an open probe."""
+    """What the registry and the clip (``probes.runtime.optimizers.clip``) ask of an open probe."""
 
     def owns(self, param: Any) -> bool: ...
 

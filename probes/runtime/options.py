@@ -53,7 +53,7 @@ class WatchOptions:
         infer_steps: with no ``probe.step()`` (nor a framework's callback), find the
             steps from the loop itself: one ends at each ``optimizer.step()`` (or, with
             no optimizer, where the weights change after a backward), its loss is what
-            ``backward()`` ran from (``probes.runtime.autostep``). False: only the
+            ``backward()`` ran from (``probes.runtime.steps.autostep``). False: only the
             step API measures, and updates outside it are named (steps_not_measured).
     """
 

@@ -4,16 +4,16 @@
 evaluation, events, closing. It holds no step state itself; it wires a small graph of
 parts, each handed what it uses when it is made:
 
-- ``StepBoundary`` (``probes.runtime.step``): begins and ends steps, reads gradients
+- ``StepBoundary`` (``probes.runtime.steps.step``): begins and ends steps, reads gradients
   where they are final, counts the probe's own time; owns the state of the step;
-- ``OptimizerHooks`` (``probes.runtime.optimizer_hooks``): every hook on the optimizer,
+- ``OptimizerHooks`` (``probes.runtime.optimizers.optimizer_hooks``): every hook on the optimizer,
   registered and removed in one place;
-- ``StepMeasurer`` (``probes.runtime.measurer``): what a step measures;
-- ``Control`` (``probes.runtime.control``): the monitor's commands, at step boundaries;
-- ``Sender`` (``probes.runtime.sender``): records to the monitor, on its own thread.
+- ``StepMeasurer`` (``probes.runtime.measure.measurer``): what a step measures;
+- ``Control`` (``probes.runtime.link.control``): the monitor's commands, at step boundaries;
+- ``Sender`` (``probes.runtime.link.sender``): records to the monitor, on its own thread.
 
 Helpers outside the graph reach the probe through public methods: ``send`` (check
-reports), ``clipping`` / ``clipped`` (``probes.runtime.clip``), ``close_with_reason``
+reports), ``clipping`` / ``clipped`` (``probes.runtime.optimizers.clip``), ``close_with_reason``
 (``probes.runtime.lifecycle`` at exit).
 """
 
@@ -35,22 +35,24 @@ from torch import nn
 from probes.kernel.commands import Command
 from probes.kernel.schema import validation_loss_name
 from probes.kernel.wire import TOKEN_ENV
-from probes.runtime import clip, lifecycle, loss_contract_live, optimizers, torch_warnings
-from probes.runtime.control import Control, ControlState
-from probes.runtime.evaluation import EvalScope
-from probes.runtime.hello import hello_fields
-from probes.runtime.hooks import see_compiles, unsee_compiles, unwrap
+from probes.runtime import lifecycle
+from probes.runtime.evaluation.evaluation import EvalScope
 from probes.runtime.job import job_identity, sync_of
-from probes.runtime.layers import LayerMap, map_layers
-from probes.runtime.link import command_token, monitor_address
-from probes.runtime.measurer import StepMeasurer
-from probes.runtime.optimizer_hooks import OptimizerHooks
+from probes.runtime.link.control import Control, ControlState
+from probes.runtime.link.hello import hello_fields
+from probes.runtime.link.link import command_token, monitor_address
+from probes.runtime.link.pace import ANCHOR_SAMPLES, grace_seconds, steps_per_s
+from probes.runtime.link.sender import Sender, warn
+from probes.runtime.live_checks import loss_contract_live, torch_warnings
+from probes.runtime.measure.layers import LayerMap, map_layers
+from probes.runtime.measure.measurer import StepMeasurer
+from probes.runtime.measure.scalars import Scalar, ScalarFiler
+from probes.runtime.optimizers import clip, optimizers
+from probes.runtime.optimizers.optimizer_hooks import OptimizerHooks
 from probes.runtime.options import WatchOptions
-from probes.runtime.pace import ANCHOR_SAMPLES, grace_seconds, steps_per_s
-from probes.runtime.scalars import Scalar, ScalarFiler
-from probes.runtime.scope import StepScope
-from probes.runtime.sender import Sender, warn
-from probes.runtime.step import StepBoundary
+from probes.runtime.patches.hooks import see_compiles, unsee_compiles, unwrap
+from probes.runtime.steps.scope import StepScope
+from probes.runtime.steps.step import StepBoundary
 
 
 class Probe:
@@ -128,7 +130,7 @@ class Probe:
             layers=self.layers,
             measurer=self._measurer,
             updated=self._measurer.clearing.updated,
-            send=self.send,  # (the low-precision stall's alerts: runtime/dtype_stall.py)
+            send=self.send,  # (the low-precision stall's alerts: runtime/measure/dtype_stall.py)
         )
         clip.install()  # frameworks clip through torch's function: read before it
         see_compiles()  # a torch.compile wrapper made later is where the model is entered
@@ -323,7 +325,7 @@ class Probe:
             self._fail(exc)
 
     def _end_found_evaluation(self, losses: dict[str, Scalar]) -> None:
-        """An evaluation found with no step API ends (``probes.runtime.autoeval``) with
+        """An evaluation found with no step API ends (``probes.runtime.evaluation.autoeval``) with
         the losses it saw; a validation loss the script logged in it wins over them. One
         with no loss and nothing logged judged no output: sampling, dropped unsent."""
         scope = self._eval

@@ -159,7 +159,7 @@ def client(path: str, load: Load, rank: int, job: str, ready: Any, go: Any) -> N
     sock.close()
 
 
-BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 1.0  # a probe's sender's (probes/runtime/sender.py)
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 1.0  # a probe's sender's (probes/runtime/link/sender.py)
 CLIENT_PROCESSES = 16  # the thousand-rank row's writers
 
 

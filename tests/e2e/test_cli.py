@@ -136,7 +136,7 @@ def test_bad_address_is_one_line(capsys) -> None:
 
 
 def test_thresholds_from_the_command_line() -> None:
-    from tui.cli import parse_thresholds
+    from tui.options import parse_thresholds
 
     thresholds = parse_thresholds(["exploding_norm=50", "vanishing_steps=5"])
     assert thresholds.exploding_norm == 50.0

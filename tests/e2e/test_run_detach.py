@@ -30,7 +30,8 @@ import pytest
 import tui.runner
 import tui.serve
 from tests.waiting import wait_until
-from tui.cli import MonitorOptions, parse
+from tui.cli import parse
+from tui.options import MonitorOptions
 from tui.runner import Script, run_script
 from tui.screens.confirm_stop import ConfirmStop
 

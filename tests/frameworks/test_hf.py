@@ -13,7 +13,7 @@ import transformers
 
 from probes.hf import TraintopCallback
 from probes.kernel.schema import validation_loss_name
-from probes.runtime.layers import map_layers
+from probes.runtime.measure.layers import map_layers
 from tests.collector import (
     Frame,
     FrameCollector,

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from probes.kernel.schema import validation_loss_name
 from probes.lightning import TraintopCallback
-from probes.runtime.layers import map_layers
+from probes.runtime.measure.layers import map_layers
 from tests.collector import Frame, FrameCollector, diagnose, raised_alerts, wait_for_bye
 
 REL_TOL = 1e-5

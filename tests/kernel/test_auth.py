@@ -24,8 +24,8 @@ from torch import nn
 import probes
 from probes.kernel import auth
 from probes.kernel.wire import Address, FrameReader, command_signature, encode_frame, make_frame
-from probes.runtime import link
-from probes.runtime.control import Control
+from probes.runtime.link import link
+from probes.runtime.link.control import Control
 from tests.handshake import answer_challenge, read_frame
 from tests.waiting import until, wait_until
 from tui.monitor import Monitor

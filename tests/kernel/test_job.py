@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from torch import nn
 
-from probes.runtime.hello import hello_fields
 from probes.runtime.job import JobIdentity, job_identity
-from probes.runtime.layers import map_layers
+from probes.runtime.link.hello import hello_fields
+from probes.runtime.measure.layers import map_layers
 from probes.runtime.options import WatchOptions
 
 LAUNCHER_VARIABLES = (

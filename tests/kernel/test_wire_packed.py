@@ -34,7 +34,7 @@ from probes.kernel.wire import (
     pack_float32,
     unpack_float32,
 )
-from probes.runtime.sender import Sender, _wire_float
+from probes.runtime.link.sender import Sender, _wire_float
 from tests.frames import hello, step
 from tests.waiting import until, wait_until
 from tui.monitor import Monitor

@@ -1,11 +1,13 @@
-"""No import circles in ``probes/`` or ``tui/``: each package's modules form layers.
+"""No import circles in ``probes/``, ``tui/`` or ``demo/``: each package's modules form
+layers, and the probe knows nothing of the monitor.
 
 The graph is built statically from the source with ``ast``: every ``import`` counts,
-at module level or inside a function (a deferred import still ties two modules
-together; it only hides the circle until it bites), except those under ``if
-TYPE_CHECKING:``, which never run. An import of a package counts as an import of its
-``__init__``; ``from package import name`` also counts as an import of the submodule
-``package.name`` when there is one.
+at module level, inside a function (a deferred import still ties two modules together;
+it only hides the circle until it bites) or under ``if TYPE_CHECKING:`` (a type-only
+import never runs, but still says that each module needs to know the other: the shared
+type belongs in a module both can import, or is a ``Protocol``). An import of a package
+counts as an import of its ``__init__`` (a node of its own); ``from package import
+name`` also counts as an import of the submodule ``package.name`` when there is one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("probes", "tui")
+PACKAGES = ("probes", "tui", "demo")
 
 Graph = dict[str, set[str]]
 
@@ -29,22 +31,11 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def imports_run(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement in ``tree`` but those under ``if TYPE_CHECKING:``."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and is_type_checking(node.test):
-            for child in node.orelse:  # the ``else:`` branch does run
-                yield from imports_run(ast.Module(body=[child], type_ignores=[]))
-            continue
+def all_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``tree``: module level, deferred, or type-only."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        yield from imports_run(node)
 
 
 def resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -61,7 +52,7 @@ def resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
 def imports_of(name: str, source: str, *, package: bool, known: set[str]) -> set[str]:
     """The modules among ``known`` that module ``name`` (of text ``source``) imports."""
     found: set[str] = set()
-    for node in imports_run(ast.parse(source)):
+    for node in all_imports(ast.parse(source)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -111,12 +102,27 @@ def find_cycle(graph: Graph) -> list[str] | None:
     return None
 
 
-def test_probes_and_tui_have_no_import_circle() -> None:
+def test_probes_tui_and_demo_have_no_import_circle() -> None:
     cycle = find_cycle(build_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
 
 
-def test_the_graph_sees_deferred_imports_and_skips_type_checking_ones() -> None:
+def test_the_probe_imports_nothing_of_the_monitor() -> None:
+    # (tests/repo/test_imports.py checks what loads at run time: no textual, no rich; this
+    # checks every import in the source, type-only and deferred ones included.)
+    graph = build_graph()
+    assert any(name.startswith("tui") for name in graph)
+    wrong = {
+        (name, target)
+        for name, targets in graph.items()
+        if name == "probes" or name.startswith("probes.")
+        for target in targets
+        if target == "tui" or target.startswith("tui.")
+    }
+    assert not wrong, f"the probe imports the monitor: {sorted(wrong)}"
+
+
+def test_the_graph_sees_deferred_and_type_checking_imports() -> None:
     # tui.cli imports the launcher inside main() only: a deferred import counts.
     assert "tui.launcher" in build_graph()["tui.cli"]
     source = (
@@ -130,7 +136,12 @@ def test_the_graph_sees_deferred_imports_and_skips_type_checking_ones() -> None:
         "    from .e import f\n"
     )
     known = {"pkg.a", "pkg.b", "pkg.c", "pkg.d", "pkg.e"}
-    assert imports_of("pkg.a", source, package=False, known=known) == {"pkg.b", "pkg.d", "pkg.e"}
+    assert imports_of("pkg.a", source, package=False, known=known) == {
+        "pkg.b",
+        "pkg.c",
+        "pkg.d",
+        "pkg.e",
+    }
 
 
 @pytest.mark.parametrize(

@@ -32,9 +32,11 @@ FRAMEWORKS = {"transformers", "accelerate", "pytorch_lightning", "lightning"}
 # are checked in interpreters of their own.
 TORCH_SIDE = [
     "import probes.checks.data_checks, probes.checks.batch_checks, probes.checks.reports",
-    "import probes.runtime.probe, probes.runtime.clip, probes.runtime.control, "
-    "probes.runtime.anomaly, probes.runtime.evaluation, probes.runtime.lifecycle",
-    "import probes.runtime.step, probes.runtime.measurer, probes.runtime.sampled",
+    "import probes.runtime.probe, probes.runtime.optimizers.clip, probes.runtime.link.control, "
+    "probes.runtime.anomaly.anomaly, probes.runtime.evaluation.evaluation, "
+    "probes.runtime.lifecycle",
+    "import probes.runtime.steps.step, probes.runtime.measure.measurer, "
+    "probes.runtime.measure.sampled",
     "import demo.trainer, demo.scenarios",
 ]
 TRAINING_SIDE = [
@@ -127,7 +129,7 @@ def test_monitor_loads_no_torch(statement: str) -> None:
         "probes.kernel.wire",
         "probes.kernel.diagnosis",
         "probes.kernel.endings",
-        "probes.runtime.control",
+        "probes.runtime.link.control",
     ],
 )
 def test_pure_modules_are_stdlib_only(module: str) -> None:

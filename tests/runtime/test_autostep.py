@@ -1,4 +1,4 @@
-"""``probes.watch(model, optimizer)`` alone measures a loop (``probes.runtime.autostep``):
+"""``probes.watch(model, optimizer)`` alone measures a loop (``probes.runtime.steps.autostep``):
 steps end at each ``optimizer.step()``, the loss is what ``backward()`` ran from; the
 records are those the explicit step API gives on the same loop."""
 

@@ -4,7 +4,7 @@ user's.
 Dynamo traces a forward hook like the rest of the forward: a hook of the probe there
 would break the graph (other kernels: other bits, other dropout masks) or replay stale
 state, and adding one recompiles. So the probe hooks no module inside a compiled
-region (``probes.runtime.hooks``), takes what it needs of the whole model where the
+region (``probes.runtime.patches.hooks``), takes what it needs of the whole model where the
 compiled model is entered, and its hooks step aside where they are traced anyway. A
 compiled run watched is the same run, bit for bit (issue 20 item 3); the modules that
 run eagerly are measured afresh on every sampled step.
@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import probes
-from probes.runtime.first_forward import COMPILE_WARNING
-from probes.runtime.hooks import compiled_modules, entry_pre_hook, unwrap
+from probes.runtime.patches.hooks import compiled_modules, entry_pre_hook, unwrap
+from probes.runtime.steps.first_forward import COMPILE_WARNING
 from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 from tests.compiled_gpt import Trained, compile_in_place, compile_wrapped, train_compiled
 

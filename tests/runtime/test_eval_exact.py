@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from probes.kernel.diagnosis import Diagnoser, RunInfo
-from probes.runtime.evaluation import EvalScope, count_mode_sensitive, is_mode_sensitive
+from probes.runtime.evaluation.evaluation import EvalScope, count_mode_sensitive, is_mode_sensitive
 
 LAYERS = ["lstm", "head"]
 

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from probes.kernel.replay import ReplayHistory
-from probes.runtime import autoeval
-from probes.runtime.autoeval import series_names
+from probes.runtime.evaluation import autoeval
+from probes.runtime.evaluation.autoeval import series_names
 from tests.collector import FrameCollector, wait_for_bye
 from tests.e2e.test_run import _FLOAT, ROOT, SCRIPTS
 from tests.recorded import replay

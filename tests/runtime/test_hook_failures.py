@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import probes
-from probes.runtime import structure
+from probes.runtime.live_checks import structure
 
 
 def boom(self: structure.UpdateCheck) -> None:

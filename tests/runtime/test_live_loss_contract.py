@@ -30,8 +30,10 @@ from torch import nn
 
 import probes
 from probes.checks.loss_contract import LIVE_FUNCTIONS, live_contract
-from probes.runtime import autoeval, loss_contract_live, seams
-from probes.runtime.patches import REGISTRY, Layer
+from probes.runtime.evaluation import autoeval
+from probes.runtime.live_checks import loss_contract_live
+from probes.runtime.patches import seams
+from probes.runtime.patches.patches import REGISTRY, Layer
 from tests.collector import (
     Frame,
     FrameCollector,

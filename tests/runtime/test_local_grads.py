@@ -15,7 +15,7 @@ from torch import nn
 from probes.kernel.diagnosis import Severity
 from probes.kernel.diagnosis.ranks import JobChecks
 from probes.kernel.diagnosis.views import StepView
-from probes.runtime.local_grads import LocalGradients
+from probes.runtime.measure.local_grads import LocalGradients
 from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 from tests.runtime.test_loop_shapes import free_port, loss_of, mlp
 

@@ -16,8 +16,8 @@ from torch import nn
 
 from probes.kernel.diagnosis.precision import LowPrecisionStall
 from probes.kernel.diagnosis.thresholds import Thresholds
-from probes.runtime.dtype_stall import DtypeStall
-from probes.runtime.layers import map_layers
+from probes.runtime.measure.dtype_stall import DtypeStall
+from probes.runtime.measure.layers import map_layers
 from tests.collector import (
     FrameCollector,
     diagnose,
@@ -228,7 +228,7 @@ def test_counts_on_their_way_from_a_device_are_judged_once_landed(
 ) -> None:
     """On CUDA the counts travel to pinned memory with an event: judged at the first
     step whose end finds it done (``poll``), never waited for."""
-    import probes.runtime.dtype_stall as dtype_stall
+    import probes.runtime.measure.dtype_stall as dtype_stall
 
     class Event:
         done = False

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import probes
-from probes.runtime import module_hooks
+from probes.runtime.patches import module_hooks
 
 
 def _model() -> nn.Module:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probes.runtime.optimizers import OptimizerSet, optimizer_of
+from probes.runtime.optimizers.optimizers import OptimizerSet, optimizer_of
 from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 
 

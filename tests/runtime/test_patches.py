@@ -1,4 +1,4 @@
-"""The one registry of process-global patches (probes/runtime/patches.py, seams.py).
+"""The one registry of process-global patches (probes/runtime/patches/patches.py, seams.py).
 
 Each seam is installed once, chained in a fixed order whatever order its layers came
 in, and restored to the very object that was there before when its last layer goes;
@@ -18,8 +18,8 @@ from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 
 import probes
-from probes.runtime import seams
-from probes.runtime.patches import REGISTRY, HookSeam, Layer, PatchRegistry, Seam
+from probes.runtime.patches import seams
+from probes.runtime.patches.patches import REGISTRY, HookSeam, Layer, PatchRegistry, Seam
 
 #: Every attribute seam the runtime declares, with the object there before any probe
 #: opened (this module is imported before any test opens one).

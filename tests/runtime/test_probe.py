@@ -11,8 +11,8 @@ from torch import nn
 
 import probes
 from probes.kernel.wire import resolve_address
-from probes.runtime.optimizer_hooks import OptimizerHooks
-from probes.runtime.sender import Sender
+from probes.runtime.link.sender import Sender
+from probes.runtime.optimizers.optimizer_hooks import OptimizerHooks
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 from tests.waiting import wait_until
 
@@ -748,7 +748,7 @@ def test_an_eval_reaches_the_monitor_after_the_step_it_belongs_to(
 def test_a_logged_tensor_is_kept_off_the_graph_and_a_detached_one_as_it_is() -> None:
     """``log`` keeps no autograd graph alive until the step is sent; a tensor that
     records none (a framework's loss, detached already) is not copied again."""
-    from probes.runtime.scalars import ScalarFiler
+    from probes.runtime.measure.scalars import ScalarFiler
 
     tensors: dict[str, torch.Tensor] = {}
     floats: dict[str, float] = {}

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from probes.kernel.thinning import ESCALATION, Member, ceiling, plan
-from probes.runtime.host_copy import HostRing
-from probes.runtime.layers import LayerMap, combine_layer_norms, map_layers
-from probes.runtime.stats import Measurement
-from probes.runtime.structure import UpdateCheck
+from probes.runtime.live_checks.structure import UpdateCheck
+from probes.runtime.measure.host_copy import HostRing
+from probes.runtime.measure.layers import LayerMap, combine_layer_norms, map_layers
+from probes.runtime.measure.stats import Measurement
 from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 
 
@@ -281,8 +281,8 @@ def test_our_hooks_inside_forward_and_backward_count_as_the_probes_time(
     reading, so each hook call spends 1 ms."""
     import itertools
 
-    import probes.runtime.clearing as clearing
-    import probes.runtime.sampled as sampled
+    import probes.runtime.measure.sampled as sampled
+    import probes.runtime.optimizers.clearing as clearing
 
     for module in (clearing, sampled):
         ticks = itertools.count()
@@ -311,7 +311,7 @@ def test_a_fused_optimizer_is_not_version_checked_and_its_clearing_still_is(
     """Every param group fused: no ``not_stepped`` list of every layer on every record
     (the counters say nothing there), and the clearing check, which the same hook after
     ``optimizer.step()`` feeds, still sees a forgotten ``zero_grad``."""
-    from probes.runtime.structure import counters_blind
+    from probes.runtime.live_checks.structure import counters_blind
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(2, 4), nn.Linear(4, 1))

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 import probes
-import probes.runtime.measurer
-import probes.runtime.sampled
-import probes.runtime.stats
+import probes.runtime.measure.measurer
+import probes.runtime.measure.sampled
+import probes.runtime.measure.stats
 from probes.kernel.diagnosis import Diagnoser, RunInfo
-from probes.runtime.clip import torch_clip_grad_norm_ as clip_grad_norm_of_torch
+from probes.runtime.optimizers.clip import torch_clip_grad_norm_ as clip_grad_norm_of_torch
 from tests.collector import Frame, FrameCollector, wait_for_bye, watch_unthinned
 
 REL_TOL = 1e-5
@@ -693,10 +693,10 @@ def boom(*args: object, **kwargs: object) -> None:
 
 
 FAILURES = [
-    (probes.runtime.measurer.StepMeasurer, "finish"),
-    (probes.runtime.stats.NormReducer, "norms"),
-    (probes.runtime.sampled.ActivationStats, "attach"),
-    (probes.runtime.sampled.UpdateNorms, "after_step"),
+    (probes.runtime.measure.measurer.StepMeasurer, "finish"),
+    (probes.runtime.measure.stats.NormReducer, "norms"),
+    (probes.runtime.measure.sampled.ActivationStats, "attach"),
+    (probes.runtime.measure.sampled.UpdateNorms, "after_step"),
 ]
 
 
@@ -838,7 +838,7 @@ def test_activation_of_a_sequence_is_counted_on_a_sample_and_its_infinity_anywhe
     records = close_and_collect(probe, collector)
     relu = [name for name, _, _ in hello_of(collector)["activations"]].index("act")
     naive = (seen[0] == 0).double().mean().item()
-    assert probes.runtime.sampled.activation_sample(seen[0]).numel() < seen[0].numel()
+    assert probes.runtime.measure.sampled.activation_sample(seen[0]).numel() < seen[0].numel()
     assert 0.25 <= naive < 0.9
     assert abs(records[0]["activations"][relu] - naive) < 0.02
     assert math.isnan(records[1]["activations"][relu])

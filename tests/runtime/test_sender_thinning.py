@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from probes.kernel.thinning import Thinner
-from probes.runtime.sender import PendingSteps
+from probes.runtime.link.sender import PendingSteps
 
 
 @dataclass

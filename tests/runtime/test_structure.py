@@ -15,8 +15,8 @@ from torch import nn
 
 import probes
 from probes.kernel.diagnosis import Diagnoser, RunInfo
-from probes.runtime.layers import map_layers
-from probes.runtime.structure import watch_time_alerts
+from probes.runtime.live_checks.structure import watch_time_alerts
+from probes.runtime.measure.layers import map_layers
 from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 
 

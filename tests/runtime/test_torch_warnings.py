@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import probes
-from probes.runtime import torch_warnings
-from probes.runtime.torch_warnings import MESSAGE_CHARS, plain, warning_alert
+from probes.runtime.live_checks import torch_warnings
+from probes.runtime.live_checks.torch_warnings import MESSAGE_CHARS, plain, warning_alert
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Gradient accumulation whose micro-batch losses were never divided (issue 29): named
-from the passes themselves (``probes.runtime.undivided``), with no validation loss to
+from the passes themselves (``probes.runtime.measure.undivided``), with no validation loss to
 compare against, and only that: a GAN's two losses summed by two calls, a divided loss,
 an LBFGS closure, a GradScaler's scaled loss and a summed reduction are not it."""
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probes.runtime.patches import REGISTRY
+from probes.runtime.patches.patches import REGISTRY
 from tests.collector import FrameCollector, diagnose, verdicts, wait_for_bye, watch_unthinned
 
 Frame = dict[str, Any]

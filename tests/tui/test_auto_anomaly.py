@@ -12,7 +12,7 @@ from torch import nn
 
 import probes
 from probes.kernel.diagnosis import Diagnoser, RunInfo
-from probes.runtime.auto_anomaly import REARM_AFTER_STEPS, AutoAnomaly
+from probes.runtime.anomaly.auto_anomaly import REARM_AFTER_STEPS, AutoAnomaly
 from tests.collector import FrameCollector
 from tui.state import MonitorState
 
@@ -217,7 +217,7 @@ class SkippedStep:
 def test_gradscalers_skipped_updates_arm_no_check_but_a_non_finite_loss_does() -> None:
     """AMP's GradScaler skips updates with inf gradients while it finds its scale (at
     the start of every run): no check for those; a non-finite loss is never by design."""
-    from probes.runtime.sender import _alarming
+    from probes.runtime.link.sender import _alarming
 
     assert not _alarming(SkippedStep(False, 0.5))  # type: ignore[arg-type]
     assert _alarming(SkippedStep(False, float("inf")))  # type: ignore[arg-type]

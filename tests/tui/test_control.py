@@ -13,7 +13,7 @@ from torch import nn
 import probes
 from probes.kernel.commands import Command
 from probes.kernel.wire import command_signature
-from probes.runtime.control import Control
+from probes.runtime.link.control import Control
 from tests.collector import FrameCollector
 from tests.waiting import wait_until
 from tui.monitor import Monitor

@@ -53,8 +53,8 @@ def frozen_but(last: nn.Module) -> nn.Module:
 
 
 def mostly_frozen_of(model: nn.Module) -> Any:
-    from probes.runtime.layers import map_layers
-    from probes.runtime.structure import watch_time_alerts
+    from probes.runtime.live_checks.structure import watch_time_alerts
+    from probes.runtime.measure.layers import map_layers
 
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     [alert] = [a for a in watch_time_alerts(model, opt, map_layers(model))]

@@ -10,8 +10,13 @@ import torch
 from torch import nn
 
 import probes
-from probes.runtime.layers import ROOT_LAYER_NAME, combine_layer_norms, count_parameters, map_layers
-from probes.runtime.stats import NormReducer, compose_order
+from probes.runtime.measure.layers import (
+    ROOT_LAYER_NAME,
+    combine_layer_norms,
+    count_parameters,
+    map_layers,
+)
+from probes.runtime.measure.stats import NormReducer, compose_order
 from tests.collector import FrameCollector
 
 REL_TOL = 1e-5

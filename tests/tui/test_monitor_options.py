@@ -1,4 +1,4 @@
-"""The monitor's options (``tui.cli.MonitorOptions``): every command that runs a monitor
+"""The monitor's options (``tui.options.MonitorOptions``): every command that runs a monitor
 takes each of them, with the same help, and they reach ``serve`` whole."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import tui.launcher
 import tui.runlog
 import tui.runner
 import tui.serve
-from tui.cli import MONITOR_COMMANDS, MonitorOptions, build_parser, parse, subcommands
+from tui.cli import build_parser, parse, subcommands
+from tui.options import MONITOR_COMMANDS, MonitorOptions
 
 #: The options, from the dataclass: a field with a flag is a command-line option.
 OPTIONS = {f.name: f.metadata["flag"] for f in fields(MonitorOptions) if "flag" in f.metadata}

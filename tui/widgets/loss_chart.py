@@ -18,7 +18,7 @@ from tui.text import plain_line
 TRAIN_COLOR = "cyan"
 VALIDATION_COLOR = "orange"
 #: An evaluation's other losses (a GCN's ``train_loss`` and ``test_loss`` in eval mode,
-#: ``val_loss[1]``: ``probes.runtime.autoeval``), the first two, in these colours.
+#: ``val_loss[1]``: ``probes.runtime.evaluation.autoeval``), the first two, in these colours.
 OTHER_COLORS = ("green", "blue")
 NON_FINITE_COLOR = "red"
 SMOOTHING = 0.9

@@ -79,7 +79,7 @@ class OverfittingSignal(Rule):
     The validation loss is each eval record's (``EvalView.loss``: ``val_loss`` first,
     ``probes.kernel.schema.validation_loss_name``). An evaluation found with no step API
     that computed several splits (a GCN's train, val and test masks) names the one for
-    validation ``val_loss``, else its first (``probes.runtime.autoeval``): the others
+    validation ``val_loss``, else its first (``probes.runtime.evaluation.autoeval``): the others
     (``test_loss``, ``val_loss[1]``) are not read here, and never averaged into it.
 
     Each change is read against the loss's own scale (``RecentPast.loss_scale``): the

@@ -1,7 +1,7 @@
 """Rung 5, the update: updates too small to change the weights.
 
 ``LowPrecisionStall`` (judged in the training process, from what
-``probes.runtime.dtype_stall`` counts on sampled steps): bfloat16/float16 weights the
+``probes.runtime.measure.dtype_stall`` counts on sampled steps): bfloat16/float16 weights the
 optimizer's updates no longer move. An update under half an ulp of the weight in its
 dtype rounds away; per tensor, the share of its elements with a gradient left
 bit-identical says so (``thresholds.stall_unchanged``), whatever the rate.

@@ -41,7 +41,7 @@ class LossReductionMismatch(Rule):
     With no validation to compare against, the training side's own evidence says it:
     ``undivided_passes`` k >= 2 on ``reduction_undivided_updates`` updates in a row
     (each update's gradient the sum of k mean losses' gradients, undivided, from one
-    loop: ``probes.runtime.undivided``), and it holds while they continue."""
+    loop: ``probes.runtime.measure.undivided``), and it holds while they continue."""
 
     kind: str = AlertKind.LOSS_REDUCTION_MISMATCH
 

@@ -2,7 +2,7 @@
 the weights, and by how much; loss spikes (the update path turning unstable).
 
 (The watch-time checks, parameters left out of the optimizer or an optimizer built for
-another model, run in the training process: ``probes.runtime.structure``.)
+another model, run in the training process: ``probes.runtime.live_checks.structure``.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class GradNotCleared(Rule):
     """Gradients accumulate across updates because zero_grad was not called: the first
     backward pass after an update (``optimizer.step()``, a closure call, or the end of
     a step with no optimizer) found the gradient that update used, untouched, and added
-    to it (``probes.runtime.clearing``). Accumulating micro-batches between updates is
+    to it (``probes.runtime.optimizers.clearing``). Accumulating micro-batches between updates is
     not this: only a pass after an update is checked, whatever the loop's shape."""
 
     kind: str = AlertKind.GRAD_NOT_CLEARED

@@ -1,7 +1,7 @@
 """The frames a probe sends, typed, and what their fields mean (stdlib only).
 
-The probe writes these records (``probes.runtime.stats``, ``probes.runtime.hello``,
-``probes.runtime.control``, ``probes.runtime.anomaly``) and the monitor reads them
+The probe writes these records (``probes.runtime.measure.stats``, ``probes.runtime.link.hello``,
+``probes.runtime.link.control``, ``probes.runtime.anomaly.anomaly``) and the monitor reads them
 (``probes.kernel.schema.views``). Each field is declared once in the record spec
 (``probes.kernel.schema.spec``: its type, shape and merge); these typed dictionaries are
 the types mypy checks every use of, and ``tests/kernel/test_spec.py`` holds them to the spec. A
@@ -9,7 +9,7 @@ choice such as "which eval scalar is the validation loss" is made here once too.
 
 Every frame also carries ``v`` (the protocol version) and ``kind``, set by
 ``probes.kernel.wire.make_frame``, and ``run`` (the run's id), ``seq`` and, on a step,
-``dropped``, added by the sender (``probes.runtime.sender``). The fields of a ``...Fields``
+``dropped``, added by the sender (``probes.runtime.link.sender``). The fields of a ``...Fields``
 base are always there; those of the class built on it (``total=False``) may be absent.
 """
 

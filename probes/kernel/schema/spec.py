@@ -5,7 +5,7 @@ step record, how it merges when a fast run's steps are thinned into one record. 
 used to repeat the field names is derived from here: the monitor's field checks
 (``checks``), the views' parsing (``views``), the thinning merge and the replay
 history's (``probes.kernel.thinning``), and the per-layer floats the sender shortens
-(``probes.runtime.sender``). The typed dictionaries of ``records`` stay the types mypy
+(``probes.runtime.link.sender``). The typed dictionaries of ``records`` stay the types mypy
 sees; a test holds them to this spec.
 
 Adding a per-layer step field is one line in ``STEP_FIELDS`` (say how it merges), plus

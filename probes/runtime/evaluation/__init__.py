@@ -1,0 +1,1 @@
+"""Evaluations, declared (``probe.evaluate()``) or found in a loop with no step API."""
