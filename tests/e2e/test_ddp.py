@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.collector import LiveMonitor
+from tests.collector import LiveMonitor, verdicts
 
 JOB_TIMEOUT_S = 90
 
@@ -85,7 +85,7 @@ def test_pause_stops_every_rank_at_one_step_and_resume_goes_on(monitor: LiveMoni
     status, output = finish(job)  # a collective left waiting would time out in 30 s
     assert status == 0, output
     assert monitor.wait_for(lambda: rank0.last_step == rank1.last_step == 199)
-    assert monitor.raised() == []  # a healthy job
+    assert verdicts(monitor.raised()) == []  # a healthy job
 
 
 def test_a_bad_shard_is_pinned_to_its_rank_and_a_dead_rank_stalls_the_job(
@@ -105,7 +105,7 @@ def test_a_bad_shard_is_pinned_to_its_rank_and_a_dead_rank_stalls_the_job(
     assert monitor.wait_for(
         lambda: not any(r.connected for r in monitor.monitor.state.runs.values())
     )
-    raised = monitor.raised()
+    raised = verdicts(monitor.raised())
     kinds = [alert.kind for alert in raised]
     assert kinds == ["rank_outlier", "rank_stalled"], [a.line() for a in raised]
     outlier, stalled = raised
