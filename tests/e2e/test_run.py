@@ -108,9 +108,11 @@ def steps(frames: list[Frame]) -> list[int]:
     ("script", "kwargs", "count"),
     [
         ("plain", {"clear": True}, 24),
-        ("amp_accumulation", {}, 8),
-        ("lbfgs", {}, 6),
-        ("hand_sgd", {"clear": True}, 20),
+        # (-m slow: a traintop run child each; tests/runtime/test_loop_shapes.py has
+        # these shapes in the test process by default)
+        pytest.param("amp_accumulation", {}, 8, marks=pytest.mark.slow),
+        pytest.param("lbfgs", {}, 6, marks=pytest.mark.slow),
+        pytest.param("hand_sgd", {"clear": True}, 20, marks=pytest.mark.slow),
     ],
 )
 def test_a_healthy_script_is_watched_unchanged_and_raises_nothing(
@@ -126,7 +128,7 @@ def test_a_healthy_script_is_watched_unchanged_and_raises_nothing(
     assert kinds(frames) == set()
 
 
-@pytest.mark.parametrize("script", ["plain", "hand_sgd"])
+@pytest.mark.parametrize("script", ["plain", pytest.param("hand_sgd", marks=pytest.mark.slow)])
 def test_a_missing_zero_grad_is_named(tmp_path: Any, script: str) -> None:
     done, frames = traintop_run(tmp_path, script, "--no-zero-grad")
     assert done.returncode == 0, done.stderr
