@@ -87,15 +87,25 @@ def test_near_miss_samples_judged_by_a_loss_are_an_evaluation_in_train_mode(
 
 @pytest.mark.slow  # a traintop run child (~5 to 10 s); the watch() tests cover it by default
 def test_the_dcgan_tutorial_under_traintop_run_raises_nothing(tmp_path: Any) -> None:
+    """400 iterations, past the loss rules' 200-step windows: G and D, two runs, know
+    they play a game (``tests/runtime/test_gan_players.py``) and sampling is no eval."""
     log = os.path.join(tmp_path, "dcgan.ndjson")
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "tui.cli", "run", "--headless", "--record", log]
     done = subprocess.run(
-        [*command, sys.executable, SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [*command, sys.executable, SCRIPT, "--iterations", "400"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     bare = subprocess.run(
-        [sys.executable, SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, SCRIPT, "--iterations", "400"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     [result] = [line for line in bare.stdout.splitlines() if line.startswith("result ")]
     assert result in done.stdout  # the run's own numbers, untouched

@@ -155,7 +155,8 @@ STEP_FIELDS = (
     _F("undivided_passes", _T.INT, "an update's accumulated backward passes, each on a mean "
        "loss as returned (not divided), from one line", merge=Merge.MAX, default=0),
     _F("discarded_grads", _T.FLAG, "a gradient cleared unused after passes landed on it "
-       "(another player's loss: a game)", merge=Merge.MAX, checked=False, default=False),
+       "(another player's loss: a game), or this model's loss made one in another watched "
+       "model (its partner)", merge=Merge.MAX, checked=False, default=False),
     _F("loss_reduction", _T.TEXT, "the loss's reduction, read from its autograd nodes "
        "(first steps)", merge=Merge.LAST, checked=False),
     _F("optimizer_state", _T.ANY, "names the optimizer keeps per parameter (sampled steps)",

@@ -330,6 +330,8 @@ class StepMeasurer:
             if self.check_clearing:  # (off: several optimizers check their own)
                 step.not_cleared = uncleared
             step.layer_values["backward_passes"] = passes
+            if self.clearing.discarded or self.clearing.in_game:
+                step.layer_values["discarded_grads"] = True  # (a game: a GAN's players)
             if undivided:
                 step.layer_values["undivided_passes"] = undivided
             if self.undivided.reduction is not None and step.step < 50:

@@ -79,6 +79,13 @@ class ClearingWatch:
         self._note_versions: list[int | None] = []
         self._note_passes: list[int | None] = []
         self.passes = 0  # backward passes into the anchor's gradient since it was cleared
+        # Passes after an update were cleared before any update used them: another
+        # player's loss went through this model (a GAN's D under G's loss). Once seen,
+        # the run is a game (``discarded_grads``), as ``OptimizerClearing`` says it.
+        self.discarded = False
+        # ... or this model's loss made such a gradient in another watched model (the
+        # other player: a GAN's G, told by D's probe): the run is a game too.
+        self.in_game = False
         # Seconds in its hooks (inside the user's backward, where the step's boundary
         # does not see them): the probe's own time too, drained by the measurer.
         self.spent = 0.0
@@ -129,6 +136,7 @@ class ClearingWatch:
                 # them: a GAN's generator backward through the discriminator, whose
                 # gradient the discriminator's next zero_grad() throws away. Healthy.
                 self._uncleared = False
+                self.discarded = True
             self.passes += 1
         except Exception as exc:  # never into the user's backward
             self._on_error(exc)

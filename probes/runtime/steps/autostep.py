@@ -78,10 +78,20 @@ class Boundary(Protocol):
     def send_now(self, record: Any) -> None: ...
 
 
+class Clearing(Protocol):
+    """What inference reads and tells of the clearing watch: a game (a GAN's players)."""
+
+    discarded: bool  # this model's gradient was thrown away unused
+    in_game: bool  # ... or another's, that this model's loss made
+
+
 class CurrentStep(Protocol):
     """What inference reads of the measurer: the step being measured, if any."""
 
     current: Measurement | None
+
+    @property
+    def clearing(self) -> Clearing: ...
 
     def read_grads(self, step: Measurement) -> None: ...
 
@@ -123,6 +133,11 @@ class InferredSteps:
         self._loss: torch.Tensor | None = None
         self._loss_fixed = False  # a closure's loss: the backwards add nothing to it
         self.backward_seen = False  # a backward of ours in the step under way
+        self.reached = False  # the latest backward reached this probe's parameters
+        # Other probes a backward since this one's last update also reached (a GAN's G
+        # loss through D): if this one's gradient from it is then thrown away, they
+        # play a game with it (``_tell_players``).
+        self._sharers: dict[int, weakref.ref[InferredSteps]] = {}
         firsts: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(layers.param_layer):
             firsts.setdefault(layer, layers.params[index])
@@ -245,6 +260,7 @@ class InferredSteps:
         self._mark = (grad, -1 if grad is None else grad._version)
 
     def after_backward(self, tensors: Any) -> None:
+        self.reached = False
         boundary = self._boundary
         if not self.implicit or not boundary.in_step or boundary.disabled:
             return
@@ -253,6 +269,7 @@ class InferredSteps:
         mark = self._mark
         if grad is None or (mark is not None and mark[0] is grad and mark[1] == grad._version):
             return  # this backward did not reach our parameters
+        self.reached = True
         self.backward_seen = True
         if not self._loss_fixed and isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
             loss = amp.unscaled(tensors).detach()
@@ -268,11 +285,30 @@ class InferredSteps:
                 grad._version,
             )
 
+    def shared(self, others: list[InferredSteps]) -> None:
+        """The latest backward reached these probes' parameters too."""
+        for other in others:
+            self._sharers.setdefault(id(other), weakref.ref(other))
+
+    def _tell_players(self) -> None:
+        """At an update: if a gradient of this probe's was thrown away unused (another
+        loss's passes, cleared before any update used them: ``ClearingWatch.discarded``),
+        the probes whose backwards reached it since the last update are players of the
+        same game (a GAN's G, whose loss goes through D): they say so too."""
+        sharers, self._sharers = self._sharers, {}
+        if not self._measurer.clearing.discarded:
+            return
+        for ref in sharers.values():
+            other = ref()
+            if other is not None:
+                other._measurer.clearing.in_game = True
+
     def after_optimizer_step(self, optimizer: Any) -> None:
         if not self.implicit or id(optimizer) not in self._optimizer_ids:
             return
         if not self._boundary.in_step or self._boundary.disabled:
             return
+        self._tell_players()
         self._stepped.add(id(optimizer))
         if len(self._stepped) == len(self._optimizer_ids):
             self._end(begin_next=True)
@@ -400,6 +436,10 @@ def _backward(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     result = proceed(*args, **kwargs)
     for watcher in watchers:
         _safely(watcher, watcher.after_backward, tensors)
+    if len(watchers) > 1:
+        reached = [w for w in watchers if w.reached]
+        for watcher in reached if len(reached) > 1 else ():
+            _safely(watcher, watcher.shared, [w for w in reached if w is not watcher])
     return result
 
 
