@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -353,10 +354,15 @@ def details(chosen: list[Recipe], results: dict[str, dict[str, Measured]]) -> st
 
 def write_results(text: str, command: str, seconds: float) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent, capture_output=True, text=True
+    ).stdout.strip()
     head = [
-        "# Healthy recipes: false alarms (issue 29, item 1)",
+        "# Healthy recipes: false alarms",
         "",
-        f"`{command}`, torch {torch.__version__}, {os.cpu_count()} CPUs, {seconds:.0f} s in all.",
+        f"`{command}` at {commit or 'an unknown commit'}, torch {torch.__version__}, "
+        f"{os.cpu_count()} CPUs, {seconds:.0f} s in all.",
+        "",
         "",
     ]
     RESULTS.write_text("\n".join(head) + text + "\n")
