@@ -9,7 +9,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
-from probes.kernel.diagnosis.alert import Severity
+from probes.kernel.diagnosis.alert import Alert, Severity
 from probes.kernel.diagnosis.rule import Findings, Rule, first_failing, ordered_range
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import RecentPast, StepView
@@ -226,13 +226,32 @@ class ExplodingGradient(Rule):
         judged = undecided and self._own_scale is False  # held to the bound from now
         if judged:
             self._held_since_start()
+        oldest = view.first - self.t.exploding_window
+        while self._recent and self._recent[0][0] < oldest:
+            self._recent.popleft()
+        self._cross_layers(history, view)
+        if judged:  # (even those back below the floor now: over it since the start)
+            self._held_since_start()
+            self._start_over = []
+        if self._has_baseline(view.first):
+            self._note_levels(view.first)
+        self._recent.append((view.step, view.peak_grads, view.grad_norms))
+        total = view.peak_total
+        total_growth = 1.0
+        if total is not None and math.isfinite(total):
+            total_growth = self._growth(self._total, total, view.first)
+            self._total.append((view.step, total))
+        if self._crossed:
+            return [self._layers_alert(history, view, total)]
+        return self._total_alert(history, view, total, total_growth)
+
+    def _cross_layers(self, history: RecentPast, view: StepView) -> None:
+        """Each layer's crossing: over the bound, or grown past ``exploding_growth``
+        (under a clip, growth that held), noted in ``_crossed`` with its first step."""
         start = self._start
         # Growth matters only above its floor (and the bound alone above that): most
         # norms are below both, and need no look at the window.
         floor = min(self.t.exploding_growth_floor, self.t.exploding_norm)
-        oldest = view.first - self.t.exploding_window
-        while self._recent and self._recent[0][0] < oldest:
-            self._recent.popleft()
         peaks = view.peak_grads
         high = [
             i
@@ -267,37 +286,32 @@ class ExplodingGradient(Rule):
                 since = self._grew.setdefault(i, (view.first, peak, growth))
                 if peak >= since[1] and self._held_under_clip(since[0], history, view):
                     self._crossed[i] = self._grew.pop(i)
-        if judged:  # (even those back below the floor now: over it since the start)
-            self._held_since_start()
-            self._start_over = []
-        if self._has_baseline(view.first):
-            self._note_levels(view.first)
-        self._recent.append((view.step, peaks, view.grad_norms))
-        total = view.peak_total
-        total_growth = 1.0
-        if total is not None and math.isfinite(total):
-            total_growth = self._growth(self._total, total, view.first)
-            self._total.append((view.step, total))
-        if self._crossed:
-            order = first_failing({i: crossed[0] for i, crossed in self._crossed.items()})
-            step, norm, growth = self._crossed[order[0]]
-            names = [history.info.layer(i) for i in order]
-            return [
-                self.alert(
-                    view.step,
-                    names[0],
-                    {
-                        "grad_norm": norm,
-                        "growth": growth,
-                        "since_step": step,
-                        "grad_norm_total": total if total is not None else math.nan,
-                        "layers_over": len(order),
-                        **_range(names, history.info.layers),
-                        **self._scale_evidence(),
-                    },
-                    layers=names,
-                )
-            ]
+
+    def _layers_alert(self, history: RecentPast, view: StepView, total: float | None) -> Alert:
+        """The alert for the crossed layers, named from the first that crossed."""
+        order = first_failing({i: crossed[0] for i, crossed in self._crossed.items()})
+        step, norm, growth = self._crossed[order[0]]
+        names = [history.info.layer(i) for i in order]
+        return self.alert(
+            view.step,
+            names[0],
+            {
+                "grad_norm": norm,
+                "growth": growth,
+                "since_step": step,
+                "grad_norm_total": total if total is not None else math.nan,
+                "layers_over": len(order),
+                **_range(names, history.info.layers),
+                **self._scale_evidence(),
+            },
+            layers=names,
+        )
+
+    def _total_alert(
+        self, history: RecentPast, view: StepView, total: float | None, total_growth: float
+    ) -> Findings:
+        """The total norm crossed before any one layer did (it is the largest of them):
+        the alert names the layer that carries it, as a faster run's peaks name it."""
         total_bound = self._bound(self._start_total)
         total_over = (
             total is not None
@@ -312,25 +326,23 @@ class ExplodingGradient(Rule):
             total_over = total >= since_total and self._held_under_clip(since_step, history, view)
         elif not total_over:
             self._total_grew = None
-        if total_over and total is not None:
-            # The total crossed before any one layer did (it is the largest of them): the
-            # layer that carries it is named, as a faster run's peaks name it.
-            carrier = _largest(peaks)
-            subject = "total" if carrier is None else history.info.layer(carrier)
-            return [
-                self.alert(
-                    view.step,
-                    subject,
-                    {
-                        "grad_norm_total": total,
-                        "growth": total_growth,
-                        "crossed": "the total norm",
-                        **self._scale_evidence(),
-                    },
-                    layers=() if carrier is None else (subject,),
-                )
-            ]
-        return []
+        if not total_over or total is None:
+            return []
+        carrier = _largest(view.peak_grads)
+        subject = "total" if carrier is None else history.info.layer(carrier)
+        return [
+            self.alert(
+                view.step,
+                subject,
+                {
+                    "grad_norm_total": total,
+                    "growth": total_growth,
+                    "crossed": "the total norm",
+                    **self._scale_evidence(),
+                },
+                layers=() if carrier is None else (subject,),
+            )
+        ]
 
     def _scale_evidence(self) -> dict[str, float]:
         """For a run above the bound from its first record: that record's total."""

@@ -155,24 +155,27 @@ class UpdatesNotApplied(Rule):
                 reached[i] = since
         if not reached:
             return [] if news else None
+        return [self._alert(history, view, reached)]
+
+    def _alert(self, history: RecentPast, view: StepView, reached: dict[int, int]) -> Alert:
+        """The alert for the layers whose streak reached its length (``reached``: each
+        one's first step), named from the first that failed."""
         order = first_failing(reached)
         first = order[0]
         names = [history.info.layer(i) for i in order]
         step = reached_at(reached[first], self.t.not_applied_steps, view)
         assert step is not None
-        return [
-            self.alert(
-                step,
-                names[0],
-                {
-                    "grad_norm": view.peak_grads[first],
-                    "evidence": self._why[first],
-                    "steps": view.step - reached[first] + 1,
-                    **spread(ordered_range(names, history.info.layers)),
-                },
-                layers=names,
-            )
-        ]
+        return self.alert(
+            step,
+            names[0],
+            {
+                "grad_norm": view.peak_grads[first],
+                "evidence": self._why[first],
+                "steps": view.step - reached[first] + 1,
+                **spread(ordered_range(names, history.info.layers)),
+            },
+            layers=names,
+        )
 
     def _all_touched(self, view: StepView) -> Findings:
         """The common step, every layer updated (version counters) and no sampled

@@ -136,26 +136,29 @@ class UpdateRatio(Rule):
                 found[i] = ratio  # type: ignore[assignment]
         if not found:
             return []
+        return [self._outside_band(history, found, high)]
+
+    def _outside_band(self, history: RecentPast, found: dict[int, float], high: float) -> Alert:
+        """The alert for the layers whose ratio stayed outside the band (``found``: each
+        one's ratio now), on the first failing layer's side."""
         order = first_failing({i: self._since[i] for i in found})
         first = order[0]
         # one side per alert: the first failing layer's (its side is the evidence's)
         order = [i for i in order if self._side[i] == self._side[first]]
         names = [history.info.layer(i) for i in order]
         # held from its first sample on: judged at the step that makes update_steps
-        return [
-            self.alert(
-                self._since[first] + self.t.update_steps,
-                names[0],
-                {
-                    "update_ratio": found[first],
-                    "side": self._side[first],
-                    "samples": self._samples[first],
-                    "band": f"{self.t.update_low:g}..{high:g}",
-                    **spread(ordered_range(names, history.info.layers)),
-                },
-                layers=names,
-            )
-        ]
+        return self.alert(
+            self._since[first] + self.t.update_steps,
+            names[0],
+            {
+                "update_ratio": found[first],
+                "side": self._side[first],
+                "samples": self._samples[first],
+                "band": f"{self.t.update_low:g}..{high:g}",
+                **spread(ordered_range(names, history.info.layers)),
+            },
+            layers=names,
+        )
 
     def _far_too_high(
         self,
