@@ -27,6 +27,7 @@ from probes.kernel.diagnosis.manual import (
     severity_of,
 )
 from probes.kernel.diagnosis.ranks import _SEVERITY as JOB_SEVERITY
+from probes.kernel.diagnosis.vocabulary import Evidence
 from tui.headless import alert_line
 from tui.screens.alert_detail import manual_text, signal_text
 
@@ -136,6 +137,10 @@ SOURCES = {
 SHARED = [ROOT / "probes/kernel/diagnosis/rule.py", ROOT / "probes/checks/reports.py"]
 
 
+#: The evidence keys control flow reads, by value: their names in ``Evidence``.
+DECIDING = {key.value: key.name for key in Evidence}
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=str)
 def test_every_evidence_key_is_written_by_the_code_that_raises_the_kind(
     kind: AlertKind,
@@ -144,7 +149,8 @@ def test_every_evidence_key_is_written_by_the_code_that_raises_the_kind(
     ``f"{name}_rows"``) or a keyword (``rows_read=``), in a module that names the kind
     (``AlertKind.X`` or ``K.X``) or in the shared helpers. A textual check, so it cannot
     tell which of a module's alerts a key goes to; it does catch a key renamed or
-    dropped in the code and still documented here."""
+    dropped in the code and still documented here. A key that decides (``Evidence``)
+    may be written by its name in that vocabulary."""
     name = re.compile(rf"\.{kind.name}\b")
     modules = [path for path, text in SOURCES.items() if name.search(text)]
     assert modules, f"no module raises {kind}"
@@ -152,6 +158,8 @@ def test_every_evidence_key_is_written_by_the_code_that_raises_the_kind(
     for key, _ in ENTRIES[kind].evidence:
         pattern = key_pattern(key).replace(r"[A-Za-z0-9_]+", r"\{[^{}]+\}")
         written = re.search(rf"[\"']{pattern}[\"']|\b{pattern}=", text)
+        if key in DECIDING:  # (a key control flow reads is written by its name)
+            written = written or re.search(rf"\bEvidence\.{DECIDING[key]}\b", text)
         shown = [str(path.relative_to(ROOT)) for path in modules]
         assert written, f"{kind}: evidence key {key} is written by none of {shown}"
 

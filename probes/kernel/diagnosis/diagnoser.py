@@ -47,7 +47,7 @@ from probes.kernel.diagnosis.update import (
 from probes.kernel.diagnosis.update_ratio import UpdateRatio
 from probes.kernel.diagnosis.values import NonFinite
 from probes.kernel.diagnosis.views import EvalView, RecentPast, RunInfo, StepView
-from probes.kernel.diagnosis.vocabulary import AlertKind
+from probes.kernel.diagnosis.vocabulary import AlertKind, Evidence
 
 Record = Mapping[str, Any]
 
@@ -423,7 +423,7 @@ class Diagnoser:
         A finding on the other side of a band (update ratios now low, where the alert
         said high) is not the incident's: its layers are not added."""
         active = self.active[key]
-        if alert.evidence.get("side") != active.evidence.get("side"):
+        if alert.evidence.get(Evidence.SIDE) != active.evidence.get(Evidence.SIDE):
             return
         grown = tuple(dict.fromkeys((*active.layers, *alert.layers)))
         if grown != active.layers:

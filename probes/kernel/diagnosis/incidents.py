@@ -18,6 +18,7 @@ from functools import cache
 from probes.kernel.diagnosis.alert import Alert
 from probes.kernel.diagnosis.catalog import CHECK_RUNGS, ENTRIES
 from probes.kernel.diagnosis.vocabulary import AlertKind as K
+from probes.kernel.diagnosis.vocabulary import Evidence, RankSubject
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ REPLICA_EXPLAINS: dict[str, tuple[Fold, ...]] = {
 def replica_cause(incident: Alert, causes: Mapping[str, Alert]) -> Alert | None:
     """The cause among rank 0's (``causes``, by kind) that explains a job's ``incident``
     (``REPLICA_EXPLAINS``), no milder than it (folding never lowers ``--fail-on``)."""
-    if incident.subject == "inputs":
+    if incident.subject == RankSubject.INPUTS:
         return None
     cause = cause_for(incident, causes, REPLICA_EXPLAINS)
     if cause is None or cause.severity.order < incident.severity.order:
@@ -221,7 +222,7 @@ def waits_for_cause(alert: Alert) -> bool:
     """Does ``alert`` wait ``consequence_grace_steps`` for a cause? Not update ratios far
     too high: seen on the first sampled step, there is nothing before them to wait for,
     and what follows (the explosion, the divergence) is theirs."""
-    return alert.kind in WAIT_FOR_CAUSE and "far_too_high" not in alert.evidence
+    return alert.kind in WAIT_FOR_CAUSE and Evidence.FAR_TOO_HIGH not in alert.evidence
 
 
 @cache
@@ -245,9 +246,9 @@ def cause_for(
         cause = causes.get(fold.cause)
         if cause is None:
             continue
-        if fold.side and alert.evidence.get("side") != fold.side:
+        if fold.side and alert.evidence.get(Evidence.SIDE) != fold.side:
             continue
-        if fold.cause_side and cause.evidence.get("side") != fold.cause_side:
+        if fold.cause_side and cause.evidence.get(Evidence.SIDE) != fold.cause_side:
             continue
         if fold.overlap and not set(alert.layers) & set(cause.layers):
             continue

@@ -39,7 +39,7 @@ from probes.kernel.diagnosis.alert import Alert, Severity
 from probes.kernel.diagnosis.catalog import entry
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import StepView
-from probes.kernel.diagnosis.vocabulary import AlertKind
+from probes.kernel.diagnosis.vocabulary import AlertKind, RankSubject
 from probes.kernel.schema.floats import Float32List
 
 # Shown steps remembered per job for comparison: the ranks' records of one step arrive
@@ -211,14 +211,15 @@ class JobChecks:
         """The rank whose inputs' scale stands ``rank_input_factor`` apart from the
         others' at this step (a sampled step every rank shows)."""
         scales = {r: p.input_rms for r, p in peers.items() if p.input_rms is not None}
-        return self._apart(step, scales, self._input_scales, "inputs", "input_rms")
+        return self._apart(step, scales, self._input_scales, RankSubject.INPUTS, "input_rms")
 
     def _local_grads(self, step: int, peers: Mapping[int, Shown]) -> Alert | None:
         """The rank whose own gradients (before the all-reduce averages them) stand
         ``rank_input_factor`` apart from the others' at this step: a bad batch whose
         inputs look normal (labels of another task, a loss term only one rank adds)."""
         norms = {r: p.local_grad for r, p in peers.items() if p.local_grad is not None}
-        return self._apart(step, norms, self._local_scales, "local_gradients", "local_grad_norm")
+        subject = RankSubject.LOCAL_GRADIENTS
+        return self._apart(step, norms, self._local_scales, subject, "local_grad_norm")
 
     def _apart(
         self,

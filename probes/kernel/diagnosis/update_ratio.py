@@ -20,7 +20,7 @@ from probes.kernel.diagnosis.rule import (
 )
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import RecentPast, StepView, weighted_mean
-from probes.kernel.diagnosis.vocabulary import AlertKind
+from probes.kernel.diagnosis.vocabulary import AlertKind, Evidence
 
 
 class UpdateRatio(Rule):
@@ -152,7 +152,7 @@ class UpdateRatio(Rule):
             names[0],
             {
                 "update_ratio": found[first],
-                "side": self._side[first],
+                Evidence.SIDE: self._side[first],
                 "samples": self._samples[first],
                 "band": f"{self.t.update_low:g}..{high:g}",
                 **spread(ordered_range(names, history.info.layers)),
@@ -185,10 +185,10 @@ class UpdateRatio(Rule):
             names[0],
             {
                 "update_ratio": ratios[first],
-                "side": "high",
+                Evidence.SIDE: "high",
                 "samples": 1,
                 "band": f"{self.t.update_low:g}..{high:g}",
-                "far_too_high": f">={far:g} on {len(over)} of {measured} layers",
+                Evidence.FAR_TOO_HIGH: f">={far:g} on {len(over)} of {measured} layers",
                 **spread(ordered_range(names, history.info.layers)),
             },
             severity=Severity.ERROR,

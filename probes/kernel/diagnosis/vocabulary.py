@@ -190,3 +190,24 @@ class AlertKind(StrEnum):
     def label(self) -> str:
         """As the alerts panel and the headless lines show it: the kind itself."""
         return self.value
+
+
+@unique
+class RankSubject(StrEnum):
+    """What a cross-rank alert of one rank apart from the others is about, where it is
+    not a layer (``rank_outlier``'s subject): the code that folds it reads it."""
+
+    INPUTS = "inputs"  # the rank's inputs' scale (a bad shard): nothing of rank 0 explains it
+    LOCAL_GRADIENTS = "local_gradients"  # its own gradients, before the all-reduce
+
+
+@unique
+class Evidence(StrEnum):
+    """Evidence keys that decide, not only show (every other key is only shown)."""
+
+    # update_ratio's: the first sampled step's updates far too high on most layers (no
+    # grace to wait for a cause: nothing comes before it)
+    FAR_TOO_HIGH = "far_too_high"
+    # update_ratio's side, "high" or "low": a change of side is another incident, and
+    # only a rate too high explains what follows from it
+    SIDE = "side"
