@@ -301,7 +301,12 @@ class InferredSteps:
         for ref in sharers.values():
             other = ref()
             if other is not None:
-                other._measurer.clearing.in_game = True
+                other.plays_a_game()
+
+    def plays_a_game(self) -> None:
+        """Another probe threw away a gradient this probe's loss made: its records say
+        the run is a game from now on (``discarded_grads``)."""
+        self._measurer.clearing.in_game = True
 
     def after_optimizer_step(self, optimizer: Any) -> None:
         if not self.implicit or id(optimizer) not in self._optimizer_ids:
