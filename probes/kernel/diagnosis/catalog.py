@@ -6,7 +6,8 @@ alerts show and an example.
 The rungs are the lesson's layered checklist; root causes are shown in this order:
 
 1. data and split, 2. shapes, values and the loss contract, 3. the tiny-batch test,
-4. the gradient path, 5. the update, 6. evaluation; 7 is the probe itself.
+4. the gradient path, 5. the update, 6. evaluation; 7 is the probe itself and 8 the
+step's time and memory.
 
 ``CATALOG`` holds the kinds the monitor's rules and the probe's own checks during
 training raise with these words (an alert carries ``Entry.signal`` and
@@ -23,6 +24,7 @@ from probes.kernel.diagnosis.catalog_evaluation import EVALUATION_ENTRIES
 from probes.kernel.diagnosis.catalog_gradients import GRADIENT_ENTRIES
 from probes.kernel.diagnosis.catalog_ranks import JOB_ENTRIES
 from probes.kernel.diagnosis.catalog_rates import RATE_ENTRIES
+from probes.kernel.diagnosis.catalog_resources import RESOURCE_ENTRIES
 from probes.kernel.diagnosis.catalog_update import WIRING_ENTRIES
 from probes.kernel.diagnosis.catalog_values import VALUE_ENTRIES
 from probes.kernel.diagnosis.entry import Entry
@@ -50,6 +52,7 @@ CATALOG: dict[AlertKind, Entry] = {
     **RATE_ENTRIES,  # 5: the updates' size (catalog_rates.py)
     **EVALUATION_ENTRIES,  # 6 and 7 (catalog_evaluation.py)
     **JOB_ENTRIES,  # across the ranks of a job (catalog_ranks.py)
+    **RESOURCE_ENTRIES,  # 8: the step's time and memory (catalog_resources.py)
 }
 
 #: Every kind's entry: the catalog's and the training side's checks'.

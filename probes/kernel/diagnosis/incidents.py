@@ -97,6 +97,8 @@ CONSEQUENCES: dict[str, tuple[Fold, ...]] = {
         Fold(K.EXPLODING_GRADIENT, follows=True),
         Fold(K.GRADS_STILL_SCALED, follows=True),  # an update on gradients still scaled
     ),
+    # a graph kept across steps is what the memory grows with
+    K.MEMORY_CREEP: (Fold(K.RETAINED_GRAPH),),
     K.VANISHING_GRADIENT: (
         Fold(K.DEAD_ACTIVATIONS, overlap=True),
         Fold(K.SATURATED_ACTIVATIONS),

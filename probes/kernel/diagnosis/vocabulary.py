@@ -88,6 +88,7 @@ class Rung(IntEnum):
     UPDATE = 5
     EVALUATION = 6
     PROBE = 7
+    RESOURCES = 8
 
     @property
     def label(self) -> str:
@@ -108,6 +109,7 @@ RUNG_LABELS: dict[Rung, str] = {
     Rung.UPDATE: "update",
     Rung.EVALUATION: "evaluation",
     Rung.PROBE: "the probe and the job's ranks",
+    Rung.RESOURCES: "time and memory",
 }
 
 
@@ -185,6 +187,13 @@ class AlertKind(StrEnum):
     CLIP_ALWAYS_ACTIVE = "clip_always_active"
     GRADS_STILL_SCALED = "grads_still_scaled"
     LOSS_REDUCTION_MISMATCH = "loss_reduction_mismatch"
+    # 8. the step's time and memory
+    INPUT_BOUND = "input_bound"
+    MEMORY_CREEP = "memory_creep"
+    RETAINED_GRAPH = "retained_graph"
+    RECOMPILES = "recompiles"
+    STRAGGLER = "straggler"
+    OUT_OF_MEMORY = "out_of_memory"
 
     @property
     def label(self) -> str:

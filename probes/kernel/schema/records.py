@@ -57,6 +57,7 @@ class HelloRecord(_HelloRecordRequired, total=False):
     """The first frame of a connection: the run, its place in its job, its model."""
 
     state: ControlStateFields  # the control state when it (re)connects
+    memory_source: str  # "cuda" (allocator bytes) or "rss" (resident bytes): a step's memory
     # tied weights: a layer's name -> the other modules (names) sharing one of its
     # parameters, which have no row of their own for it (absent: none)
     tied: dict[str, Any]
@@ -109,12 +110,28 @@ class StepRecord(_StepRecordRequired, total=False):
     clip_steps: int  # steps that clipped (1 for a step record; summed over a span)
     clip_active_steps: int  # ... whose unclipped total norm was above max_norm
     grads_scaled: float  # a GradScaler's loss scale still in the gradients clipped or read
+    # where the step's time went (seconds, summed over a span) and its memory (bytes)
+    cycle: float  # from the last record's end to this one's, the data wait included
+    data_time: float  # waiting for the batch (the last update to the first forward)
+    forward_time: float  # forwards and the loss, up to backward
+    backward_time: float
+    optimizer_time: float
+    samples: int  # the forwards' inputs' leading dimension, summed
+    memory: float  # CUDA allocated, else resident bytes, at the step's end
+    memory_reserved: float  # CUDA: the allocator's reserved bytes
+    memory_peak: float  # CUDA: the allocator's peak so far
+    retained_graphs: int  # earlier steps' loss or output still in a live graph (sampled)
+    retained_origin: str  # ... the oldest of them
+    compiles: int  # torch.compile's graphs so far
     # a thinned record (``probes.kernel.thinning``): the steps it stands for, and their peaks
     span: list[int]  # [first, last]
     grad_norms_max: list[float | None]
     grad_norm_total_max: float | None
     scalars_max: dict[str, float]
     scalars_min: dict[str, float]
+    memory_max: float
+    memory_min: float
+    memory_reserved_max: float
     first_non_finite_step: int
 
 

@@ -166,6 +166,30 @@ STEP_FIELDS = (
        default=0),
     _F("grads_scaled", _T.NUMBER, "a GradScaler's scale still in the grads when clipped or read",
        merge=Merge.MAX),
+    # where the step's time went (``probes.runtime.measure.phases``): seconds, summed over a
+    # thinned record's span; the phases and the probe's time add up to ``cycle`` at most
+    _F("cycle", _T.NUMBER, "seconds from the last record's end to this one's: the step as "
+       "the run pays for it, its wait for data included", merge=SUM),
+    _F("data_time", _T.NUMBER, "... waiting for the batch: from the last update (or step) "
+       "to the first forward", merge=SUM),
+    _F("forward_time", _T.NUMBER, "... in the model's forwards and the loss, up to backward",
+       merge=SUM),
+    _F("backward_time", _T.NUMBER, "... in backward", merge=SUM),
+    _F("optimizer_time", _T.NUMBER, "... in optimizer.step()", merge=SUM),
+    _F("samples", _T.INT, "samples the step's forwards took (the input's leading dimension), "
+       "when the model is called with a tensor", merge=SUM),
+    # the memory of the step (``probes.runtime.measure.memory``): bytes
+    _F("memory", _T.NUMBER, "bytes in use at the step's end: the CUDA allocator's, else the "
+       "process's resident memory (the hello's memory_source says which)", peaks=MAX_MIN),
+    _F("memory_reserved", _T.NUMBER, "bytes the CUDA allocator holds", peaks=MAX_ONLY),
+    _F("memory_peak", _T.NUMBER, "the CUDA allocator's peak so far (never reset: it is the "
+       "run's)", merge=Merge.MAX),
+    _F("retained_graphs", _T.INT, "earlier steps whose loss or output is still part of a live "
+       "autograd graph (sampled steps)", merge=Merge.MAX),
+    _F("retained_origin", _T.TEXT, "what the oldest of them is (the loss of step N, the output "
+       "of the model at step N)", checked=False),
+    _F("compiles", _T.INT, "graphs torch.compile has compiled in this process so far",
+       merge=Merge.MAX),
 )
 # fmt: on
 
@@ -240,6 +264,14 @@ HELLO_FIELDS = (
         view=None,
     ),
     _F("param_counts", _T.NUMBERS, "parameters per layer", LAYER, required=True, view=None),
+    _F(
+        "memory_source",
+        _T.TEXT,
+        "what a step's memory is: cuda (the allocator's bytes) or "
+        "rss (the process's resident bytes)",
+        checked=False,
+        view=None,
+    ),
     _F(
         "activations",
         _T.ACTIVATIONS,

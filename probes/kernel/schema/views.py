@@ -59,6 +59,8 @@ class RunInfo:
     # tied weights: a layer's name -> the other modules sharing one of its parameters
     tied: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     optimizer: str | None = None  # the optimizer's class name (None: none, or not said)
+    # what a step's memory is: "cuda" (the allocator's bytes), "rss" (resident bytes)
+    memory_source: str | None = None
 
     @classmethod
     def from_hello(cls, hello: Record) -> RunInfo:
@@ -90,6 +92,7 @@ class RunInfo:
             control=dict(hello.get("state") or {}),
             tied=_tied(hello.get("tied")),
             optimizer=str(hello["optimizer"]) if hello.get("optimizer") else None,
+            memory_source=str(hello["memory_source"]) if hello.get("memory_source") else None,
         )
 
     def layer(self, index: int) -> str:
@@ -160,6 +163,23 @@ class StepView:
     discarded_grads: bool = False  # an optimizer's gradient cleared unused: a game (a GAN)
     optimizer_state: Any = None  # names the optimizer keeps per parameter (untrusted)
     loss_reduction: str | None = None  # "sum" / "mean": the loss's, on the first steps
+    # where the step's time went (seconds, summed over the span; None: not measured)
+    cycle: float | None = None  # the step as the run pays for it, its data wait included
+    data_time: float | None = None
+    forward_time: float | None = None
+    backward_time: float | None = None
+    optimizer_time: float | None = None
+    samples: int | None = None  # the forwards' inputs' leading dimension, summed
+    # its memory in bytes (None: not measured): at its end, and a span's peaks
+    memory: float | None = None
+    memory_max: float | None = None
+    memory_min: float | None = None
+    memory_reserved: float | None = None
+    memory_reserved_max: float | None = None
+    memory_peak: float | None = None
+    retained_graphs: int = 0  # earlier steps' loss or output still in a live graph
+    retained_origin: str | None = None  # ... the oldest of them (untrusted text)
+    compiles: int | None = None  # torch.compile's graphs so far
     # The spec's per-layer fields that have no attribute above, by name: a field added
     # to the spec is read here with no change to the view (see ``per_layer``).
     more_layers: Mapping[str, Sequence[float | None] | None] = field(default_factory=dict)
