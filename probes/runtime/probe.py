@@ -9,6 +9,7 @@ parts, each handed what it uses when it is made:
 - ``OptimizerHooks`` (``probes.runtime.optimizers.optimizer_hooks``): every hook on the optimizer,
   registered and removed in one place;
 - ``StepMeasurer`` (``probes.runtime.measure.measurer``): what a step measures;
+- ``StepResources`` (``probes.runtime.measure.resources``): where its time and memory go;
 - ``Control`` (``probes.runtime.link.control``): the monitor's commands, at step boundaries;
 - ``Sender`` (``probes.runtime.link.sender``): records to the monitor, on its own thread.
 
@@ -46,6 +47,7 @@ from probes.runtime.link.sender import Sender, warn
 from probes.runtime.live_checks import loss_contract_live, torch_warnings
 from probes.runtime.measure.layers import LayerMap, map_layers
 from probes.runtime.measure.measurer import StepMeasurer
+from probes.runtime.measure.resources import StepResources
 from probes.runtime.measure.scalars import Scalar, ScalarFiler
 from probes.runtime.optimizers import clip, optimizers
 from probes.runtime.optimizers.optimizer_hooks import OptimizerHooks
@@ -109,6 +111,7 @@ class Probe:
                 f"{self.name}: the model has no trainable parameters; only logged scalars "
                 "will be recorded"
             )
+        self._resources = StepResources(self.module, self._fail)  # its time and memory
         self._control, self.sender = self._connect()
         self._boundary = StepBoundary(
             module=self.module,
@@ -120,9 +123,10 @@ class Probe:
             control=self._control,
             sender=self.sender,
             scalars=self._scalars,
+            resources=self._resources,
             on_error=self._fail,
         )
-        self.sender.on_non_finite = self._boundary.auto.saw_non_finite  # (auto_anomaly)
+        self.sender.on_non_finite = self._boundary.anomalies.auto.saw_non_finite  # (auto_anomaly)
         self._boundary.inferred.find_evaluations(self.begin_evaluation, self._end_found_evaluation)
         self._next_step_scope = StepScope(self._boundary, self, None)
         self._hooks.install(
@@ -131,6 +135,7 @@ class Probe:
             measurer=self._measurer,
             updated=self._measurer.clearing.updated,
             send=self.send,  # (the low-precision stall's alerts: runtime/measure/dtype_stall.py)
+            timed=(self._resources.clock.update_begins, self._resources.clock.update_ends),
         )
         clip.install()  # frameworks clip through torch's function: read before it
         see_compiles()  # a torch.compile wrapper made later is where the model is entered
@@ -166,6 +171,7 @@ class Probe:
             sync=self.data_parallel,
             options=options,
         )
+        hello["memory_source"] = self._resources.memory_source
         sender = Sender(
             self.address,
             hello,
@@ -307,6 +313,7 @@ class Probe:
             # the weights it sees: N updates done (the step that updates them next)
             at = boundary.index if boundary.in_step else boundary.index + 1
             self._eval = EvalScope(modules, at)
+            self._resources.clock.evaluation_begins()
         except Exception as exc:
             self._fail(exc)
             return False
@@ -318,6 +325,7 @@ class Probe:
         if scope is None:
             return
         try:
+            self._resources.clock.evaluation_ends()
             self._scalars.file(scope.tensors, scope.floats, scalars)
             self._boundary.put_after_step(dict(scope.record()))
         except Exception as exc:
@@ -407,6 +415,7 @@ class Probe:
         self._loss_contract.remove()
         optimizers.detach(self._per_optimizer)
         self._hooks.remove()
+        self._resources.remove()
         self._measurer.clearing.remove()
         self._measurer.undivided.remove()
         if self._eval is not None:
@@ -448,15 +457,7 @@ class Probe:
                 self._eval.remove_hooks()
             self._eval = None
         warn(f"probe switched off after an error: {type(exc).__name__}: {exc}")
-        self.send(
-            {
-                "kind": "event",
-                "name": "probe_error",
-                "step": max(self._boundary.index, 0),
-                "time": time.time(),
-                "message": f"{type(exc).__name__}: {exc}",
-            }
-        )
+        self.event("probe_error", message=f"{type(exc).__name__}: {exc}")
 
 
 def watch(

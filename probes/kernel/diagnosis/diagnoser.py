@@ -31,11 +31,13 @@ from probes.kernel.diagnosis.incidents import (
     lists_kind,
     waits_for_cause,
 )
+from probes.kernel.diagnosis.memory import MemoryCreep, RetainedGraph
 from probes.kernel.diagnosis.overhead import ProbeOverhead
 from probes.kernel.diagnosis.precision import LrTooLowToUpdate
 from probes.kernel.diagnosis.reductions import LossReductionMismatch
 from probes.kernel.diagnosis.rule import Findings, Rule, respread
 from probes.kernel.diagnosis.thresholds import Thresholds
+from probes.kernel.diagnosis.timing import InputBound, Recompiles
 from probes.kernel.diagnosis.tiny_batch import FlatLoss
 from probes.kernel.diagnosis.update import (
     GradNotCleared,
@@ -77,6 +79,10 @@ RULES: tuple[type[Rule], ...] = (
     ClipAlwaysActive,
     GradsStillScaled,
     LossReductionMismatch,
+    InputBound,
+    RetainedGraph,
+    MemoryCreep,
+    Recompiles,
 )
 
 #: Rules over what every replica of a DDP job holds alike (``Rule.replicated``): on a

@@ -246,6 +246,37 @@ class Thresholds:
     # validation loss). Then the alert holds while the ratio stays steady near N.
     reduction_whole: float = 0.1
     reduction_held: float = 0.5
+    # input_bound: the data wait's share of the steps' time (their cycle, the wait
+    # included), over the last input_window_steps steps (at least input_min_records
+    # records). A quarter: hidden behind the compute, the loop would run a third
+    # faster; half: it waits for data longer than it computes. The records whose wait
+    # is the largest input_event_fraction of the window are left out: a wait that comes
+    # on fewer than one step in ten is an event (a checkpoint saved, an epoch's first
+    # batch), not the loop's input path; one step in four waiting still counts.
+    input_warning_share: float = 0.25
+    input_error_share: float = 0.5
+    input_window_steps: int = 100
+    input_min_records: int = 10
+    input_event_fraction: float = 0.1
+    # memory_creep: over the latest half of the run (at least creep_min_steps steps
+    # past creep_warmup_steps, where optimizer state and caches are first allocated),
+    # split in creep_parts parts, each part's floor (its lowest memory: the level freed
+    # memory returns to) above the last one's, and the rise at least creep_growth of
+    # the memory held: a level that keeps rising is a creep, a step up that stays is not.
+    creep_min_steps: int = 200
+    creep_warmup_steps: int = 50
+    creep_parts: int = 4
+    creep_growth: float = 0.05
+    # retained_graph: this many sampled steps' losses still alive two steps or more
+    # after their update: more than the one or two a loop keeps on purpose (its best
+    # loss, its last epoch's).
+    retained_graphs: int = 3
+    # recompiles: at least recompile_new compilations within the last
+    # recompile_window_steps steps, past the first recompile_warmup_steps (the first
+    # compilations, a smaller last batch and a first evaluation compile once each).
+    recompile_new: int = 4
+    recompile_window_steps: int = 200
+    recompile_warmup_steps: int = 20
 
     def with_overrides(self, **overrides: float) -> Thresholds:
         """A copy with some thresholds changed (unknown names raise ``TypeError``)."""

@@ -177,7 +177,7 @@ class StepView:
     memory_reserved: float | None = None
     memory_reserved_max: float | None = None
     memory_peak: float | None = None
-    retained_graphs: int = 0  # earlier steps' loss or output still in a live graph
+    retained_graphs: int | None = None  # earlier steps' losses still in a live graph
     retained_origin: str | None = None  # ... the oldest of them (untrusted text)
     compiles: int | None = None  # torch.compile's graphs so far
     # The spec's per-layer fields that have no attribute above, by name: a field added

@@ -41,6 +41,10 @@ def _inert(*args: Any) -> None:
     """A hook removed while torch iterated the hooks: it does nothing until removed."""
 
 
+def _nothing() -> None:
+    """No mark to make."""
+
+
 class _Handle(RemovableHandle):
     """A hook's handle whose ``remove`` waits until no hook of the owner is running."""
 
@@ -82,6 +86,8 @@ class OptimizerHooks:
         self._checked: Measurement | None = None  # the step the last update check was of
         self._running = 0  # hooks of ours running now (torch iterates its hooks)
         self._deferred: list[RemovableHandle] = []  # made inert there, removed later
+        self._update_begins: Callable[[], None] = _nothing  # the step's phases' marks
+        self._update_ends: Callable[[], None] = _nothing
 
     def install(
         self,
@@ -91,23 +97,27 @@ class OptimizerHooks:
         measurer: CurrentStep,
         updated: Callable[[], None] | None = None,
         send: Callable[[dict[str, Any]], None] | None = None,
+        timed: tuple[Callable[[], None], Callable[[], None]] | None = None,
     ) -> None:
         """Hook ``optimizer.step()``: ``before_step`` (the step boundary's) and the
         update check of ``layers`` before it, the update check and ``updated`` after it;
         on sampled steps, the count of low-precision weights the step left unchanged,
-        whose alerts go to ``send`` (``probes.runtime.measure.dtype_stall``)."""
+        whose alerts go to ``send`` (``probes.runtime.measure.dtype_stall``); ``timed``'s
+        two marks first thing on each side (``probes.runtime.measure.phases``)."""
         optimizer = self.optimizer
         if optimizer is None:
             return
         self._measurer = measurer
         self._updated = updated
         self._before_step = before_step
+        if timed is not None:
+            self._update_begins, self._update_ends = timed
         if layers.params:
             self._check = UpdateCheck(layers, blind=counters_blind(optimizer))
             if send is not None:
                 self._stall = DtypeStall.of(layers, _sender(send))
         self._handles.append(optimizer.register_step_pre_hook(self._before))
-        if self._check is not None:
+        if self._check is not None or timed is not None:
             self._handles.append(optimizer.register_step_post_hook(self._after))
 
     def add_post_hook(self, hook: PostHook) -> RemovableHandle:
@@ -152,11 +162,18 @@ class OptimizerHooks:
 
         return guarded
 
+    def _mark(self, mark: Callable[[], None]) -> None:
+        try:
+            mark()
+        except Exception as exc:  # never into the user's optimizer.step()
+            self._on_error(exc)
+
     def _before(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """Before ``optimizer.step()``: the boundary's reading, then the update check's
         versions (the (args, kwargs) the boundary returns, with a closure wrapped)."""
         self._running += 1
         try:
+            self._mark(self._update_begins)
             assert self._before_step is not None
             result = self._before_step(optimizer, args, kwargs)
             check = self._check
@@ -179,10 +196,12 @@ class OptimizerHooks:
         """After ``optimizer.step()``: the layers it left untouched, and the gradients
         it used (the next backward must find them cleared)."""
         self._running += 1
+        self._mark(self._update_ends)
         started = time.perf_counter()
         try:
             step = self._measurer.current if self._measurer is not None else None
-            assert self._check is not None
+            if self._check is None:
+                return
             untouched = self._check.after()
             stall = self._stall
             if stall is not None and stall.taken:  # (a sampled step)

@@ -26,15 +26,15 @@ from typing import Any
 
 import torch
 
-from probes.runtime.anomaly.anomaly import AnomalyStep, backward_op
-from probes.runtime.anomaly.auto_anomaly import AutoAnomaly, ScopedCheck
 from probes.runtime.anomaly.guard import GuardTrip, guard_alert, skip_update
+from probes.runtime.anomaly.step_anomalies import StepAnomalies
 from probes.runtime.job import JobIdentity
 from probes.runtime.link.control import Control
 from probes.runtime.link.sender import Sender, warn
 from probes.runtime.live_checks.wiring import WiringWatch
 from probes.runtime.measure.layers import LayerMap
 from probes.runtime.measure.measurer import StepMeasurer
+from probes.runtime.measure.resources import StepResources
 from probes.runtime.measure.scalars import Scalar, ScalarFiler
 from probes.runtime.measure.stats import Measurement
 from probes.runtime.optimizers import amp
@@ -62,6 +62,7 @@ class StepBoundary:
         control: the monitor's commands, applied at each step's start.
         sender: where records go, in the order the monitor must see them.
         scalars: files what ``log`` is given.
+        resources: the step's time and memory, told where steps begin and end.
         on_error: switches the probe off after an internal error.
     """
 
@@ -77,6 +78,7 @@ class StepBoundary:
         control: Control,
         sender: Sender,
         scalars: ScalarFiler,
+        resources: StepResources,
         on_error: Callable[[BaseException], None],
     ) -> None:
         self._module = module
@@ -88,6 +90,7 @@ class StepBoundary:
         self._control = control
         self._sender = sender  # its ``put`` looked up each time (a benchmark counts it)
         self._scalars = scalars
+        self._resources = resources
         self._fail = on_error
         self.index = -1  # the current (or last) step; -1 before the first
         self.in_step = False
@@ -100,10 +103,18 @@ class StepBoundary:
         # Records that must reach the monitor after ``_last`` (an eval of its step).
         self._after_last: list[dict[str, Any]] = []
         self._lr_experiment: LrExperiment | None = None  # watched until the LR moves
-        self._anomaly: AnomalyStep | None = None
-        # The check a non-finite read arms for the next step (the sender tells ``auto``).
-        self.auto = AutoAnomaly(options.auto_anomaly)
-        self._check: ScopedCheck | None = None
+        # the anomaly step and the automatic check (``auto``: the sender tells it)
+        self.anomalies = StepAnomalies(
+            module=module,
+            options=options,
+            identity=identity,
+            measurer=measurer,
+            control=control,
+            send=self.send_now,
+            skip_update=self._skip_update,
+            on_caught=self._anomaly_caught,
+            on_error=on_error,
+        )
         self._unbracketed_updates = 0  # optimizer steps before any probe step
         # the watch-time checks, again on sampled steps when the trainable set changes
         self.wiring = WiringWatch(module, optimizer)
@@ -170,14 +181,14 @@ class StepBoundary:
         with contextlib.suppress(Exception):
             self._measurer.abandon()  # no activation hooks or weight copy left behind
         with contextlib.suppress(Exception):
-            self._end_anomaly()
+            self.anomalies.end()
         return True
 
     def abandon(self) -> None:
         """The probe closes: drop a step left open (its activation hooks, its anomaly
         mode); what was measured before it is still sent (``flush_last``)."""
         self._measurer.abandon()
-        self._end_anomaly()
+        self.anomalies.end()
 
     def scale_lr(self, factor: float) -> list[float]:
         """Multiply every param group's learning rate (the monitor's LR experiment)."""
@@ -209,7 +220,7 @@ class StepBoundary:
     def drop_open_step(self) -> None:
         """Drop the inferred step under way, unrecorded (the step API took over)."""
         self._measurer.abandon()
-        self._end_anomaly()
+        self.anomalies.end()
         self.in_step = False
         self.index -= 1
 
@@ -239,19 +250,12 @@ class StepBoundary:
                 self._control.boundary(next_index, self.flush_last)
                 # A pause is neither the step's time nor the probe's.
                 self._step_started = time.perf_counter()
+                self._resources.clock.restart()
             if flush and (self._last is not None or self._after_last):
                 self.flush_last()
             self.index = next_index
             self.in_step = True
-            if self._control.state.anomaly_armed and self._control.take_anomaly_step():
-                self._begin_anomaly(next_index)
-            elif self.auto.pending is not None and self._anomaly is None and self._check is None:
-                armed_by = self.auto.take()
-                if armed_by is not None:
-                    self._check = ScopedCheck(
-                        self._module, next_index, armed_by, self.auto.switch_off
-                    )
-                    self._check.start()
+            self.anomalies.begin(next_index)
             if next_index % self._options.every == 0:
                 sampled = next_index % self._options.sample_every == 0
                 if sampled and next_index > 0:
@@ -260,24 +264,11 @@ class StepBoundary:
                             {"kind": "alert", "step": next_index, "alert": alert.to_dict()}
                         )
                 self._measurer.begin(next_index, time.time(), sampled)
+                self._resources.step_begins(next_index, sampled)
         except Exception as exc:
             self._fail(exc)
         self._probe_time = time.perf_counter() - self._step_started
-
-    def _begin_anomaly(self, index: int) -> None:
-        """The monitor's anomaly step begins. In a multi-rank job a backward stopped on
-        one rank would leave the others waiting in DDP's all-reduce: anomaly mode then
-        only records, never stops."""
-        self._anomaly = AnomalyStep(
-            self._module,
-            index,
-            on_error=self._fail,
-            on_caught=self._anomaly_caught,
-            catch=self._options.on_anomaly == "pause",
-            check_nan=not self._identity.distributed,
-        )
-        self._anomaly.start()
-        self.auto.covered(index)
+        self._resources.clock.exclude(self._probe_time)
 
     def gradients_final(self) -> None:
         """Read the gradients now if not read yet (``Probe.gradients_final``)."""
@@ -301,10 +292,7 @@ class StepBoundary:
         started = time.perf_counter()
         swallow = False
         try:
-            if self._check is not None:
-                self._finish_check()
-            if self._anomaly is not None:
-                swallow = self._finish_anomaly(error)
+            swallow = self.anomalies.finish(error, self.index)
             if error is not None and not swallow:
                 self._measurer.abandon()
             else:
@@ -313,48 +301,16 @@ class StepBoundary:
                     now = time.perf_counter()
                     last.duration = now - self._step_started
                     last.probe_time += self._probe_time + (now - started)  # (hooks: theirs)
+                    self._resources.step_ends(last.step, last.layer_values)
                     self._last = last
+                else:
+                    self._resources.step_not_measured()
         except Exception as exc:
             swallow = False  # the probe failed: the step's own error goes on as it came
             self._fail(exc)
         self.in_step = False
+        self._resources.clock.exclude(time.perf_counter() - started)
         return swallow
-
-    def _finish_anomaly(self, error: BaseException | None) -> bool:
-        anomaly, self._anomaly = self._anomaly, None
-        assert anomaly is not None
-        step = self._measurer.current
-        scalars = dict(step.float_scalars) if step is not None else {}
-        error = error if error is not None else anomaly.caught
-        caught = backward_op(error) is not None
-        pause = caught and self._options.on_anomaly == "pause"
-        report = anomaly.finish(
-            error,
-            scalars=scalars,
-            paused=pause,
-            raise_on_anomaly=self._options.on_anomaly == "raise",
-        )
-        if caught:
-            self._skip_update()  # partial sums of the failed backward must not leak on
-        if pause:
-            self._control.pause("the anomaly step found a non-finite gradient", self.index)
-        report["state"] = self._control.state.as_dict()
-        self._sender.put(dict(report))
-        return pause
-
-    def _finish_check(self, *, send: bool = True) -> None:
-        """The automatic check's step ended: everything off, its report sent. A failure
-        switches the automatic check off, never the probe or the run."""
-        check, self._check = self._check, None
-        assert check is not None
-        try:
-            step = self._measurer.current
-            report = check.finish(dict(step.float_scalars) if step is not None else {})
-            report["state"] = self._control.state.as_dict()
-            if send:
-                self._sender.put(dict(report))
-        except Exception as exc:
-            self.auto.switch_off(exc)
 
     def _anomaly_caught(self, error: BaseException) -> None:
         """The anomaly step's backward failed (caught there, not raised into training):
@@ -373,14 +329,6 @@ class StepBoundary:
         """Keep ``optimizer.step()`` from changing any weight (``probes.runtime.anomaly.guard``)."""
         self.skipped = True
         skip_update(self._layers.params, self._optimizer)
-
-    def _end_anomaly(self) -> None:
-        """Turn off an anomaly step that will not finish normally (close, failure)."""
-        anomaly, self._anomaly = self._anomaly, None
-        if anomaly is not None:
-            anomaly.finish(None, scalars={}, paused=False, raise_on_anomaly=False)
-        if self._check is not None:
-            self._finish_check(send=False)
 
     def before_optimizer_step(
         self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -449,7 +397,9 @@ class StepBoundary:
                 self._guard_tripped(trip)
         except Exception as exc:
             self._fail(exc)
-        self._probe_time += time.perf_counter() - started
+        spent = time.perf_counter() - started
+        self._probe_time += spent
+        self._resources.clock.exclude(spent)
 
     def clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
         """``clip_grad_norm_`` (``runtime.optimizers.clip``) is about to clip, via the probe."""

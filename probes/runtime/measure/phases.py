@@ -1,0 +1,252 @@
+"""Where a step's time goes: its phases, from the boundaries the probe already sees.
+
+The clock is a state machine over five marks, each from a hook the probe has anyway or
+one call more: the watched model's forward begins (a forward pre-hook where the model is
+entered, outside any compiled region: ``probes.runtime.patches.hooks.entry_pre_hook``),
+``backward()`` begins and returns (a layer on torch's ``autograd.backward``, one for
+every clock), ``optimizer.step()`` begins and returns (the probe's optimizer hooks).
+The time between two marks is given to a phase by what was under way:
+
+- **data**: from the end of an update (or of the last backward, between accumulated
+  passes) to the next forward: the loop waiting for its batch (and whatever it does
+  there: ``zero_grad``, moving the batch to the device);
+- **forward**: from a forward's start to the backward that follows (the loss included);
+- **backward**: inside ``backward()`` (in DDP, the wait for the other ranks' gradients
+  too: the all-reduce runs inside it);
+- **optimizer**: inside ``optimizer.step()`` (a closure's forward and backward included);
+- the rest (a clip, logging, an evaluation, a backward with no forward seen) is other.
+
+The probe's own time at its boundaries is taken out of the phase it falls in (``exclude``):
+the record's ``probe_time`` carries it. ``harvest`` closes the step: its phases, and its
+``cycle``, the seconds since the last harvest, which the phases and the probe's time fill.
+Only forwards with gradients on and the model in training mode count (an evaluation's
+forwards are not the step's), and an evaluation the probe is told of is other.
+
+On the CPU these are wall-clock seconds, as the loop feels them. On CUDA they are the
+host's view (kernels are queued, not waited for); device time would come from CUDA events
+read a step later, which this clock does not take yet.
+
+Cost: one ``perf_counter`` and a few assignments a mark, four to six marks a step.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from enum import IntEnum
+from time import perf_counter
+from typing import Any
+
+import torch
+from torch import nn
+
+from probes.runtime.patches.hooks import EntryHandle, eager, entry_pre_hook
+from probes.runtime.patches.patches import Held, Layer
+from probes.runtime.patches.seams import BACKWARD
+
+
+class Phase(IntEnum):
+    """A phase of a step; its value indexes ``PhaseClock.seconds``."""
+
+    DATA = 0
+    FORWARD = 1
+    BACKWARD = 2
+    OPTIMIZER = 3
+    OTHER = 4
+
+
+#: The record's field for each phase's seconds (``probes.kernel.schema.spec``).
+PHASE_FIELDS = ("data_time", "forward_time", "backward_time", "optimizer_time")
+
+
+class _State(IntEnum):
+    """What the time since the clock's last mark is."""
+
+    WAITING = 0  # for the next forward (after an update, or the step's start)
+    FORWARD = 1
+    BACKWARD = 2
+    AFTER_BACKWARD = 3  # until the next forward (data) or the update (other)
+    OPTIMIZER = 4
+    EVALUATING = 5
+
+
+# What an interval still open is, when the step closes (``harvest``).
+_OPEN_AS = {
+    _State.WAITING: Phase.DATA,
+    _State.FORWARD: Phase.FORWARD,
+    _State.BACKWARD: Phase.BACKWARD,
+    _State.AFTER_BACKWARD: Phase.OTHER,
+    _State.OPTIMIZER: Phase.OPTIMIZER,
+    _State.EVALUATING: Phase.OTHER,
+}
+
+
+class PhaseClock:
+    """The phases of a watched model's steps (see the module).
+
+    Args:
+        module: the watched model, unwrapped (its forward is hooked where it is entered).
+        on_error: switches the probe off after an error inside a mark (never raised).
+        on_backward: told the tensors each ``backward()`` runs from (``retained``).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        on_error: Callable[[BaseException], None],
+        on_backward: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.seconds = [0.0] * len(Phase)
+        self._on_backward = on_backward
+        self.samples = 0  # the inputs' leading dimension, summed over the step's forwards
+        self._fail = on_error
+        self._mark = perf_counter()
+        self._harvested = self._mark
+        self._state = _State.WAITING
+        self._in_update = False
+        self._excluded = 0.0  # the probe's own seconds inside the open interval
+        self._entry: EntryHandle | None = entry_pre_hook(module, eager(self._forward_begins))
+        _install(self)
+
+    def remove(self) -> None:
+        """Take the clock's hooks away (idempotent)."""
+        entry, self._entry = self._entry, None
+        if entry is not None:
+            entry.remove()
+        _uninstall(self)
+
+    # --- the marks ------------------------------------------------------------------------
+
+    def _close(self, phase: Phase) -> None:
+        now = perf_counter()
+        spent = now - self._mark - self._excluded
+        if spent > 0:
+            self.seconds[phase] += spent
+        self._mark, self._excluded = now, 0.0
+
+    def _forward_begins(self, module: nn.Module, args: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()) or self._entry is None:
+            return
+        try:
+            state = self._state
+            if self._in_update:
+                self._close(Phase.OPTIMIZER)  # (a closure's forward: the update's)
+            elif state is _State.FORWARD:
+                self._close(Phase.FORWARD)
+            elif state is _State.EVALUATING:
+                return
+            else:
+                self._close(Phase.DATA if state is not _State.BACKWARD else Phase.BACKWARD)
+            self._state = _State.FORWARD
+            first = args[0] if args else None
+            if isinstance(first, torch.Tensor) and first.dim() > 0:
+                self.samples += first.shape[0]
+        except Exception as exc:
+            self._fail(exc)
+
+    def backward_begins(self, tensors: Any = None) -> None:
+        """``backward()`` is called from ``tensors``."""
+        if self._on_backward is not None:
+            self._on_backward(tensors)
+        if self._in_update:
+            self._close(Phase.OPTIMIZER)
+        else:
+            self._close(Phase.FORWARD if self._state is _State.FORWARD else Phase.OTHER)
+        self._state = _State.BACKWARD
+
+    def backward_ends(self) -> None:
+        """``backward()`` returned."""
+        self._close(Phase.BACKWARD)
+        self._state = _State.OPTIMIZER if self._in_update else _State.AFTER_BACKWARD
+
+    def update_begins(self) -> None:
+        """``optimizer.step()`` is called (its pre-hook)."""
+        if not self._in_update:
+            self._close(Phase.FORWARD if self._state is _State.FORWARD else Phase.OTHER)
+            self._in_update = True
+            self._state = _State.OPTIMIZER
+
+    def update_ends(self) -> None:
+        """``optimizer.step()`` returned (its post-hook)."""
+        if self._in_update:
+            self._close(Phase.OPTIMIZER)
+            self._in_update = False
+            self._state = _State.WAITING
+
+    def evaluation_begins(self) -> None:
+        """An evaluation the probe is told of begins: its time is other."""
+        self._close(_OPEN_AS[self._state])
+        self._state = _State.EVALUATING
+
+    def evaluation_ends(self) -> None:
+        if self._state is _State.EVALUATING:
+            self._close(Phase.OTHER)
+            self._state = _State.WAITING
+
+    def exclude(self, seconds: float) -> None:
+        """The probe spent ``seconds`` of its own inside the open interval."""
+        self._excluded += seconds
+
+    def harvest(self, into: dict[str, Any]) -> None:
+        """The step's record is made: its phases and ``cycle`` go ``into`` it, and the
+        next step's count from here."""
+        self._close(_OPEN_AS[self._state])
+        now = self._mark
+        seconds = self.seconds
+        into["cycle"] = now - self._harvested
+        for field, value in zip(PHASE_FIELDS, seconds, strict=False):
+            into[field] = value
+        if self.samples:
+            into["samples"] = self.samples
+        self.seconds = [0.0] * len(Phase)
+        self.samples = 0
+        self._harvested = now
+
+    def restart(self) -> None:
+        """Forget the time since the last harvest (a pause is nobody's phase)."""
+        self._mark = self._harvested = perf_counter()
+        self.seconds = [0.0] * len(Phase)
+        self.samples = 0
+        self._excluded = 0.0
+
+
+# --- torch's backward, one layer for every clock ------------------------------------------
+
+_lock = threading.Lock()
+_clocks: list[weakref.ref[PhaseClock]] = []
+_held = Held()
+
+
+def _backward(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    clocks = [clock for ref in _clocks if (clock := ref()) is not None]
+    tensors = args[0] if args else kwargs.get("tensors")
+    for clock in clocks:
+        _safely(clock, clock.backward_begins, tensors)
+    result = proceed(*args, **kwargs)
+    for clock in clocks:
+        _safely(clock, clock.backward_ends)
+    return result
+
+
+def _safely(clock: PhaseClock, mark: Callable[..., None], *args: Any) -> None:
+    try:
+        mark(*args)
+    except Exception as exc:  # a clock's failure switches its probe off, never training
+        clock._fail(exc)
+
+
+def _install(clock: PhaseClock) -> None:
+    with _lock:
+        _clocks[:] = [r for r in _clocks if r() is not None]
+        _clocks.append(weakref.ref(clock))
+        if not _held:
+            # innermost on backward: the autostep's own work there is not backward's
+            _held.hold(BACKWARD, Layer("phases", _backward, order=90))
+
+
+def _uninstall(clock: PhaseClock) -> None:
+    with _lock:
+        _clocks[:] = [r for r in _clocks if r() is not None and r() is not clock]
+        if not _clocks:
+            _held.release()

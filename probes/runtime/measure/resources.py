@@ -1,0 +1,71 @@
+"""The step's time and memory, one owner: its phases (``phases``), its memory
+(``memory``), the earlier steps' graphs still alive (``retained``) and the graphs
+``torch.compile`` has compiled so far. The step boundary tells it where steps begin and
+end; it writes its fields into the step's record, and removes every hook it made.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from probes.runtime.measure.memory import MemoryGauge
+from probes.runtime.measure.phases import PhaseClock
+from probes.runtime.measure.retained import RetainedGraphs
+
+
+class StepResources:
+    """Where each step's time and memory go (see the module).
+
+    Args:
+        module: the watched model, unwrapped.
+        on_error: switches the probe off after an internal error.
+    """
+
+    def __init__(self, module: nn.Module, on_error: Callable[[BaseException], None]) -> None:
+        self.graphs = RetainedGraphs()
+        self.clock = PhaseClock(module, on_error, on_backward=self.graphs.mark)
+        self.gauge = MemoryGauge(module)
+
+    @property
+    def memory_source(self) -> str:
+        """What a step's memory is: ``cuda`` (the allocator's bytes) or ``rss``."""
+        return self.gauge.source
+
+    def step_begins(self, index: int, sampled: bool) -> None:
+        """A measured step begins (on sampled ones, its loss is marked)."""
+        if sampled:
+            self.graphs.arm(index)
+
+    def step_ends(self, index: int, into: dict[str, Any]) -> None:
+        """A measured step ends: its phases, memory, kept graphs and compilations ``into``
+        its record's fields."""
+        self.clock.harvest(into)
+        self.gauge.read(into)
+        self.graphs.read(index, into)
+        compiles = compiled_graphs()
+        if compiles:
+            into["compiles"] = compiles
+
+    def step_not_measured(self) -> None:
+        """A step ended that no record stands for (``every`` > 1): its time is dropped."""
+        self.clock.restart()
+
+    def remove(self) -> None:
+        """Every hook off, the memory file closed (idempotent)."""
+        self.clock.remove()
+        self.gauge.close()
+
+
+def compiled_graphs() -> int | None:
+    """The graphs ``torch.compile`` has compiled in this process so far (None: dynamo was
+    never imported: nothing is compiled, and it is not imported here)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return None
+    stats = counters.get("stats")
+    return int(stats.get("unique_graphs", 0)) if stats else None
