@@ -117,13 +117,15 @@ def test_anomaly_step_is_scoped_and_skips_the_update(resuming_collector: FrameCo
         unchanged = all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
         assert unchanged == (i == 1)  # the anomaly step's update was skipped
         assert not torch.is_anomaly_enabled()
-        assert every_hook(model) == 0
+        assert every_hook(model) == 1  # the phases' clock, on the model for the probe's life
         assert all(p.grad is None for p in model.parameters()) == (i == 1)
     probe.close()
+    assert every_hook(model) == 0
     assert modes_inside == [False, True, False]
-    # step 0 is a sampled step: the Tanh's activation hook, the last Linear's input hook
-    # and the model's (its own input is data, not counted); step 1 hooks every module
-    assert hooks_inside == [3, len(list(model.modules())), 0]
+    # besides the clock's: step 0 is a sampled step: the Tanh's activation hook, the last
+    # Linear's input hook and the model's (its own input is data, not counted); step 1
+    # hooks every module
+    assert hooks_inside == [1 + 3, 1 + len(list(model.modules())), 1]
     [report] = (
         anomaly_reports(resuming_collector)
         if resuming_collector.wait_for(

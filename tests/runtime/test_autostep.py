@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import probes
+from probes.kernel.schema.spec import MEASURED_FIELDS
 from tests.collector import (
     Frame,
     FrameCollector,
@@ -108,11 +109,11 @@ def run(collector: FrameCollector, loop: str, *, explicit: bool) -> list[Frame]:
 
 
 def comparable(record: Frame) -> dict[str, Any]:
-    """What a step record says of the training (not of time)."""
+    """What a step record says of the training (not of time or memory)."""
     return {
         key: value
         for key, value in record.items()
-        if key not in ("time", "duration", "probe_time", "seq", "run", "dropped")
+        if key not in MEASURED_FIELDS and key not in ("seq", "run", "dropped")
     }
 
 

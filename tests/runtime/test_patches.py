@@ -225,8 +225,13 @@ def test_every_global_is_torchs_own_after_the_probes_close_in_any_order(
         assert seams.BACKWARD.current is not ORIGINALS[seams.BACKWARD.name]
         assert seams.MODULE_REDUCE.current is not ORIGINALS[seams.MODULE_REDUCE.name]
         listed = probes.patched()
-        # autostep's one layer for every probe; each probe's own count of its passes
-        assert listed[seams.BACKWARD.name] == ["autostep", *["undivided accumulation"] * 3]
+        # autostep's one layer for every probe; each probe's own count of its passes;
+        # the phases' one layer for every probe's clock, innermost
+        assert listed[seams.BACKWARD.name] == [
+            "autostep",
+            *["undivided accumulation"] * 3,
+            "phases",
+        ]
         assert listed["torch.nn.utils.clip_grad_norm_"] == ["clip"]
     finally:
         for index in close_order:

@@ -70,12 +70,13 @@ def test_close_removes_every_hook() -> None:
         with probe.step():
             probe.log(loss=train_step(model, optimizer, i))
 
-    assert len(model._forward_pre_hooks) == 0
+    # one pre-hook for the probe's life: where the model is entered (the step's phases)
+    assert len(model._forward_pre_hooks) == 1
     with probe.evaluate():
-        assert len(model._forward_pre_hooks) == 1
+        assert len(model._forward_pre_hooks) == 2
         with torch.no_grad():
             model(batch(99)[0])
-    assert len(model._forward_pre_hooks) == 0
+    assert len(model._forward_pre_hooks) == 1
 
     probe.close()
     assert probe.closed

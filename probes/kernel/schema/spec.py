@@ -193,6 +193,13 @@ STEP_FIELDS = (
 )
 # fmt: on
 
+#: The step fields a clock or a memory gauge measures: they differ from run to run of the
+#: same loop, where every other field is the same (tests compare runs without them).
+MEASURED_FIELDS = frozenset(
+    {"time", "duration", "probe_time", "cycle", "data_time", "forward_time", "backward_time"}
+    | {"optimizer_time", "memory", "memory_reserved", "memory_peak"}
+)
+
 #: An evaluation, tied to the training step it follows.
 EVAL_FIELDS = (
     _F("step", _T.INT, "the training step it follows", required=True, default=0),

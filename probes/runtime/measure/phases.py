@@ -69,6 +69,7 @@ class _State(IntEnum):
     AFTER_BACKWARD = 3  # until the next forward (data) or the update (other)
     OPTIMIZER = 4
     EVALUATING = 5
+    ELSEWHERE = 6  # another watched model computes or updates (a GAN's other player)
 
 
 # What an interval still open is, when the step closes (``harvest``).
@@ -79,6 +80,7 @@ _OPEN_AS = {
     _State.AFTER_BACKWARD: Phase.OTHER,
     _State.OPTIMIZER: Phase.OPTIMIZER,
     _State.EVALUATING: Phase.OTHER,
+    _State.ELSEWHERE: Phase.OTHER,
 }
 
 
@@ -137,8 +139,9 @@ class PhaseClock:
             elif state is _State.EVALUATING:
                 return
             else:
-                self._close(Phase.DATA if state is not _State.BACKWARD else Phase.BACKWARD)
+                self._close(_FORWARD_ENDS[state])
             self._state = _State.FORWARD
+            _tell_others(self)
             first = args[0] if args else None
             if isinstance(first, torch.Tensor) and first.dim() > 0:
                 self.samples += first.shape[0]
@@ -166,6 +169,14 @@ class PhaseClock:
             self._close(Phase.FORWARD if self._state is _State.FORWARD else Phase.OTHER)
             self._in_update = True
             self._state = _State.OPTIMIZER
+            _tell_others(self)
+
+    def elsewhere(self) -> None:
+        """Another watched model's forward or update begins: the wait for data, if this
+        clock was waiting, ends there, and what follows is not this model's."""
+        if self._state in (_State.WAITING, _State.AFTER_BACKWARD):
+            self._close(Phase.DATA)
+            self._state = _State.ELSEWHERE
 
     def update_ends(self) -> None:
         """``optimizer.step()`` returned (its post-hook)."""
@@ -211,6 +222,16 @@ class PhaseClock:
         self._excluded = 0.0
 
 
+# What the interval before a forward was, by the state it was in.
+_FORWARD_ENDS = {
+    _State.WAITING: Phase.DATA,
+    _State.AFTER_BACKWARD: Phase.DATA,  # (the next accumulated batch's wait)
+    _State.BACKWARD: Phase.BACKWARD,  # (a forward inside backward: checkpointing)
+    _State.OPTIMIZER: Phase.OPTIMIZER,
+    _State.ELSEWHERE: Phase.OTHER,
+}
+
+
 # --- torch's backward, one layer for every clock ------------------------------------------
 
 _lock = threading.Lock()
@@ -227,6 +248,15 @@ def _backward(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     for clock in clocks:
         _safely(clock, clock.backward_ends)
     return result
+
+
+def _tell_others(clock: PhaseClock) -> None:
+    """``clock``'s model computes: every other clock learns it is not theirs."""
+    if len(_clocks) > 1:
+        for ref in _clocks:
+            other = ref()
+            if other is not None and other is not clock:
+                _safely(other, other.elsewhere)
 
 
 def _safely(clock: PhaseClock, mark: Callable[..., None], *args: Any) -> None:

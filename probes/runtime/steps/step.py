@@ -181,6 +181,8 @@ class StepBoundary:
         with contextlib.suppress(Exception):
             self._measurer.abandon()  # no activation hooks or weight copy left behind
         with contextlib.suppress(Exception):
+            self._resources.remove()  # nor the phases' hooks
+        with contextlib.suppress(Exception):
             self.anomalies.end()
         return True
 
