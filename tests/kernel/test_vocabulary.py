@@ -13,6 +13,7 @@ from probes.kernel.diagnosis.diagnoser import REPLICA_KINDS, REPLICA_RULES
 from probes.kernel.diagnosis.incidents import (
     CONSEQUENCES,
     JOB_CONSEQUENCES,
+    JOB_RANK_CONSEQUENCES,
     STICKY,
     WAIT_FOR_CAUSE,
 )
@@ -80,6 +81,8 @@ def test_consequence_tables_name_only_kinds() -> None:
         assert incident in CROSS_RANK
         assert consequences <= KINDS
     assert set(_SEVERITY) == CROSS_RANK  # every cross-rank kind, and only those
+    for incident, explained in JOB_RANK_CONSEQUENCES.items():
+        assert incident in KINDS and set(explained) <= KINDS
     assert set(_ONE_CAUSE) | set(_ONE_CAUSE.values()) <= CROSS_RANK
     assert ENDED_BY_FIRST_STEP <= KINDS
     assert set(LAYER_CONDITIONS) <= KINDS

@@ -16,6 +16,7 @@ from probes.kernel.diagnosis import Alert, AlertKind, Severity
 from probes.kernel.diagnosis.catalog import CATALOG, ENTRIES
 from probes.kernel.diagnosis.entry import EXAMPLE_FIELDS
 from probes.kernel.diagnosis.manual import (
+    JOB_SEVERITY,
     PAGE,
     REGENERATE,
     example_alert,
@@ -26,7 +27,6 @@ from probes.kernel.diagnosis.manual import (
     render_alerts_page,
     severity_of,
 )
-from probes.kernel.diagnosis.ranks import _SEVERITY as JOB_SEVERITY
 from probes.kernel.diagnosis.vocabulary import Evidence
 from tui.headless import alert_line
 from tui.screens.alert_detail import manual_text, signal_text

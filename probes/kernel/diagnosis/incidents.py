@@ -194,6 +194,24 @@ JOB_CONSEQUENCES: dict[str, frozenset[str]] = {
     K.REPLICAS_DIVERGED: frozenset({K.LOSS_SPIKE}),
 }
 
+# What a job's incident explains on the rank it names alone (its evidence's ``rank``),
+# and only with the evidence given: a straggler whose gap is its wait for data and that
+# rank's own ``input_bound`` are one root cause (its input path), the second seen from
+# the rank itself; another rank's wait for data, or a straggler slow in its forward, is
+# not explained by it.
+JOB_RANK_CONSEQUENCES: dict[str, dict[str, Mapping[str, str]]] = {
+    K.STRAGGLER: {K.INPUT_BOUND: {Evidence.PHASE: "data"}},
+}
+
+
+def explains_on_rank(incident: Alert, rank: int, alert: Alert) -> bool:
+    """Is rank ``rank``'s ``alert`` a consequence of the job's ``incident`` on that rank
+    (``JOB_RANK_CONSEQUENCES``)?"""
+    needs = JOB_RANK_CONSEQUENCES.get(incident.kind, {}).get(alert.kind)
+    if needs is None or incident.evidence.get(Evidence.RANK) != rank:
+        return False
+    return all(incident.evidence.get(key) == value for key, value in needs.items())
+
 
 # A job's incident found after a cause rank 0 found for every replica, that the cause
 # explains: a rate far too high (or the explosion, the non-finite values it leads to)

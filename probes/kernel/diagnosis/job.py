@@ -6,6 +6,9 @@ sees them together:
 
 - the cross-rank checks (``ranks.JobChecks``) over every rank's step records, and the
   stalls (a rank gone without a clean end, or quiet while another went on);
+- in a data-parallel job, the straggler (``straggler.Stragglers``): the rank the others
+  wait for, held while its gap lasts; its incident's entry clears (for every rank's
+  book, which shares it) when the gap ends;
 - one alert per root cause across ranks: a rank's alert is held until every connected
   rank has reported its step, then the ranks raising the same alert (an explosion in
   all-reduced gradients shows on all) become one alert naming them all, and an alert
@@ -29,11 +32,13 @@ from probes.kernel.diagnosis.diagnoser import REPLICA_KINDS
 from probes.kernel.diagnosis.incidents import (
     JOB_CONSEQUENCES,
     cause_for,
+    explains_on_rank,
     folded_name,
     lists_kind,
     replica_cause,
 )
-from probes.kernel.diagnosis.ranks import JobChecks
+from probes.kernel.diagnosis.ranks import DATA_PARALLEL, JobChecks
+from probes.kernel.diagnosis.straggler import Stragglers
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind
@@ -81,6 +86,7 @@ class JobDiagnoser:
     world_size: int
     thresholds: Thresholds = field(default_factory=Thresholds)
     checks: JobChecks | None = None  # from the first rank's hello (``start``)
+    stragglers: Stragglers | None = None  # ... a data-parallel job's
     incidents: list[Alert] = field(default_factory=list)  # raised across ranks
     # Each incident's entry, shared by every rank's book (a fold updates it for all).
     entries: list[AlertEntry] = field(default_factory=list)
@@ -89,10 +95,22 @@ class JobDiagnoser:
     _gone_with_error: GoneRank | None = None  # held: did the others fail the same way?
     _failed_together: bool = False  # two ranks ended with one error: the job's code
 
-    def start(self, layers: tuple[str, ...], sync: str) -> None:
-        """The first rank said hello: the layers and how gradients are shared."""
+    def start(
+        self,
+        layers: tuple[str, ...],
+        sync: str,
+        *,
+        rank: int | None = None,
+        host: str | None = None,
+    ) -> None:
+        """A rank said hello: the layers and how gradients are shared (the first one's
+        are the job's), its rank and its host (the straggler alert names it)."""
         if self.checks is None:
             self.checks = JobChecks(layers, sync, self.thresholds)
+            if sync in DATA_PARALLEL:
+                self.stragglers = Stragglers(self.thresholds)
+        if self.stragglers is not None and rank is not None:
+            self.stragglers.meet(rank, host)
 
     # --- the cross-rank rules ------------------------------------------------------------
 
@@ -101,7 +119,23 @@ class JobDiagnoser:
         newly shows."""
         if self.checks is None:
             return []
-        return [self._incident(found) for found in self.checks.observe(rank, view)]
+        found = [self._incident(found) for found in self.checks.observe(rank, view)]
+        if self.stragglers is not None:
+            straggler, ended = self.stragglers.observe(rank, view)
+            if ended is not None:
+                self._end(ended, view.step)
+            if straggler is not None:
+                found.append(self._incident(straggler))
+        return found
+
+    def _end(self, incident: Alert, step: int) -> None:
+        """A held incident's condition ended (a straggler's gap): its entry, which every
+        rank's book shares, is cleared at ``step``."""
+        for entry in reversed(self.entries):
+            if entry.active and entry.alert.kind == incident.kind:
+                entry.active = False
+                entry.cleared_at = step
+                return
 
     def fold_explained(self, incidents: list[Alert], replica_causes: Mapping[str, Alert]) -> None:
         """Of ``incidents`` just found, those a cause of rank 0's for every replica
@@ -236,8 +270,9 @@ class JobDiagnoser:
             return released
         self._held = waiting
         for rank, alert, _ in ready:
-            if self._fold(alert):
-                released.folded.append((rank, alert, self._folded_under(alert)))
+            under = self._fold(rank, alert)
+            if under is not None:
+                released.folded.append((rank, alert, under))
                 continue
             cause = self._replica_cause(rank, alert, replica_causes or {})
             if cause is not None:
@@ -266,19 +301,21 @@ class JobDiagnoser:
 
     # --- consequences --------------------------------------------------------------------
 
-    def _fold(self, alert: Alert) -> bool:
-        """Fold ``alert`` under the job incident it is a consequence of, if any."""
+    def _fold(self, rank: int, alert: Alert) -> str | None:
+        """Fold rank ``rank``'s ``alert`` under the job incident it is a consequence of,
+        if any (one still holding): that incident's kind."""
         for index, incident in enumerate(self.incidents):
-            if alert.kind in JOB_CONSEQUENCES.get(incident.kind, ()) and (
-                alert.step >= incident.step - JOIN_STEPS
-            ):
+            explains = alert.kind in JOB_CONSEQUENCES.get(incident.kind, ()) or (
+                explains_on_rank(incident, rank, alert)
+            )
+            if explains and self.entries[index].active and alert.step >= incident.step - JOIN_STEPS:
                 # listed once a kind, as a run lists its own (the same consequence on
                 # several ranks, a step or two apart, read as two)
                 if not lists_kind(incident, alert.kind):
                     name = folded_name(alert)
                     self.incidents[index] = self.entries[index].alert = incident.with_folded(name)
-                return True
-        return False
+                return incident.kind
+        return None
 
     def _replica_cause(self, rank: int, alert: Alert, causes: Mapping[str, Alert]) -> Alert | None:
         """The cause rank 0 found for every replica that ``alert`` (another rank's own)
@@ -286,13 +323,6 @@ class JobDiagnoser:
         if rank == 0 or not causes or not self._replicated():
             return None
         return cause_for(alert, causes)
-
-    def _folded_under(self, alert: Alert) -> str:
-        """The kind of the job incident a folded alert is shown under."""
-        return next(
-            (i.kind for i in self.incidents if alert.kind in JOB_CONSEQUENCES.get(i.kind, ())),
-            "job",
-        )
 
     def _join(self, alert: Alert, rank: int) -> bool:
         """True if another rank already raised this alert (close in steps): the raised

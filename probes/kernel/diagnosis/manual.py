@@ -24,14 +24,27 @@ from probes.kernel.diagnosis.alert import Alert
 from probes.kernel.diagnosis.catalog import ENTRIES, Entry
 from probes.kernel.diagnosis.diagnoser import RULES
 from probes.kernel.diagnosis.entry import EXAMPLE_FIELDS
-from probes.kernel.diagnosis.incidents import CONSEQUENCES, JOB_CONSEQUENCES
-from probes.kernel.diagnosis.ranks import _SEVERITY as JOB_SEVERITY  # the checks' own table
+from probes.kernel.diagnosis.incidents import (
+    CONSEQUENCES,
+    JOB_CONSEQUENCES,
+    JOB_RANK_CONSEQUENCES,
+)
+from probes.kernel.diagnosis.ranks import _SEVERITY as CROSS_RANK_SEVERITY  # the checks' own
 from probes.kernel.diagnosis.ranks import JobChecks
 from probes.kernel.diagnosis.rule import Rule
+from probes.kernel.diagnosis.straggler import SEVERITY as STRAGGLER_SEVERITY
+from probes.kernel.diagnosis.straggler import Stragglers
 from probes.kernel.diagnosis.vocabulary import AlertKind, Rung, Severity
 
 PAGE = "docs/alerts.md"
 REGENERATE = f"python -m probes.kernel.diagnosis.manual > {PAGE}"
+#: The kinds a job's checks raise (``job.JobDiagnoser`` runs them): the check, and the
+#: severity it raises them with.
+JOB_CHECKS: dict[str, tuple[type, Severity]] = {
+    **{kind: (JobChecks, severity) for kind, severity in CROSS_RANK_SEVERITY.items()},
+    AlertKind.STRAGGLER: (Stragglers, STRAGGLER_SEVERITY),
+}
+JOB_SEVERITY: dict[str, Severity] = {kind: found[1] for kind, found in JOB_CHECKS.items()}
 
 
 def kinds_in_order() -> list[AlertKind]:
@@ -56,10 +69,11 @@ def raised_by(kind: AlertKind) -> str:
     rule = raising_rule(kind)
     if rule is not None:
         return f"the monitor's rule `{rule.__name__}` (`{source_path(rule.__module__)}`)"
-    if kind in JOB_SEVERITY:
+    if kind in JOB_CHECKS:
+        check = JOB_CHECKS[kind][0]
         return (
-            f"the monitor's checks across a job's ranks (`{JobChecks.__name__}`, "
-            f"`{source_path(JobChecks.__module__)}`)"
+            f"the monitor's checks across a job's ranks (`{check.__name__}`, "
+            f"`{source_path(check.__module__)}`)"
         )
     found = ENTRIES[kind]
     if not found.raised_by:
@@ -115,6 +129,7 @@ def folds_under(kind: AlertKind) -> list[str]:
     """The causes ``kind`` folds under (``incidents``): a run's, then a job's."""
     causes = [fold.cause for fold in CONSEQUENCES.get(kind, ())]
     causes += [cause for cause, kinds in JOB_CONSEQUENCES.items() if kind in kinds]
+    causes += [cause for cause, kinds in JOB_RANK_CONSEQUENCES.items() if kind in kinds]
     return list(dict.fromkeys(causes))
 
 

@@ -161,6 +161,30 @@ class Thresholds:
     # median of the other ranks': that rank's shard stands apart (DDP ranks read shards
     # of one dataset: their input scales agree within noise).
     rank_input_factor: float = 4.0
+    # straggler (``straggler``): in a data-parallel step every rank's cycle is the same
+    # (the gradients' collective waits for the slowest rank), so the straggler shows as
+    # a longer time before the collective (its data wait and forward, a step) while the
+    # others wait in their backward. Judged per rank over its last straggler_window_steps
+    # steps (and at least straggler_min_records records: one thinned record is one
+    # moment), past its first straggler_warmup_steps (loading, compiling, caches: the
+    # ranks' first steps differ by more than their later ones). A rank's time before the
+    # collective above the other ranks' median by straggler_gap_share of the step or
+    # more: ranks sharing a host differ by a few percent (scheduling, caches, shard
+    # sizes), a gap of a sixth of every step is one rank the job waits for; in records
+    # making straggler_held_share of its window's steps (a lasting gap, not one slow
+    # step: a hiccup of seconds moves a window's mean by as much). Held until the gap is
+    # under straggler_clear_share of the step or shows in under straggler_clear_held of
+    # the window (hysteresis: a gap about the bound is one incident, not a flicker). The
+    # phase named (data, forward) explains straggler_phase_share of the gap; else
+    # "compute" (neither alone explains it).
+    straggler_window_steps: int = 50
+    straggler_min_records: int = 5
+    straggler_warmup_steps: int = 10
+    straggler_gap_share: float = 0.15
+    straggler_held_share: float = 0.75
+    straggler_clear_share: float = 0.075
+    straggler_clear_held: float = 0.5
+    straggler_phase_share: float = 0.8
     # update_ratio, the learning rate far too high: on one sampled step, most measured
     # layers' |dw|/|w| at or above this (updates as large as the weights: 0.93 to 0.99
     # at 600x the usual rate) is an error at once, with no streak to wait for. Adaptive

@@ -220,3 +220,7 @@ class Evidence(StrEnum):
     # update_ratio's side, "high" or "low": a change of side is another incident, and
     # only a rate too high explains what follows from it
     SIDE = "side"
+    # a job incident's rank and the phase that explains it (straggler's): the rank's own
+    # alerts it explains fold under it on that rank alone, with that phase
+    RANK = "rank"
+    PHASE = "phase"
