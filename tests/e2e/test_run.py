@@ -289,3 +289,40 @@ def test_ctrl_c_reaches_the_script_as_without_traintop(tmp_path: Any) -> None:
     assert "interrupted" in out
     assert "KeyboardInterrupt" in err  # the script's own traceback
     assert child.returncode == 130  # the script's status, as a shell says it
+
+
+OUT_OF_MEMORY = """\
+import torch
+from torch import nn
+model = nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    optimizer.zero_grad()
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    optimizer.step()
+    if step == 3:
+        print('about to run out', flush=True)
+        torch.empty(2**62, dtype=torch.uint8)  # the CPU allocator refuses at once
+"""
+
+
+def test_an_out_of_memory_error_ends_the_script_as_without_traintop(tmp_path: Any) -> None:
+    script = os.path.join(tmp_path, "oom.py")
+    with open(script, "w", encoding="utf-8") as handle:
+        handle.write(OUT_OF_MEMORY)
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    watched = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "run", "--headless", "--", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    bare = subprocess.run(
+        [sys.executable, script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert watched.returncode == bare.returncode == 1
+    last = bare.stderr.strip().splitlines()[-1]
+    assert "DefaultCPUAllocator: can't allocate memory" in last
+    assert last in watched.stderr  # the script's own traceback, as it ends bare
+    assert "about to run out" in watched.stdout
