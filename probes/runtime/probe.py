@@ -42,7 +42,7 @@ from probes.runtime.job import job_identity, sync_of
 from probes.runtime.link.control import Control, ControlState
 from probes.runtime.link.hello import hello_fields
 from probes.runtime.link.link import command_token, monitor_address
-from probes.runtime.link.pace import ANCHOR_SAMPLES, grace_seconds, steps_per_s
+from probes.runtime.link.pace import grace_seconds, paced_sender
 from probes.runtime.link.sender import Sender, warn
 from probes.runtime.live_checks import loss_contract_live, torch_warnings
 from probes.runtime.measure.layers import LayerMap, map_layers
@@ -112,6 +112,7 @@ class Probe:
                 "will be recorded"
             )
         self._resources = StepResources(self.module, self._fail)  # its time and memory
+        self._oom_reported = False
         self._control, self.sender = self._connect()
         self._boundary = StepBoundary(
             module=self.module,
@@ -127,6 +128,7 @@ class Probe:
             on_error=self._fail,
         )
         self.sender.on_non_finite = self._boundary.anomalies.auto.saw_non_finite  # (auto_anomaly)
+        self._boundary.on_out_of_memory = self.report_out_of_memory
         self._boundary.inferred.find_evaluations(self.begin_evaluation, self._end_found_evaluation)
         self._next_step_scope = StepScope(self._boundary, self, None)
         self._hooks.install(
@@ -172,21 +174,7 @@ class Probe:
             options=options,
         )
         hello["memory_source"] = self._resources.memory_source
-        sender = Sender(
-            self.address,
-            hello,
-            queue_size=options.queue_size,
-            history_capacity=options.history,
-            max_steps_per_s=steps_per_s(options.max_steps_per_s, self.identity.rank),
-            on_command=control.receive,
-            connected=connected,
-            hello_state=control.state.as_dict,
-            # Every rank of a job shows the same steps now and then, whatever its speed.
-            anchor_every=(
-                options.sample_every * ANCHOR_SAMPLES if self.identity.distributed else 0
-            ),
-            token=os.environ.get(TOKEN_ENV),
-        )
+        sender = paced_sender(self.address, hello, options, self.identity, control, connected)
         return control, sender
 
     # --- public API -----------------------------------------------------------------
@@ -426,6 +414,20 @@ class Probe:
             boundary.flush_last()
         finally:
             self.sender.close(reason=reason)
+
+    def report_out_of_memory(self, error: BaseException) -> None:
+        """A step ran out of memory (``error``): the report (its phase, the memory of the
+        last steps, the largest tensors by module) goes to the monitor and stderr, once.
+        For ``probes.runtime.lifecycle`` when the error ends the script unseen by a step."""
+        boundary = self._boundary
+        if not (self._oom_reported or boundary.closed or boundary.disabled):
+            self._oom_reported = True
+            try:
+                alert = self._resources.out_of_memory(error, max(boundary.index, 0), self.optimizer)
+                warn(alert.line())
+                self.send({"kind": "alert", "step": alert.step, "alert": alert.to_dict()})
+            except Exception as exc:
+                self._fail(exc)
 
     def __enter__(self) -> Probe:
         return self

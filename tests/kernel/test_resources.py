@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 from probes.kernel.diagnosis import Severity
-from probes.kernel.diagnosis.memory import human_bytes
+from probes.kernel.units import human_bytes
 from tests.kernel.test_diagnosis import Record, raised, run, step
 
 GRADS = [1.0, 0.8, 0.5]

@@ -163,6 +163,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         "probes.kernel.schema",
         "probes.kernel.diagnosis",
         "probes.kernel.endings",
+        "probes.kernel.units",  # bytes as people read them (the memory rules')
     }
 
 
@@ -180,6 +181,7 @@ def test_monitor_uses_only_the_pure_parts_of_probes() -> None:
         "probes.kernel.diagnosis",
         "probes.kernel.diagnosis.ranks",
         "probes.kernel.endings",
+        "probes.kernel.units",
     ],
 )
 def test_the_probes_stdlib_parts_never_load_torch(module: str) -> None:

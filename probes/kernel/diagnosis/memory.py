@@ -17,18 +17,9 @@ from probes.kernel.diagnosis.rule import Findings, Rule
 from probes.kernel.diagnosis.thresholds import Thresholds
 from probes.kernel.diagnosis.views import RecentPast, StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind
+from probes.kernel.units import human_bytes
 
 _BUCKETS = 256  # the run's memory is kept as at most twice this many floors
-
-
-def human_bytes(count: float) -> str:
-    """``1.9 GiB``, ``502 KiB``, ``12 B``: bytes as a person reads them."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.3g} {unit}" if unit != "B" else f"{value:.0f} B"
-        value /= 1024
-    return f"{value:.3g} TiB"
 
 
 class _Floors:

@@ -195,6 +195,13 @@ class PhaseClock:
             self._close(Phase.OTHER)
             self._state = _State.WAITING
 
+    @property
+    def phase(self) -> str:
+        """The phase under way, by name (``data``, ``forward``, ``backward``, ...)."""
+        if self._in_update:
+            return "optimizer"
+        return _OPEN_AS[self._state].name.lower()
+
     def exclude(self, seconds: float) -> None:
         """The probe spent ``seconds`` of its own inside the open interval."""
         self._excluded += seconds

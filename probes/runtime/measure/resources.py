@@ -7,12 +7,15 @@ end; it writes its fields into the step's record, and removes every hook it made
 from __future__ import annotations
 
 import sys
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
+from probes.kernel.diagnosis import Alert
 from probes.runtime.measure.memory import MemoryGauge
+from probes.runtime.measure.oom import HISTORY_SHOWN, oom_alert
 from probes.runtime.measure.phases import PhaseClock
 from probes.runtime.measure.retained import RetainedGraphs
 
@@ -26,9 +29,11 @@ class StepResources:
     """
 
     def __init__(self, module: nn.Module, on_error: Callable[[BaseException], None]) -> None:
+        self._module = module
         self.graphs = RetainedGraphs()
         self.clock = PhaseClock(module, on_error, on_backward=self.graphs.mark)
         self.gauge = MemoryGauge(module)
+        self.recent_memory: deque[float] = deque(maxlen=HISTORY_SHOWN)  # (an OOM's report)
 
     @property
     def memory_source(self) -> str:
@@ -45,10 +50,24 @@ class StepResources:
         its record's fields."""
         self.clock.harvest(into)
         self.gauge.read(into)
+        self.recent_memory.append(into["memory"])
         self.graphs.read(index, into)
         compiles = compiled_graphs()
         if compiles:
             into["compiles"] = compiles
+
+    def out_of_memory(self, error: BaseException, step: int, optimizer: Any) -> Alert:
+        """The report of a step that ran out of memory (``error``): the phase under way,
+        the last steps' memory and the largest tensors by module (``oom``)."""
+        return oom_alert(
+            error,
+            step=step,
+            phase=self.clock.phase,
+            history=list(self.recent_memory),
+            source=self.memory_source,
+            module=self._module,
+            optimizer=optimizer,
+        )
 
     def step_not_measured(self) -> None:
         """A step ended that no record stands for (``every`` > 1): its time is dropped."""

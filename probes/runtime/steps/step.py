@@ -34,6 +34,7 @@ from probes.runtime.link.sender import Sender, warn
 from probes.runtime.live_checks.wiring import WiringWatch
 from probes.runtime.measure.layers import LayerMap
 from probes.runtime.measure.measurer import StepMeasurer
+from probes.runtime.measure.oom import is_out_of_memory
 from probes.runtime.measure.resources import StepResources
 from probes.runtime.measure.scalars import Scalar, ScalarFiler
 from probes.runtime.measure.stats import Measurement
@@ -92,6 +93,7 @@ class StepBoundary:
         self._scalars = scalars
         self._resources = resources
         self._fail = on_error
+        self.on_out_of_memory: Callable[[BaseException], None] = _ignore  # (the probe's)
         self.index = -1  # the current (or last) step; -1 before the first
         self.in_step = False
         self.disabled = False  # switched off after an internal error (``switch_off``)
@@ -296,6 +298,8 @@ class StepBoundary:
         try:
             swallow = self.anomalies.finish(error, self.index)
             if error is not None and not swallow:
+                if is_out_of_memory(error):
+                    self.on_out_of_memory(error)  # before the error leaves the step
                 self._measurer.abandon()
             else:
                 last = self._measurer.finish()
@@ -450,3 +454,7 @@ class StepBoundary:
             self._after_last.append(record)
         else:
             self._sender.put(record)
+
+
+def _ignore(error: BaseException) -> None:
+    """No one to tell."""
