@@ -1,0 +1,37 @@
+"""``traintop run --headless`` on unmodified scripts that lose time or memory
+(``tests/run_scripts/resources``): the loader the loop waits for is ``input_bound``, the
+FAQ's ``total_loss += loss`` is a ``retained_graph``; their fixed twins raise nothing, and
+every script's numbers are those of the same training without traintop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_run import kinds, result_lines, traintop_run, untouched
+
+pytestmark = pytest.mark.slow  # (a traintop run child each)
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "expected"),
+    [
+        ("slow_loader", (), {"input_bound"}),
+        ("slow_loader", ("--decoded",), set()),
+        ("running_loss", (), {"retained_graph"}),
+        ("running_loss", ("--item",), set()),
+    ],
+)
+def test_time_and_memory_lost_by_an_unmodified_script_are_named(
+    tmp_path: Any, script: str, args: tuple[str, ...], expected: set[str]
+) -> None:
+    (tmp_path / "resources").mkdir()  # (the log is named after the script)
+    done, frames = traintop_run(tmp_path, f"resources/{script}", *args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert kinds(frames) == expected
+    flag = {"slow_loader": "decoded", "running_loss": "item"}[script]
+    assert result_lines(done.stdout) == [untouched(f"resources/{script}", **{flag: bool(args)})]
+    steps = [f for f in frames if f["kind"] == "step"]
+    # the phases and the memory are in every record the monitor got
+    assert steps and all("cycle" in f and "memory" in f for f in steps)
