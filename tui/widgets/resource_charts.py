@@ -105,11 +105,13 @@ class TimeChart(PlotextPlot):
             width = self.size.width or 60
             steps, means = binned(resources, max((width - 8) // BAR_COLUMNS, 1))
             if steps:
+                # one colour and mark a series: plotext takes lists here (its
+                # draw_stacked_bar), though its annotations say one value
                 plt.stacked_bar(
                     steps,
                     [means[name] for name in PHASES],
-                    color=[PHASE_COLORS[name][0] for name in PHASES],
-                    marker=[PHASE_MARKS[name] for name in PHASES],
+                    color=[PHASE_COLORS[name][0] for name in PHASES],  # type: ignore[arg-type]
+                    marker=[PHASE_MARKS[name] for name in PHASES],  # type: ignore[arg-type]
                     width=0.8,
                 )
                 self.bars = means
