@@ -8,9 +8,10 @@ book). ``JobState`` sees them together:
   for every rank's record of its step, then is joined or folded under the job's
   incident); ``JobState`` tells it which runs are its ranks and how far each has come;
 - per-rank numbers for the job view: loss and its spread, step time and the slowest
-  rank's lag, records per rank; for a job of more ranks than the view has lines
-  (``ranks_view``), the ranks that stand out first (gone, quiet, a loss apart from the
-  others', behind the others) and the rest summarised in one line.
+  rank's lag, records per rank, the straggler score (data wait plus forward a step);
+  for a job of more ranks than the view has lines (``ranks_view``), the ranks that
+  stand out first (gone, quiet, a loss apart from the others', behind the others, a
+  straggler) and the rest summarised in one line.
 """
 
 from __future__ import annotations

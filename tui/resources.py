@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from probes.kernel.schema import StepView
 from tui.series import BucketedSeries
@@ -66,6 +65,24 @@ def step_times(view: StepView) -> StepTimes | None:
     return StepTimes(view.step, max(view.steps, 1), cycle, phases)
 
 
+class RecentSteps(Generic[_Item]):
+    """The newest items that cover about ``RECENT_STEPS`` steps (a thinned record's item
+    counts as its steps): the oldest is dropped while the rest still cover them."""
+
+    def __init__(self) -> None:
+        self.items: deque[_Item] = deque()
+        self._steps: deque[int] = deque()
+        self.steps = 0  # the steps the items cover
+
+    def add(self, item: _Item, steps: int) -> None:
+        self.items.append(item)
+        self._steps.append(steps)
+        self.steps += steps
+        while len(self.items) > 1 and self.steps - self._steps[0] >= RECENT_STEPS:
+            self.items.popleft()
+            self.steps -= self._steps.popleft()
+
+
 @dataclass
 class RunResources:
     """A run's step time by phase and its memory: series per step, and the recent past."""
@@ -74,8 +91,8 @@ class RunResources:
     memory: BucketedSeries = field(default_factory=BucketedSeries)  # bytes, at each record
     samples_per_s: float | None = None  # the latest record's
     # the recent records' times and memory, about ``RECENT_STEPS`` steps of them
-    _times: deque[StepTimes] = field(default_factory=deque)
-    _memory: deque[tuple[int, float, int]] = field(default_factory=deque)  # step, bytes, steps
+    recent_times: RecentSteps[StepTimes] = field(default_factory=lambda: RecentSteps())
+    recent_memory: RecentSteps[tuple[int, float]] = field(default_factory=lambda: RecentSteps())
 
     @property
     def timed(self) -> bool:
@@ -96,31 +113,32 @@ class RunResources:
                 if series is None:
                     series = self.phases[name] = BucketedSeries()
                 series.append(view.step, times.phases[name] / times.steps)
-            _keep_recent(self._times, times, lambda kept: kept.steps)
+            self.recent_times.add(times, times.steps)
             if view.samples is not None and view.samples >= 0:
                 self.samples_per_s = view.samples / times.cycle
         memory = view.memory
         if memory is not None and math.isfinite(memory) and memory >= 0:
             self.memory.append(view.step, memory)
-            kept = (view.step, memory, max(view.steps, 1))
-            _keep_recent(self._memory, kept, lambda point: point[2])
+            self.recent_memory.add((view.step, memory), max(view.steps, 1))
 
     def shares(self) -> dict[str, float] | None:
         """Each phase's share of the recent steps' cycle (None: not measured)."""
-        cycle = sum(t.cycle for t in self._times)
+        times = self.recent_times.items
+        cycle = sum(t.cycle for t in times)
         if cycle <= 0:
             return None
-        return {name: sum(t.phases[name] for t in self._times) / cycle for name in PHASES}
+        return {name: sum(t.phases[name] for t in times) / cycle for name in PHASES}
 
     @property
     def memory_now(self) -> float | None:
         """Bytes in use at the latest record's end (None: not measured)."""
-        return self._memory[-1][1] if self._memory else None
+        points = self.recent_memory.items
+        return points[-1][1] if points else None
 
     def memory_slope(self) -> float | None:
         """The memory's recent slope, bytes a step (a least-squares line through the
         recent records' memory; None with fewer than two steps of it)."""
-        points = [(step, value) for step, value, _ in self._memory]
+        points = self.recent_memory.items
         if len(points) < 2:
             return None
         mean_x = sum(x for x, _ in points) / len(points)
@@ -134,18 +152,11 @@ class RunResources:
         """The rank's straggler score: its mean data wait plus forward seconds a step over
         the recent records (a rank that waits on its data or computes slower than the
         others makes them wait at the all-reduce); None when not measured."""
-        steps = sum(t.steps for t in self._times)
-        if not steps:
+        recent = self.recent_times
+        if not recent.steps:
             return None
-        return sum(t.phases["data"] + t.phases["forward"] for t in self._times) / steps
-
-
-def _keep_recent(window: deque[_Item], item: _Item, steps_of: Callable[[_Item], int]) -> None:
-    """Append ``item`` and drop the oldest while the rest still cover ``RECENT_STEPS``."""
-    window.append(item)
-    total = sum(map(steps_of, window))
-    while len(window) > 1 and total - steps_of(window[0]) >= RECENT_STEPS:
-        total -= steps_of(window.popleft())
+        waited = sum(t.phases["data"] + t.phases["forward"] for t in recent.items)
+        return waited / recent.steps
 
 
 def byte_size(value: float) -> str:

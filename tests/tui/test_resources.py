@@ -68,7 +68,7 @@ def test_the_series_stay_bounded_and_the_recent_window_about_fifty_steps() -> No
     capacity = resources.memory.capacity
     assert len(resources.memory) <= capacity
     assert all(len(resources.phases[name]) <= capacity for name in PHASES)
-    assert len(resources._times) == 50 and len(resources._memory) == 50
+    assert len(resources.recent_times.items) == len(resources.recent_memory.items) == 50
     assert resources.memory_slope() == pytest.approx(MIB)
 
 
