@@ -51,6 +51,7 @@ from tui.widgets import (
     StatusLine,
 )
 from tui.widgets.alerts_panel import sorted_alerts
+from tui.widgets.resource_charts import ResourceViews
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
 REPLAY_NOT_LIVE = "replay: the run is not live"  # what a command key says in a replay
@@ -149,7 +150,9 @@ class TraintopApp(App[int]):
             yield RunList(id="runs")
             with Vertical(id="views"):
                 yield RanksPanel(id="ranks")
-                yield LossChart(id="loss")
+                with Horizontal(id="charts"):
+                    yield LossChart(id="loss")
+                    yield ResourceViews(id="resources")
                 yield AlertsPanel(id="alerts")
                 yield LayerTable(id="layers")
                 yield GradHeatmapView(id="heatmap")
@@ -224,8 +227,9 @@ class TraintopApp(App[int]):
         self.query_one(StatusLine).show(run, self.state, self.source.description)
         self.query_one(RunList).show(self.state, self.selected_run)
         self.query_one(RanksPanel).show(run, self.state)
-        if self.query_one(LossChart).display:
+        if self.query_one("#charts").display:
             self.query_one(LossChart).show(run)
+            self.query_one(ResourceViews).show(run)
         self.query_one(LayerTable).show(run)
         self.query_one(GradHeatmapView).show(run)
         self.query_one(AlertsPanel).show(run)
@@ -233,7 +237,7 @@ class TraintopApp(App[int]):
     def _lay_out(self, run: RunState | None) -> None:
         """Share the rows between the views (``tui.layout``), for this run and size."""
         views = self.query_one("#views")
-        chart, table = self.query_one(LossChart), self.query_one(LayerTable)
+        chart, table = self.query_one("#charts"), self.query_one(LayerTable)
         panel = self.query_one(AlertsPanel)
         # a table wider than its room has a horizontal scroll bar: one more row
         scroll_bar = int(table.virtual_size.width > table.size.width > 0)
@@ -248,6 +252,8 @@ class TraintopApp(App[int]):
         )
         heat = self.query_one(GradHeatmapView)
         chart.display = rows.chart > 0
+        if self.query_one(ResourceViews).fit(run, self.size.width, rows.chart):
+            self.call_after_refresh(self.redraw, True)
         table.display, heat.display = not self.heatmap_shown, self.heatmap_shown
         for widget, height in (
             (chart, rows.chart),

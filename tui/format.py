@@ -7,7 +7,9 @@ import time
 from collections.abc import Sequence
 
 from probes.kernel.diagnosis import Severity, worst_severity
+from probes.kernel.diagnosis.vocabulary import AlertKind
 from probes.kernel.endings import RunEnd
+from tui.resources import byte_size, slope_words
 from tui.run import RunState
 from tui.state import MonitorState
 from tui.text import cut_words, plain_line, plain_name
@@ -29,6 +31,22 @@ def number(value: float | None, digits: int = 4) -> str:
     if 1e-3 <= magnitude < 1e4:
         return f"{value:.{digits}g}"
     return f"{value:.{max(digits - 2, 1)}e}"
+
+
+def seconds_short(value: float | None) -> str:
+    """A duration in at most six characters: ``850µs``, ``4.2ms``, ``23ms``, ``1.25s``;
+    ``-`` for None."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if value <= 0:
+        return "0"
+    if value < 1e-3:
+        return f"{value * 1e6:.0f}µs"
+    if value < 1e-2:
+        return f"{value * 1e3:.1f}ms"
+    if value < 1:
+        return f"{value * 1e3:.0f}ms"
+    return f"{value:.2f}s" if value < 100 else f"{value:.0f}s"
 
 
 def sparkline(values: Sequence[float], width: int, *, log: bool = True) -> str:
@@ -157,6 +175,7 @@ def status_fields(
             "dropped" if run.dropped else "dropped_none",
         ),
     ]
+    fields += resource_fields(run)
     share = run.probe_share
     if share is not None:
         style = Severity.WARNING.style if share > PROBE_COST_WARN else ""
@@ -166,6 +185,40 @@ def status_fields(
         fields.append(StatusField(rejected, GONE_STYLE, "rejected"))
     if len(monitor.runs) > 1:
         fields.append(StatusField(f"{len(monitor.runs)} runs", role="runs"))
+    return fields
+
+
+#: The alerts that turn each resource field to the warning's style (the error's, for
+#: the memory running out).
+DATA_ALERTS = frozenset({AlertKind.INPUT_BOUND})
+MEMORY_ALERTS = frozenset({AlertKind.MEMORY_CREEP, AlertKind.RETAINED_GRAPH})
+
+
+def resource_fields(run: RunState) -> list[str]:
+    """``data 23%`` (the data wait's share of the recent steps' cycle) and ``mem 3.1G
+    +12M/step`` (the memory now, its recent slope a step), each when measured; a field
+    whose alert is active on the run is shown in the warning's style and keeps its place
+    longer (its role is ``data``/``memory``, not ``data_quiet``/``memory_quiet``)."""
+    kinds = {alert.kind for alert in run.active_alerts}
+    resources = run.resources
+    fields: list[str] = []
+    shares = resources.shares()
+    if shares is not None:
+        warn = not DATA_ALERTS.isdisjoint(kinds)
+        text = f"data {100 * shares['data']:.0f}%"
+        style = Severity.WARNING.style if warn else ""
+        fields.append(StatusField(text, style, "data" if warn else "data_quiet"))
+    memory = resources.memory_now
+    if memory is not None:
+        slope = resources.memory_slope()
+        text = f"mem {byte_size(memory)}" + ("" if slope is None else f" {slope_words(slope)}")
+        if AlertKind.OUT_OF_MEMORY in kinds:
+            style = GONE_STYLE
+        elif not MEMORY_ALERTS.isdisjoint(kinds):
+            style = Severity.WARNING.style
+        else:
+            style = ""
+        fields.append(StatusField(text, style, "memory" if style else "memory_quiet"))
     return fields
 
 
@@ -200,7 +253,19 @@ STATUS_SEPARATORS = (" │ ", "│")
 #: wide: what the run list, the chart or a toast tells too, then the least asked for.
 #: The run's name, its step, how it is connected (or ended, or its control) and its
 #: alerts stay.
-GIVE_WAY = ("probe", "runs", "dropped_none", "speed", "rejected", "dropped", "loss")
+GIVE_WAY = (
+    "probe",
+    "runs",
+    "dropped_none",
+    "speed",
+    "memory_quiet",
+    "data_quiet",
+    "rejected",
+    "dropped",
+    "loss",
+    "memory",
+    "data",
+)
 
 
 def fit_status(

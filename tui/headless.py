@@ -51,6 +51,7 @@ from tui.events import (
 )
 from tui.format import number, validation_label
 from tui.monitor import Monitor
+from tui.resources import summary_words
 from tui.run import RunState
 from tui.server import Connection
 from tui.sources import FrameSource
@@ -402,8 +403,9 @@ def job_words(run: RunState, *, world: bool = True) -> str:
 def summary_line(run: RunState, *, label: str | None = None) -> str:
     """``run=... step=N loss=... val_loss=V@STEP grad_norm=... steps/s=... dropped=N
     alerts=N raised=N`` (the validation loss with the step it was taken at; ``alerts``:
-    active now; ``raised``: since the run began). ``label``: the run's ``run=`` word
-    (default: its name)."""
+    active now; ``raised``: since the run began), with the phases' shares and the memory
+    after the speed when measured (``tui.resources.summary_words``). ``label``: the run's ``run=``
+    word (default: its name)."""
     rate = run.steps_per_s
     val = validation_label(run)
     name = word(plain_name(run.name)) if label is None else label
@@ -417,6 +419,7 @@ def summary_line(run: RunState, *, label: str | None = None) -> str:
     parts += [
         f"grad_norm={number(run.grad_total.latest)}",
         f"steps/s={'-' if rate is None else f'{rate:.1f}'}",
+        *summary_words(run.resources),
         f"dropped={run.dropped}",
         f"alerts={len(run.active_alerts)}",
         f"raised={len(run.raised_alerts)}",

@@ -8,9 +8,10 @@ book). ``JobState`` sees them together:
   for every rank's record of its step, then is joined or folded under the job's
   incident); ``JobState`` tells it which runs are its ranks and how far each has come;
 - per-rank numbers for the job view: loss and its spread, step time and the slowest
-  rank's lag, records per rank; for a job of more ranks than the view has lines
-  (``ranks_view``), the ranks that stand out first (gone, quiet, a loss apart from the
-  others', behind the others) and the rest summarised in one line.
+  rank's lag, records per rank, the straggler score (data wait plus forward a step);
+  for a job of more ranks than the view has lines (``ranks_view``), the ranks that
+  stand out first (gone, quiet, a loss apart from the others', behind the others, a
+  straggler) and the rest summarised in one line.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class RankSummary:
     records: int
     connected: bool
     quiet_s: float
+    # its mean data wait plus forward seconds a step, recently (None: not measured)
+    straggle: float | None = None
 
 
 #: Ranks listed one a line; a job of more shows those that stand out and a summary.
@@ -234,7 +237,8 @@ class JobState:
     # --- the job view -------------------------------------------------------------------
 
     def summary(self, runs: dict[str, RunState], now: float) -> list[RankSummary]:
-        """Per rank: host, step, loss, speed, lag behind the furthest rank, records."""
+        """Per rank: host, step, loss, speed, lag behind the furthest rank, records, and
+        its straggler score (``RunResources.straggle``)."""
         members = list(self.rank_runs(runs))
         furthest = max((r.last_step for r in members), default=0)
         return [
@@ -249,6 +253,7 @@ class JobState:
                 r.step_records,
                 r.connected,
                 now - r.last_frame_at,
+                r.resources.straggle(),
             )
             for r in members
         ]
@@ -263,12 +268,13 @@ class JobState:
 
 def ranks_view(lines: list[RankSummary], selected: str | None = None) -> RanksView:
     """The job view's lines from the ranks' (``JobState.summary``, by rank): every rank
-    for a job of up to ``LISTED_RANKS``; for a larger one the ranks that stand out, the
-    worst first (gone, quiet, a loss apart, behind), then the rank the views show
-    (``selected``, a run id) and rank 0, each with why it is listed, and the others
-    summarised."""
+    for a job of up to ``LISTED_RANKS`` (by straggler score, highest first, where the
+    ranks measure it: ``by_straggle``); for a larger one the ranks that stand out, the
+    worst first (gone, quiet, a loss apart, behind, a straggler), then the rank the
+    views show (``selected``, a run id) and rank 0, each with why it is listed, and the
+    others summarised."""
     if len(lines) <= LISTED_RANKS:
-        return RanksView([(line, "") for line in lines], None)
+        return RanksView([(line, "") for line in by_straggle(lines)], None)
     reasons = _standing_out(lines)
     notable = sorted(
         (line for line in lines if line.rank in reasons),
@@ -286,7 +292,19 @@ def ranks_view(lines: list[RankSummary], selected: str | None = None) -> RanksVi
 
 
 # Why a rank is listed, the worst first.
-_WORST_FIRST = ("gone", "quiet", "loss", "behind")
+_WORST_FIRST = ("gone", "quiet", "loss", "behind", "straggler")
+# A rank is a straggler when its score (``RankSummary.straggle``) is this many
+# interquartile ranges above the ranks' third quartile, and this share above their median.
+STRAGGLE_IQRS = 3.0
+STRAGGLE_SHARE = 0.2
+
+
+def by_straggle(lines: list[RankSummary]) -> list[RankSummary]:
+    """The ranks by straggler score, highest first (those not measured last, by rank):
+    the rank the others wait for at each all-reduce comes first."""
+    return sorted(
+        lines, key=lambda line: (line.straggle is None, -(line.straggle or 0.0), line.rank)
+    )
 
 
 def _standing_out(lines: list[RankSummary]) -> dict[int, tuple[str, float]]:
@@ -296,6 +314,8 @@ def _standing_out(lines: list[RankSummary]) -> dict[int, tuple[str, float]]:
     losses = [line.loss for line in live if line.loss is not None and math.isfinite(line.loss)]
     loss_band = _band(losses, LOSS_IQRS)
     step_band = _band([float(line.step) for line in live], LAG_IQRS)
+    scores = [line.straggle for line in live if line.straggle is not None]
+    straggle_band = _band(scores, STRAGGLE_IQRS)
     for line in lines:
         if not line.connected:
             out[line.rank] = ("gone", line.lag)
@@ -312,6 +332,11 @@ def _standing_out(lines: list[RankSummary]) -> dict[int, tuple[str, float]]:
             low, _, median = step_band
             if line.step < low and median - line.step >= LAG_MIN_STEPS:
                 out[line.rank] = ("behind", line.lag)
+        score = line.straggle
+        if line.rank not in out and straggle_band is not None and score is not None:
+            _, high, median = straggle_band
+            if line.connected and score > high and score > (1 + STRAGGLE_SHARE) * median:
+                out[line.rank] = ("straggler", score)
     return out
 
 

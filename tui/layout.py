@@ -53,3 +53,18 @@ def plan_rows(height: int, *, alerts: int, layers: int, heatmap: bool = False) -
     alerts_rows = min(alerts_wanted, max(rest - TABLE_MIN, 0))
     table = min(layers + TABLE_CHROME, rest - alerts_rows)
     return Rows(chart=chart + rest - alerts_rows - table, alerts=alerts_rows, layers=table)
+
+
+WIDE_MIN = 140  # columns from which the time and memory charts stand beside the loss chart
+RESOURCE_SHARE = 0.4  # ... of the chart row's columns
+RESOURCE_ROWS_MIN = 2 * CHART_MIN  # ... and rows the row must have (both charts readable)
+
+
+def resource_columns(width: int, chart_rows: int, *, measured: bool) -> int:
+    """Columns the time and memory charts take beside the loss chart (0: not shown):
+    only for a run that measures its step time or memory, on a wide terminal
+    (``WIDE_MIN``), where the chart row is tall enough; at 80x24 the status line alone
+    tells of them."""
+    if not measured or width < WIDE_MIN or chart_rows < RESOURCE_ROWS_MIN:
+        return 0
+    return round(width * RESOURCE_SHARE)

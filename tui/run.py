@@ -21,6 +21,7 @@ from probes.kernel.schema import EvalView, StepView, validation_loss_name
 from probes.kernel.schema.floats import Float32List
 from probes.kernel.wire import Frame
 from tui.heatmap import GradHeatmap
+from tui.resources import RunResources
 from tui.series import BucketedSeries
 
 _Value = TypeVar("_Value")
@@ -82,6 +83,7 @@ class RunState:
     last_seq: dict[str, int] = field(default_factory=dict)
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     heatmap: GradHeatmap = field(default_factory=lambda: GradHeatmap(0))
+    resources: RunResources = field(default_factory=RunResources)  # step time, memory
     # (probe_time, duration) of recent step records that carry the probe's own time
     _probe_cost: deque[tuple[float, float]] = field(
         default_factory=lambda: deque(maxlen=PROBE_COST_WINDOW)
@@ -233,6 +235,7 @@ class RunState:
         self.dropped = view.dropped or self.dropped
         self._recent.append((view.time, step))
         self._note_probe_cost(view.probe_time, view.duration)
+        self.resources.apply(view)
         for name, value in view.scalars.items():
             self._series(self.scalars, name).append(step, value)
         if view.grad_norm_total is not None:

@@ -21,13 +21,16 @@ from tests.frames import (
     exploding_run,
     fixed_and_exploding,
     hello,
+    probe_alert,
     short_run,
     step,
 )
+from tests.tui.resource_frames import timed_run
 from tests.waiting import settle
 from tui.app import make_app
 from tui.sources import FrameListSource
 from tui.widgets import AlertsPanel, LossChart
+from tui.widgets.resource_charts import MemoryChart, ResourceViews, TimeChart
 
 SIZE = (120, 40)
 # The monitor must read at a common default terminal and at a roomy one: each main
@@ -288,4 +291,44 @@ def test_alert_detail_gpt_80x24(snap_compare: SnapCompare) -> None:
 def test_help_screen_80x24(snap_compare: SnapCompare) -> None:
     assert snap_compare(
         app_on(gpt_run()), terminal_size=(80, 24), run_before=opens("question_mark", "HelpScreen")
+    )
+
+
+# --- the step's time and memory (the records' phases, memory_source "rss") -------------
+
+
+def input_bound_run() -> list:
+    """``timed_run(120)``: a quarter of each 40 ms step waiting on its data (twice that
+    every tenth step), the memory growing 12 MiB a step; then an ``input_bound`` alert."""
+    alert = probe_alert("input_bound", "warning", 119, seq=200)
+    alert["alert"] = {
+        **alert["alert"],
+        "evidence": {"data_share": 0.27},
+        "signal": "the step waits on its data for 27% of its cycle",
+    }
+    return [*timed_run(120), alert]
+
+
+def resources_drawn(app: App) -> bool:
+    """The replay is over, its alert listed, the memory in the status line; on a wide
+    terminal, the time and memory charts drawn at their width."""
+    status = app.query_one("#status").text  # type: ignore[attr-defined]
+    if not (replay_over(app) and app.query_one(AlertsPanel).entries and "mem " in status):
+        return False
+    if app.size.width < 140:
+        return True
+    return (
+        app.query_one(ResourceViews).region.width == 64
+        and bool(app.query_one(TimeChart).bars)
+        and bool(app.query_one(MemoryChart).plotted)
+    )
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_time_and_memory(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
+    """``data 27%`` in the warning's style (the alert) and ``mem 4.5G +12M/step`` in the
+    status line at every size; at 160x48 the time a step by phase (stacked, the data
+    wait on top) and the memory beside the loss chart."""
+    assert snap_compare(
+        app_on(input_bound_run()), terminal_size=size, run_before=until(resources_drawn)
     )

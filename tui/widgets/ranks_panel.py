@@ -1,7 +1,9 @@
 """The job view: one line per rank of the selected run's job.
 
-Per rank its host, step, loss, speed, how far it lags the furthest rank, and how many
-records it sent; above them the ranks' loss (median and spread) and the slowest rank.
+Per rank its host, step, loss, speed, how far it lags the furthest rank, its data wait
+plus forward time a step (the straggler score: a job of up to ``LISTED_RANKS`` is listed
+by it, highest first, where its ranks measure it), and how many records it sent; above
+them the ranks' loss (median and spread) and the slowest rank.
 A job of more ranks than ``LISTED_RANKS`` lists those that stand out first (gone,
 quiet, a loss apart, behind: ``tui.jobs.ranks_view``), the shown rank and rank 0, and
 one line for the others. Shown only for a run that is a rank of a multi-rank job;
@@ -15,7 +17,7 @@ import time
 from rich.text import Text
 from textual.widgets import DataTable
 
-from tui.format import number
+from tui.format import number, seconds_short
 from tui.jobs import (
     LISTED_RANKS,
     QUIET_S,
@@ -28,13 +30,14 @@ from tui.run import RunState
 from tui.state import MonitorState
 from tui.text import plain_name
 
-COLUMNS = (  # (label, width): 80 columns hold them all
+COLUMNS = (  # (label, width): 88 columns hold them all (a narrower table scrolls)
     ("rank", 4),
     ("host", 10),
     ("step", 8),
     ("loss", 9),
     ("steps/s", 7),
     ("lag", 5),
+    ("in+fwd", 6),  # the straggler score: data wait plus forward, a step
     ("records", 7),
     ("state", 10),
 )
@@ -141,7 +144,7 @@ def job_title(job: JobState, monitor: MonitorState, summary: list[RankSummary]) 
 
 
 #: What the state cell says of a rank listed for standing out (``tui.jobs.ranks_view``).
-WHY_LISTED = {"loss": "loss apart", "behind": "behind"}
+WHY_LISTED = {"loss": "loss apart", "behind": "behind", "straggler": "straggler"}
 
 
 def rank_row(line: RankSummary, *, selected: bool, why: str = "") -> tuple[Text | str, ...]:
@@ -160,6 +163,7 @@ def rank_row(line: RankSummary, *, selected: bool, why: str = "") -> tuple[Text 
         number(line.loss),
         "-" if line.steps_per_s is None else f"{line.steps_per_s:.1f}",
         str(line.lag),
+        seconds_short(line.straggle),
         f"{line.records:,}",
         Text(state, style="" if line.connected and why not in WHY_LISTED else "red"),
     )
@@ -176,6 +180,7 @@ def rest_row(rest: RestSummary) -> tuple[Text | str, ...]:
         "-" if rest.loss is None else number(rest.loss[0]),
         "-" if rest.steps_per_s is None else f"{rest.steps_per_s:.1f}",
         f"≤{rest.lag:,}",
+        "",
         f"{rest.records:,}",
         Text("in step", style="dim"),
     )
