@@ -112,7 +112,7 @@ class JobState:
     def add_rank(self, run: RunState) -> None:
         """A rank said hello (again)."""
         self.ranks[run.rank] = run.run_id
-        self.diagnoser.start(tuple(run.layers), run.info.sync)
+        self.diagnoser.start(tuple(run.layers), run.info.sync, rank=run.rank, host=run.info.host)
 
     def has_live_rank(self, runs: dict[str, RunState]) -> bool:
         """Is any of the job's ranks still connected? (Read at every close: asks the

@@ -5,11 +5,13 @@ every script's numbers are those of the same training without traintop."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
 
-from tests.e2e.test_run import kinds, result_lines, traintop_run, untouched
+from tests.collector import verdict_lines
+from tests.e2e.test_run import kinds, result_lines, torchrun, traintop_run, untouched
 
 pytestmark = pytest.mark.slow  # (a traintop run child each)
 
@@ -35,3 +37,19 @@ def test_time_and_memory_lost_by_an_unmodified_script_are_named(
     steps = [f for f in frames if f["kind"] == "step"]
     # the phases and the memory are in every record the monitor got
     assert steps and all("cycle" in f and "memory" in f for f in steps)
+
+
+@pytest.mark.parametrize(("args", "expected"), [((), ["straggler"]), (("--same-readers",), [])])
+def test_the_rank_whose_reader_is_slow_is_the_straggler_by_its_data_wait(
+    tmp_path: Any, args: tuple[str, ...], expected: list[str]
+) -> None:
+    (tmp_path / "resources").mkdir()
+    done, _ = traintop_run(tmp_path, "resources/ddp_slow_rank", *args, launcher=torchrun())
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = verdict_lines(done.stdout)
+    assert [line.split()[2] for line in lines] == expected, lines
+    if expected:
+        [line] = lines
+        assert 'subject="rank 1"' in line or "subject='rank 1'" in line or "rank=1" in line
+        assert "phase=data" in line
+        assert f"host={socket.gethostname()}" in line

@@ -13,7 +13,10 @@ from torch.utils.data import DataLoader, Dataset
 class Images(Dataset):
     def __init__(self, count: int, decoded: bool) -> None:
         g = torch.Generator().manual_seed(0)
-        self.x, self.y = torch.randn(count, 64, generator=g), torch.randint(0, 4, (count,), generator=g)
+        self.x, self.y = (
+            torch.randn(count, 64, generator=g),
+            torch.randint(0, 4, (count,), generator=g),
+        )
         self.decoded = decoded
 
     def __len__(self) -> int:
@@ -27,7 +30,9 @@ class Images(Dataset):
 
 def train(decoded: bool, steps: int = 160) -> str:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+    model = nn.Sequential(
+        nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4)
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     loader = DataLoader(Images(32 * steps, decoded), batch_size=32, shuffle=True)
     for x, y in loader:
