@@ -123,10 +123,17 @@ SCENARIOS: dict[str, ScenarioInfo] = {
         ("memory_creep",),
         view="alerts (the memory and its growth)",
     ),
+    "straggler": ScenarioInfo(
+        "a 2-rank DDP job whose rank 1 waits 25 ms for each batch: rank 0 waits for it in "
+        "every all-reduce",
+        ("straggler",),
+        subject="rank 1",
+        view="job view (ranks), alerts",
+    ),
 }
 
 #: Scenarios that are jobs of several ranks (``demo.ddp``), not one training loop.
-JOB_SCENARIOS = frozenset({"ddp-desync"})
+JOB_SCENARIOS = frozenset({"ddp-desync", "straggler"})
 
 
 NBSP = "\u00a0"
