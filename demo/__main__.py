@@ -59,15 +59,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_job_scenario(args: argparse.Namespace) -> int:
     """A multi-rank scenario: its ranks are this process's children."""
-    from demo.ddp import JobOptions, run_job
+    from demo.ddp import JOB_BUGS, JobOptions, run_job
 
     name = args.scenario + (" (fixed)" if args.fixed else "")
     delay = 0.02 if args.delay is None else max(args.delay, 0.0)
-    run_job(
-        JobOptions(
-            name=name, steps=args.steps or 300, delay=delay, desync=not args.fixed, seed=args.seed
-        )
-    )
+    bug = {} if args.fixed else JOB_BUGS[args.scenario]
+    run_job(JobOptions(name=name, steps=args.steps or 300, delay=delay, seed=args.seed, **bug))
     return 0
 
 

@@ -105,10 +105,35 @@ SCENARIOS: dict[str, ScenarioInfo] = {
         view="job view (ranks), alerts",
         either=True,  # whichever the ranks' shown steps reveal first; the other folds
     ),
+    "input-bound": ScenarioInfo(
+        "the loader takes 8 ms for each batch of a step that computes in about 5: the "
+        "loop waits for its data most of the time",
+        ("input_bound",),
+        view="alerts (the data share of the step)",
+    ),
+    "retained-graph": ScenarioInfo(
+        "the loop sums its losses as tensors (total_loss += loss): every step's autograd "
+        "graph stays alive, chained to the total",
+        ("retained_graph",),
+        view="alerts",
+    ),
+    "memory-creep": ScenarioInfo(
+        "the loop keeps a copy of the weights after every update and never evicts one: "
+        "the process's memory grows by 282 KB a step",
+        ("memory_creep",),
+        view="alerts (the memory and its growth)",
+    ),
+    "straggler": ScenarioInfo(
+        "a 2-rank DDP job whose rank 1 waits 25 ms for each batch: rank 0 waits for it in "
+        "every all-reduce",
+        ("straggler",),
+        subject="rank 1",
+        view="job view (ranks), alerts",
+    ),
 }
 
 #: Scenarios that are jobs of several ranks (``demo.ddp``), not one training loop.
-JOB_SCENARIOS = frozenset({"ddp-desync"})
+JOB_SCENARIOS = frozenset({"ddp-desync", "straggler"})
 
 
 NBSP = "\u00a0"

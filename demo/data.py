@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -31,17 +32,24 @@ def teacher_regression(
 
 
 class Batches:
-    """Endless shuffled mini-batches of a split, from a seeded generator."""
+    """Endless shuffled mini-batches of a split, from a seeded generator.
 
-    def __init__(self, split: Split, batch_size: int, seed: int = 0) -> None:
+    ``delay``: seconds each batch takes to arrive, as from a loader that reads and
+    decodes on the training loop's thread (the input-bound and straggler scenarios).
+    """
+
+    def __init__(self, split: Split, batch_size: int, seed: int = 0, delay: float = 0.0) -> None:
         self.split = split
         self.batch_size = batch_size
+        self.delay = delay
         self._gen = torch.Generator().manual_seed(seed)
         self._order = torch.empty(0, dtype=torch.long)
         self._at = 0
         self.drawn = -1  # index of the last batch drawn (logged, named in anomaly reports)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.delay:
+            time.sleep(self.delay)  # the slow loader: the loop waits for its batch
         if self._at + self.batch_size > len(self._order):
             self._order = torch.randperm(len(self.split), generator=self._gen)
             self._at = 0

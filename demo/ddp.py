@@ -9,7 +9,11 @@ options reproduce what goes wrong in real multi-rank runs:
   loss looks fine (a pattern from a public report on multi-GPU fine-tuning);
 - ``bad_shard``: one rank's data turns corrupt (inputs and targets scaled by 1e3) from a
   step on;
-- ``die``: one rank dies (``os._exit``) at a step, as a killed process does.
+- ``die``: one rank dies (``os._exit``) at a step, as a killed process does;
+- ``slow_loader``: one rank's loader takes longer for each batch, and every other rank
+  waits for it in each all-reduce (a straggler).
+
+``JOB_BUGS`` holds what each job scenario of the gallery sets (``--fixed``: none of it).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,7 +34,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import probes
-from demo.data import Batches, teacher_regression
+from demo.catalog import JOB_SCENARIOS
+from demo.data import Batches, Split, teacher_regression
 
 
 @dataclass(frozen=True)
@@ -43,8 +49,18 @@ class JobOptions:
     desync: bool = False
     bad_shard: tuple[int, int] | None = None  # (rank, from step)
     die: tuple[int, int] | None = None  # (rank, at step)
+    slow_loader: tuple[int, float] | None = None  # (rank, seconds it takes for each batch)
     seed: int = 0
     timeout_s: float = 60.0  # gloo's collective timeout: a dead rank fails the job
+
+
+#: What each job scenario sets in ``JobOptions``: its bug (``--fixed`` sets none of it).
+JOB_BUGS: dict[str, dict[str, Any]] = {
+    "ddp-desync": {"desync": True},
+    # rank 1 waits 25 ms for each batch, on steps that compute in a few
+    "straggler": {"slow_loader": (1, 0.025)},
+}
+assert set(JOB_BUGS) == JOB_SCENARIOS, "demo.catalog and demo.ddp disagree on the jobs"
 
 
 # Forked ranks start in a fraction of a second; spawned ones import torch again each
@@ -109,8 +125,7 @@ def _train(rank: int, options: JobOptions) -> None:
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     train, _ = teacher_regression(2048, 256, seed=options.seed)
-    shard = type(train)(train.x[rank :: options.world_size], train.y[rank :: options.world_size])
-    batches = Batches(shard, 32, seed=options.seed + rank)
+    batches = rank_batches(rank, options, train)
     loss_fn = nn.MSELoss()
     with probes.watch(ddp, optimizer, run=options.name) as probe:
         for step in range(options.steps):
@@ -133,3 +148,11 @@ def _train(rank: int, options: JobOptions) -> None:
                 probe.log(loss=loss)
             if options.delay:
                 time.sleep(options.delay)
+
+
+def rank_batches(rank: int, options: JobOptions, train: Split) -> Batches:
+    """The rank's shard of ``train``, in batches of 32; slow where ``slow_loader`` says."""
+    shard = Split(train.x[rank :: options.world_size], train.y[rank :: options.world_size])
+    slow = options.slow_loader
+    delay = slow[1] if slow is not None and slow[0] == rank else 0.0
+    return Batches(shard, 32, seed=options.seed + rank, delay=delay)

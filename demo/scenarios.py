@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,46 +15,8 @@ from torch import nn
 import probes
 from demo.catalog import JOB_SCENARIOS, SCENARIOS
 from demo.data import Split, shuffled, teacher_classification, teacher_regression
-
-
-@dataclass
-class Setup:
-    """What the trainer needs to run a scenario."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    train: Split
-    val: Split
-    steps: int
-    batch_size: int = 64
-    eval_every: int = 25
-    watch_delay: float = 0.01  # seconds between steps when a person watches (traintop demo)
-    guard: bool = False  # start with the guard on (non-finite gradients skip the update)
-    target_shift: float = 0.0  # added to the targets (a scale the model must reach)
-    target_scale: float = 1.0
-    zero_grad: bool = True  # False: the no-zero-grad bug
-    eval_mode: bool = True  # False: validation with model.train() left on
-    eval_no_grad: bool = True  # False: validation with gradient recording on
-    # Run before the first step (the data and batch checks), with the probe attached.
-    before_training: Callable[[Setup, Any], None] | None = None
-
-    def target(self, y: torch.Tensor) -> torch.Tensor:
-        """The targets as this scenario trains on them."""
-        if self.target_scale == 1.0 and self.target_shift == 0.0:
-            return y
-        return y * self.target_scale + self.target_shift
-
-
-def mlp(dim: int, hidden: int, depth: int, activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
-    """``depth`` hidden layers of width ``hidden``, then one output."""
-    layers: list[nn.Module] = []
-    width = dim
-    for _ in range(depth):
-        layers += [nn.Linear(width, hidden), activation()]
-        width = hidden
-    layers.append(nn.Linear(width, 1))
-    return nn.Sequential(*layers)
+from demo.scenarios_resources import RESOURCE_BUILDERS
+from demo.setups import Setup, mlp
 
 
 def healthy(fixed: bool = False) -> Setup:
@@ -435,6 +396,7 @@ BUILDERS: dict[str, Callable[[bool], Setup]] = {
     "leakage": leakage,
     "shape-bug": shape_bug,
     "lr-too-low": lr_too_low,
+    **RESOURCE_BUILDERS,
 }
 
 assert set(BUILDERS) | JOB_SCENARIOS == set(SCENARIOS), "demo.catalog and demo.scenarios disagree"

@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import deque
 from typing import Any
 
 import torch
+from torch.nn.utils import parameters_to_vector
 
 import probes
 from demo.data import Batches
-from demo.scenarios import Setup
+from demo.setups import Setup
 
 
 def train(
@@ -31,8 +33,10 @@ def train(
     """
     torch.manual_seed(seed)
     steps = setup.steps if steps is None else steps
-    batches = Batches(setup.train, setup.batch_size, seed=seed)
+    batches = Batches(setup.train, setup.batch_size, seed=seed, delay=setup.data_delay)
     model, optimizer, loss_fn = setup.model, setup.optimizer, setup.loss_fn
+    total_loss: Any = 0.0  # for the run's mean loss, printed at the end
+    history: deque[torch.Tensor] = deque(maxlen=setup.snapshots)  # maxlen None: unbounded
     probe_options.setdefault("guard", setup.guard)
     x, y = batches.next()
     retried = False
@@ -48,6 +52,13 @@ def train(
                 loss.backward()
                 optimizer.step()
                 probe.log(loss=loss)
+            if setup.keep_graph:
+                total_loss += loss  # the bug: a tensor, which keeps this step's graph alive
+            else:
+                total_loss += loss.item()  # a number: the graph is freed
+            if setup.snapshots != 0:  # the weights after each update, kept for a later look
+                with torch.no_grad():
+                    history.append(parameters_to_vector(model.parameters()))
             # A batch whose update was skipped (guard, anomaly step) is tried once more,
             # so that the anomaly step a person asks for next sees the same batch.
             retried = probe.update_skipped and not retried
@@ -59,6 +70,7 @@ def train(
                     print(f"step {step} loss {loss.item():.4g} val_loss {val_loss:.4g}", flush=True)
             if delay:
                 time.sleep(delay)
+    print(f"mean loss {total_loss / steps:.4g} over {steps} steps", flush=True)
     return steps
 
 

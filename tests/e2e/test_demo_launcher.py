@@ -57,7 +57,15 @@ def test_the_trainer_command_names_the_installed_demo_package() -> None:
     assert command[-1] == "healthy" and "-m" not in command
 
 
-NUMBER_WORDS = {14: "fourteen", 15: "fifteen", 16: "sixteen", 17: "seventeen", 18: "eighteen"}
+NUMBER_WORDS = {
+    14: "fourteen",
+    15: "fifteen",
+    16: "sixteen",
+    17: "seventeen",
+    18: "eighteen",
+    19: "nineteen",
+    20: "twenty",
+}
 
 
 def gallery_table(gallery: str) -> list[str]:
