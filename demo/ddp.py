@@ -45,7 +45,7 @@ class JobOptions:
     name: str = "ddp"
     world_size: int = 2
     steps: int = 300
-    delay: float = 0.0  # seconds between steps, for watching
+    delay: float = 0.0  # seconds added to each step, for watching
     desync: bool = False
     bad_shard: tuple[int, int] | None = None  # (rank, from step)
     die: tuple[int, int] | None = None  # (rank, at step)
@@ -144,10 +144,10 @@ def _train(rank: int, options: JobOptions) -> None:
                 forward = ddp.module if options.desync and step % 2 else ddp
                 loss = loss_fn(forward(x), y)
                 loss.backward()
+                if options.delay:  # (in the step: a pause between steps reads as data)
+                    time.sleep(options.delay)
                 optimizer.step()
                 probe.log(loss=loss)
-            if options.delay:
-                time.sleep(options.delay)
 
 
 def rank_batches(rank: int, options: JobOptions, train: Split) -> Batches:

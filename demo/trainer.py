@@ -28,7 +28,9 @@ def train(
 ) -> int:
     """Train ``setup`` for ``steps`` steps under a probe; return the number of steps run.
 
-    ``delay`` sleeps between steps, so a person can watch a fast run unfold;
+    ``delay`` sleeps in each step (after backward, where a bigger model would compute:
+    a sleep between steps would read as a wait for data), so a person can watch a fast
+    run unfold;
     ``probe_options`` go to ``probes.watch``.
     """
     torch.manual_seed(seed)
@@ -50,6 +52,8 @@ def train(
                     optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model(x), setup.target(y))
                 loss.backward()
+                if delay:  # (inside the step: the pause reads as the step's, not as data)
+                    time.sleep(delay)
                 optimizer.step()
                 probe.log(loss=loss)
             if setup.keep_graph:
@@ -68,8 +72,6 @@ def train(
                 val_loss = validate(setup, probe)
                 if step % print_every == 0 or step == steps - 1:
                     print(f"step {step} loss {loss.item():.4g} val_loss {val_loss:.4g}", flush=True)
-            if delay:
-                time.sleep(delay)
     print(f"mean loss {total_loss / steps:.4g} over {steps} steps", flush=True)
     return steps
 

@@ -55,7 +55,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,19 +122,21 @@ class Outcome:
 
 
 def slowed(probe: Any, delay: float) -> Any:
-    """The probe, each ``with probe.step():`` lasting ``delay`` seconds longer: a
-    slower loop (as a bigger model's step would be, the time inside the step)."""
+    """The probe, its model's every forward ``delay`` seconds longer: a slower loop, the
+    time where a bigger model's would be (in its compute; a sleep between steps would be
+    a wait for data, and rightly read as one: rung 8's ``input_bound``)."""
     if delay:
-        original = probe.step
-
-        @contextlib.contextmanager
-        def slow_step(*args: Any, **kwargs: Any) -> Iterator[Any]:
-            with original(*args, **kwargs) as step:
-                time.sleep(delay)
-                yield step
-
-        probe.step = slow_step
+        slow_forward(probe.model, delay)
     return probe
+
+
+def slow_forward(model: Any, delay: float) -> None:
+    """Every forward of ``model`` sleeps ``delay`` seconds first (a bench's own hook)."""
+
+    def sleep(module: Any, args: Any) -> None:
+        time.sleep(delay)
+
+    model.register_forward_pre_hook(sleep)
 
 
 def run(case: Case, *, twin: bool, mode: str, steps: int | None = None) -> Outcome:

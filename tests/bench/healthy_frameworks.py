@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -55,10 +54,6 @@ def hf_trainer(bench: Bench, steps: int) -> None:
 
     from probes.hf import TraintopCallback
 
-    class Slow(transformers.TrainerCallback):
-        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            time.sleep(bench.delay)
-
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         n_layer=2, n_embd=32, n_head=2, vocab_size=16, n_positions=32, bos_token_id=0,
@@ -74,8 +69,7 @@ def hf_trainer(bench: Bench, steps: int) -> None:
         disable_tqdm=True,
     )
     callbacks: list[Any] = [TraintopCallback(**bench.callback_options())]
-    if bench.delay:
-        callbacks.append(Slow())
+    bench.slow(model)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=callbacks)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # (and its printed logs: the bench's stdout is the table)
@@ -92,13 +86,8 @@ def lightning_fit(bench: Bench, module: Any, max_steps: int, val: bool, **option
 
     from probes.lightning import TraintopCallback
 
-    class Slow(pl.Callback):
-        def on_train_batch_end(self, *args: Any) -> None:
-            time.sleep(bench.delay)
-
     callbacks: list[Any] = [TraintopCallback(**bench.callback_options())]
-    if bench.delay:
-        callbacks.append(Slow())
+    bench.slow(module)
     trainer = pl.Trainer(
         max_steps=max_steps,
         accelerator="cpu",

@@ -381,7 +381,6 @@ def one_cycle(bench: Bench, steps: int) -> Trained:
             optimizer.step()
             scheduler.step()
             losses.append(loss.item())
-            bench.tick()
     return Trained(losses)
 
 
@@ -404,7 +403,6 @@ def plateau(bench: Bench, steps: int) -> Trained:
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
-            bench.tick()
             if (i + 1) % 50 == 0:
                 model.eval()
                 with torch.no_grad():

@@ -52,7 +52,7 @@ if __package__ in (None, ""):  # run as a script: this checkout unless PYTHONPAT
 import torch
 
 import probes
-from tests.bench.diagnosis_suite import forget_shown_warnings, monitor, slowed
+from tests.bench.diagnosis_suite import forget_shown_warnings, monitor, slow_forward, slowed
 from tests.collector import FrameCollector
 
 MODES = {
@@ -89,8 +89,8 @@ class Bench:
         self.printed: list[str] | None = None  # ALERT lines a headless monitor printed
 
     def watch(self, model: Any, optimizer: Any = None, **options: Any) -> Any:
-        """``probes.watch`` for this mode; a ``with probe.step():`` lasts ``delay``
-        longer, and each ``probe.log(loss=...)`` is noted (``logged``)."""
+        """``probes.watch`` for this mode; the model's forward lasts ``delay`` longer,
+        and each ``probe.log(loss=...)`` is noted (``logged``)."""
         probe = probes.watch(
             model, optimizer, address=self.address, run=self.name, **{**self.options, **options}
         )
@@ -110,10 +110,11 @@ class Bench:
         """Keyword arguments for a framework's ``TraintopCallback``."""
         return {"address": self.address, "run": self.name, **self.options, **options}
 
-    def tick(self) -> None:
-        """The mode's sleep, for a loop with no ``probe.step()`` (steps inferred)."""
+    def slow(self, model: Any) -> None:
+        """The mode's sleep in ``model``'s forward, for a model a framework's callback
+        watches (``watch`` slows its own model)."""
         if self.delay:
-            time.sleep(self.delay)
+            slow_forward(model, self.delay)
 
 
 Frames = list[dict[str, Any]]  # a run that brings its own frames (``traintop run``)

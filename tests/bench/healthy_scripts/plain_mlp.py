@@ -40,10 +40,10 @@ def main() -> None:
             optimizer.zero_grad()
             loss = F.cross_entropy(model(train_x[index]), train_y[index])
             loss.backward()
+            if args.delay:  # a slower model's step (a sleep between steps: a data wait)
+                time.sleep(args.delay)
             optimizer.step()
             losses.append(loss.item())
-            if args.delay:
-                time.sleep(args.delay)
             step += 1
             if step == args.steps:
                 break
