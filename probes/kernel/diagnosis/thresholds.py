@@ -282,6 +282,10 @@ class Thresholds:
     input_window_steps: int = 100
     input_min_records: int = 10
     input_event_fraction: float = 0.1
+    # ... and at least input_min_ms a step: below a millisecond, what the experiments
+    # change (a worker's hand-over of a batch, a pinned copy) costs about as much as it
+    # would win back.
+    input_min_ms: float = 1.0
     # memory_creep: over the latest half of the run (at least creep_min_steps steps
     # past creep_warmup_steps, where optimizer state and caches are first allocated),
     # split in creep_parts parts, each part's floor (its lowest memory: the level freed

@@ -24,7 +24,8 @@ WARM_UP_STEPS = 10  # the first steps pay one-time costs (workers starting, allo
 class InputBound(Rule):
     """The data wait's share of the steps' time over the last ``input_window_steps``
     steps, the records with the largest waits (``input_event_fraction`` of them) left
-    out: a warning from ``input_warning_share``, an error from ``input_error_share``."""
+    out: a warning from ``input_warning_share``, an error from ``input_error_share``,
+    the wait at least ``input_min_ms`` a step."""
 
     kind: str = AlertKind.INPUT_BOUND
 
@@ -55,9 +56,9 @@ class InputBound(Rule):
         data_sum = math.fsum(w[2] for w in kept)
         cycle_sum = math.fsum(w[3] for w in kept)
         share = data_sum / cycle_sum if cycle_sum > 0 else 0.0
-        if share < t.input_warning_share:
-            return []
         kept_steps = sum(w[1] - w[0] + 1 for w in kept)
+        if share < t.input_warning_share or 1000 * data_sum / kept_steps < t.input_min_ms:
+            return []
         samples = sum(w[4] for w in kept)
         evidence: dict[str, object] = {
             "data_share": round(share, 3),

@@ -16,7 +16,8 @@ The time between two marks is given to a phase by what was under way:
 - **optimizer**: inside ``optimizer.step()`` (a closure's forward and backward included);
 - the rest (a clip, logging, an evaluation, a backward with no forward seen) is other.
 
-The probe's own time at its boundaries is taken out of the phase it falls in (``exclude``):
+The probe's own time at its boundaries is taken out of the phase it falls in
+(``exclude_since``):
 the record's ``probe_time`` carries it. ``harvest`` closes the step: its phases, and its
 ``cycle``, the seconds since the last harvest, which the phases and the probe's time fill.
 Only forwards with gradients on and the model in training mode count (an evaluation's
@@ -108,6 +109,7 @@ class PhaseClock:
         self._state = _State.WAITING
         self._in_update = False
         self._excluded = 0.0  # the probe's own seconds inside the open interval
+        self._seen = False  # a forward, backward or update of the step was seen
         self._entry: EntryHandle | None = entry_pre_hook(module, eager(self._forward_begins))
         _install(self)
 
@@ -141,6 +143,7 @@ class PhaseClock:
             else:
                 self._close(_FORWARD_ENDS[state])
             self._state = _State.FORWARD
+            self._seen = True
             _tell_others(self)
             first = args[0] if args else None
             if isinstance(first, torch.Tensor) and first.dim() > 0:
@@ -150,6 +153,7 @@ class PhaseClock:
 
     def backward_begins(self, tensors: Any = None) -> None:
         """``backward()`` is called from ``tensors``."""
+        self._seen = True
         if self._on_backward is not None:
             self._on_backward(tensors)
         if self._in_update:
@@ -166,7 +170,9 @@ class PhaseClock:
     def update_begins(self) -> None:
         """``optimizer.step()`` is called (its pre-hook)."""
         if not self._in_update:
-            self._close(Phase.FORWARD if self._state is _State.FORWARD else Phase.OTHER)
+            self._seen = True
+            # (still waiting: a closure's update, whose forward is inside it)
+            self._close(_UPDATE_ENDS.get(self._state, Phase.OTHER))
             self._in_update = True
             self._state = _State.OPTIMIZER
             _tell_others(self)
@@ -202,9 +208,12 @@ class PhaseClock:
             return "optimizer"
         return _OPEN_AS[self._state].name.lower()
 
-    def exclude(self, seconds: float) -> None:
-        """The probe spent ``seconds`` of its own inside the open interval."""
-        self._excluded += seconds
+    def exclude_since(self, started: float) -> None:
+        """The probe's own work since ``started`` (a ``perf_counter``) is not the run's:
+        what of it falls in the open interval is left out of its phase."""
+        spent = perf_counter() - max(started, self._mark)
+        if spent > 0:
+            self._excluded += spent
 
     def harvest(self, into: dict[str, Any]) -> None:
         """The step's record is made: its phases and ``cycle`` go ``into`` it, and the
@@ -213,13 +222,15 @@ class PhaseClock:
         now = self._mark
         seconds = self.seconds
         into["cycle"] = now - self._harvested
-        for field, value in zip(PHASE_FIELDS, seconds, strict=False):
-            into[field] = value
+        if self._seen:  # (none seen: a compiled training step; its time cannot be split)
+            for field, value in zip(PHASE_FIELDS, seconds, strict=False):
+                into[field] = value
         if self.samples:
             into["samples"] = self.samples
         self.seconds = [0.0] * len(Phase)
         self.samples = 0
         self._harvested = now
+        self._seen = False
 
     def restart(self) -> None:
         """Forget the time since the last harvest (a pause is nobody's phase)."""
@@ -227,6 +238,7 @@ class PhaseClock:
         self.seconds = [0.0] * len(Phase)
         self.samples = 0
         self._excluded = 0.0
+        self._seen = False
 
 
 # What the interval before a forward was, by the state it was in.
@@ -237,6 +249,10 @@ _FORWARD_ENDS = {
     _State.OPTIMIZER: Phase.OPTIMIZER,
     _State.ELSEWHERE: Phase.OTHER,
 }
+
+
+# What the interval before an update was, by the state it was in (else other).
+_UPDATE_ENDS = {_State.WAITING: Phase.DATA, _State.FORWARD: Phase.FORWARD}
 
 
 # --- torch's backward, one layer for every clock ------------------------------------------

@@ -272,7 +272,7 @@ class StepBoundary:
         except Exception as exc:
             self._fail(exc)
         self._probe_time = time.perf_counter() - self._step_started
-        self._resources.clock.exclude(self._probe_time)
+        self._resources.clock.exclude_since(self._step_started)
 
     def gradients_final(self) -> None:
         """Read the gradients now if not read yet (``Probe.gradients_final``)."""
@@ -315,7 +315,7 @@ class StepBoundary:
             swallow = False  # the probe failed: the step's own error goes on as it came
             self._fail(exc)
         self.in_step = False
-        self._resources.clock.exclude(time.perf_counter() - started)
+        self._resources.clock.exclude_since(started)
         return swallow
 
     def _anomaly_caught(self, error: BaseException) -> None:
@@ -403,9 +403,8 @@ class StepBoundary:
                 self._guard_tripped(trip)
         except Exception as exc:
             self._fail(exc)
-        spent = time.perf_counter() - started
-        self._probe_time += spent
-        self._resources.clock.exclude(spent)
+        self._probe_time += time.perf_counter() - started
+        self._resources.clock.exclude_since(started)
 
     def clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
         """``clip_grad_norm_`` (``runtime.optimizers.clip``) is about to clip, via the probe."""
