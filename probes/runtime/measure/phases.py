@@ -7,9 +7,12 @@ entered, outside any compiled region: ``probes.runtime.patches.hooks.entry_pre_h
 every clock), ``optimizer.step()`` begins and returns (the probe's optimizer hooks).
 The time between two marks is given to a phase by what was under way:
 
-- **data**: from the end of an update (or of the last backward, between accumulated
-  passes) to the next forward: the loop waiting for its batch (and whatever it does
-  there: ``zero_grad``, moving the batch to the device);
+- **data**: between the end of an update (or of the last backward, between accumulated
+  passes) and the next forward, the loop waiting for its batch: the time inside a
+  ``DataLoader``'s ``__next__`` (workers to wait for, or samples decoded right there),
+  and the rest of that gap where the training thread was idle (blocked on a queue, a
+  disk, a sleep: its wall time less its CPU time). What the loop computes there (an EMA
+  update, mixing a batch, ``zero_grad``) is other;
 - **forward**: from a forward's start to the backward that follows (the loss included);
 - **backward**: inside ``backward()`` (in DDP, the wait for the other ranks' gradients
   too: the all-reduce runs inside it);
@@ -36,7 +39,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from enum import IntEnum
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import Any
 
 import torch
@@ -44,7 +47,7 @@ from torch import nn
 
 from probes.runtime.patches.hooks import EntryHandle, eager, entry_pre_hook
 from probes.runtime.patches.patches import Held, Layer
-from probes.runtime.patches.seams import BACKWARD
+from probes.runtime.patches.seams import BACKWARD, LOADER_NEXT
 
 
 class Phase(IntEnum):
@@ -110,6 +113,12 @@ class PhaseClock:
         self._in_update = False
         self._excluded = 0.0  # the probe's own seconds inside the open interval
         self._seen = False  # a forward, backward or update of the step was seen
+        # The wait for data, told apart from the loop's own work between steps (an EMA
+        # update, mixing a batch, logging): the time inside a DataLoader's ``__next__``,
+        # and the rest of the gap where this thread was idle (blocked, not computing).
+        self._thread = threading.get_ident()
+        self._loader_wall = self._loader_cpu = 0.0
+        self._cpu_mark = thread_time()
         self._entry: EntryHandle | None = entry_pre_hook(module, eager(self._forward_begins))
         _install(self)
 
@@ -125,9 +134,32 @@ class PhaseClock:
     def _close(self, phase: Phase) -> None:
         now = perf_counter()
         spent = now - self._mark - self._excluded
-        if spent > 0:
+        if spent > 0 and phase is Phase.DATA:
+            waited = self._waited(spent)
+            self.seconds[Phase.DATA] += waited
+            self.seconds[Phase.OTHER] += spent - waited
+        elif spent > 0:
             self.seconds[phase] += spent
         self._mark, self._excluded = now, 0.0
+
+    def _waited(self, spent: float) -> float:
+        """Of a gap of ``spent`` seconds between steps, the wait for data: the time in a
+        DataLoader's ``__next__``, and the rest of the gap this thread was not computing."""
+        loader = min(self._loader_wall, spent)
+        busy = thread_time() - self._cpu_mark - self._loader_cpu - self._excluded
+        self._loader_wall = self._loader_cpu = 0.0
+        return loader + max(0.0, spent - loader - max(0.0, busy))
+
+    def _gap_begins(self) -> None:
+        """The loop is between steps from here: its wait for data is counted from here."""
+        self._cpu_mark = thread_time()
+        self._loader_wall = self._loader_cpu = 0.0
+
+    def loaded(self, wall: float, cpu: float) -> None:
+        """A DataLoader's ``__next__`` took ``wall`` seconds (``cpu`` of them computing)
+        on this clock's thread."""
+        self._loader_wall += wall
+        self._loader_cpu += cpu
 
     def _forward_begins(self, module: nn.Module, args: Any) -> None:
         if not (module.training and torch.is_grad_enabled()) or self._entry is None:
@@ -166,6 +198,7 @@ class PhaseClock:
         """``backward()`` returned."""
         self._close(Phase.BACKWARD)
         self._state = _State.OPTIMIZER if self._in_update else _State.AFTER_BACKWARD
+        self._gap_begins()
 
     def update_begins(self) -> None:
         """``optimizer.step()`` is called (its pre-hook)."""
@@ -190,6 +223,7 @@ class PhaseClock:
             self._close(Phase.OPTIMIZER)
             self._in_update = False
             self._state = _State.WAITING
+            self._gap_begins()
 
     def evaluation_begins(self) -> None:
         """An evaluation the probe is told of begins: its time is other."""
@@ -200,6 +234,7 @@ class PhaseClock:
         if self._state is _State.EVALUATING:
             self._close(Phase.OTHER)
             self._state = _State.WAITING
+            self._gap_begins()
 
     @property
     def phase(self) -> str:
@@ -231,6 +266,7 @@ class PhaseClock:
         self.samples = 0
         self._harvested = now
         self._seen = False
+        self._gap_begins()
 
     def restart(self) -> None:
         """Forget the time since the last harvest (a pause is nobody's phase)."""
@@ -239,6 +275,7 @@ class PhaseClock:
         self.samples = 0
         self._excluded = 0.0
         self._seen = False
+        self._gap_begins()
 
 
 # What the interval before a forward was, by the state it was in.
@@ -273,6 +310,21 @@ def _backward(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return result
 
 
+def _loader_next(proceed: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A DataLoader's ``__next__``: its time goes to the clocks of the thread waiting."""
+    thread = threading.get_ident()
+    clocks = [c for ref in _clocks if (c := ref()) is not None and c._thread == thread]
+    if not clocks:
+        return proceed(*args, **kwargs)
+    started, cpu = perf_counter(), thread_time()
+    try:
+        return proceed(*args, **kwargs)
+    finally:  # (the last batch's StopIteration waited too)
+        wall, cpu = perf_counter() - started, thread_time() - cpu
+        for clock in clocks:
+            clock.loaded(wall, cpu)
+
+
 def _tell_others(clock: PhaseClock) -> None:
     """``clock``'s model computes: every other clock learns it is not theirs."""
     if len(_clocks) > 1:
@@ -296,6 +348,7 @@ def _install(clock: PhaseClock) -> None:
         if not _held:
             # innermost on backward: the autostep's own work there is not backward's
             _held.hold(BACKWARD, Layer("phases", _backward, order=90))
+            _held.hold(LOADER_NEXT, Layer("phases", _loader_next))
 
 
 def _uninstall(clock: PhaseClock) -> None:

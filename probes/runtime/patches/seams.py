@@ -19,6 +19,7 @@ import torch.nn.utils.clip_grad
 from torch.amp.grad_scaler import GradScaler
 from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
+from torch.utils.data import dataloader as torch_dataloader
 
 from probes.runtime.patches.patches import HookSeam, Seam
 
@@ -62,6 +63,15 @@ SCALER_STEP = Seam("torch.amp.GradScaler.step", lambda: GradScaler, "step")
 TORCH_COMPILE = Seam("torch.compile", lambda: torch, "compile")
 
 SHOW_WARNING = Seam("warnings.showwarning", lambda: warnings, "showwarning")
+
+#: A ``DataLoader``'s iterators' ``__next__`` (every kind, one process or workers: they
+#: inherit it): the time a loop spends inside it is its wait for data
+#: (``probes.runtime.measure.phases``).
+LOADER_NEXT = Seam(
+    "torch.utils.data.dataloader._BaseDataLoaderIter.__next__",
+    lambda: torch_dataloader._BaseDataLoaderIter,
+    "__next__",
+)
 
 OPTIMIZER_INIT = Seam("torch.optim.Optimizer.__init__", lambda: torch.optim.Optimizer, "__init__")
 
