@@ -71,3 +71,49 @@ def test_guard_on_cuda_skips_a_non_finite_update(collector: FrameCollector) -> N
     assert probe.update_skipped
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     probe.close()
+
+
+@cuda
+def test_phases_are_the_devices_and_the_memory_the_allocators(collector: FrameCollector) -> None:
+    import time
+
+    model, opt = cuda_model()
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 1, device="cuda")
+    probe = probes.watch(model, opt, address=collector.address, max_steps_per_s=1e9)
+    for step in range(30):
+        torch.cuda.synchronize()  # (the device idle: what the host does next, it waits for)
+        time.sleep(0.005)  # a slow loader
+        with probe.step():
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    probe.close()
+    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames))
+    [hello] = collector.kinds("hello")
+    assert hello["memory_source"] == "cuda"
+    records = collector.kinds("step")[5:]
+    assert all(r["memory"] > 0 and r["memory_reserved"] >= r["memory"] for r in records)
+    assert all(r["memory_peak"] >= r["memory"] for r in records)
+    timed = [r for r in records if "data_time" in r]
+    assert timed, "the device phases were never read"
+    assert sorted(r["data_time"] for r in timed)[len(timed) // 2] >= 0.004  # the idle device
+
+
+@cuda
+def test_a_cuda_out_of_memory_is_reported_with_the_largest_tensors(
+    collector: FrameCollector,
+) -> None:
+    model, opt = cuda_model()
+    probe = probes.watch(model, opt, address=collector.address)
+    x = torch.randn(64, 256, device="cuda")
+    with pytest.raises(torch.OutOfMemoryError):
+        with probe.step():
+            huge = torch.empty(2**50, dtype=torch.uint8, device="cuda")  # noqa: F841
+    probe.close()
+    assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames))
+    [alert] = [
+        f["alert"] for f in collector.kinds("alert") if f["alert"]["kind"] == "out_of_memory"
+    ]
+    assert alert["evidence"]["peak"] != "unknown"
+    del x

@@ -40,7 +40,7 @@ import weakref
 from collections.abc import Callable
 from enum import IntEnum
 from time import perf_counter, thread_time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -62,6 +62,14 @@ class Phase(IntEnum):
 
 #: The record's field for each phase's seconds (``probes.kernel.schema.spec``).
 PHASE_FIELDS = ("data_time", "forward_time", "backward_time", "optimizer_time")
+
+
+class DeviceMarks(Protocol):
+    """The device's side of the clock (``probes.runtime.measure.device_phases``)."""
+
+    def mark(self, phase: Phase) -> None: ...
+
+    def step_ends(self, into: dict[str, Any]) -> None: ...
 
 
 class _State(IntEnum):
@@ -105,6 +113,7 @@ class PhaseClock:
     ) -> None:
         self.seconds = [0.0] * len(Phase)
         self._on_backward = on_backward
+        self.device: DeviceMarks | None = None  # set for a model on CUDA (``device_phases``)
         self.samples = 0  # the inputs' leading dimension, summed over the step's forwards
         self._fail = on_error
         self._mark = perf_counter()
@@ -132,6 +141,8 @@ class PhaseClock:
     # --- the marks ------------------------------------------------------------------------
 
     def _close(self, phase: Phase) -> None:
+        if self.device is not None:  # (CUDA: the device's time between the same marks)
+            self.device.mark(phase)
         now = perf_counter()
         spent = now - self._mark - self._excluded
         if spent > 0 and phase is Phase.DATA:
@@ -257,7 +268,9 @@ class PhaseClock:
         now = self._mark
         seconds = self.seconds
         into["cycle"] = now - self._harvested
-        if self._seen:  # (none seen: a compiled training step; its time cannot be split)
+        if self.device is not None:  # the device's phases, of a step read by now
+            self.device.step_ends(into)
+        elif self._seen:  # (none seen: a compiled training step; its time cannot be split)
             for field, value in zip(PHASE_FIELDS, seconds, strict=False):
                 into[field] = value
         if self.samples:

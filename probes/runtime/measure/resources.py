@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from probes.kernel.diagnosis import Alert
+from probes.runtime.measure.device_phases import DeviceClock
 from probes.runtime.measure.memory import MemoryGauge
 from probes.runtime.measure.oom import HISTORY_SHOWN, oom_alert
 from probes.runtime.measure.phases import PhaseClock
@@ -33,6 +34,8 @@ class StepResources:
         self.graphs = RetainedGraphs()
         self.clock = PhaseClock(module, on_error, on_backward=self.graphs.mark)
         self.gauge = MemoryGauge(module)
+        if self.gauge.device is not None:  # on CUDA, the device's phases (events)
+            self.clock.device = DeviceClock()
         self.recent_memory: deque[float] = deque(maxlen=HISTORY_SHOWN)  # (an OOM's report)
 
     @property
