@@ -80,7 +80,7 @@ def test_phases_are_the_devices_and_the_memory_the_allocators(collector: FrameCo
     model, opt = cuda_model()
     x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 1, device="cuda")
     probe = probes.watch(model, opt, address=collector.address, max_steps_per_s=1e9)
-    for step in range(30):
+    for _ in range(30):
         torch.cuda.synchronize()  # (the device idle: what the host does next, it waits for)
         time.sleep(0.005)  # a slow loader
         with probe.step():
