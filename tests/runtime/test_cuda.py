@@ -107,9 +107,8 @@ def test_a_cuda_out_of_memory_is_reported_with_the_largest_tensors(
     model, opt = cuda_model()
     probe = probes.watch(model, opt, address=collector.address)
     x = torch.randn(64, 256, device="cuda")
-    with pytest.raises(torch.OutOfMemoryError):
-        with probe.step():
-            huge = torch.empty(2**50, dtype=torch.uint8, device="cuda")  # noqa: F841
+    with pytest.raises(torch.OutOfMemoryError), probe.step():
+        torch.empty(2**50, dtype=torch.uint8, device="cuda")
     probe.close()
     assert collector.wait_for(lambda frames: any(f["kind"] == "bye" for f in frames))
     [alert] = [
