@@ -55,6 +55,10 @@ class WatchOptions:
             no optimizer, where the weights change after a backward), its loss is what
             ``backward()`` ran from (``probes.runtime.steps.autostep``). False: only the
             step API measures, and updates outside it are named (steps_not_measured).
+        time_and_memory: measure where each step's time and memory go (the data wait,
+            forward, backward and optimizer phases, the memory, graphs kept across
+            steps: ``docs/time-and-memory.md``). False: none of it, and no hook on the
+            model between steps.
     """
 
     run: str | None = None
@@ -72,6 +76,7 @@ class WatchOptions:
     data_parallel: str | None = None
     auto_anomaly: bool = True
     infer_steps: bool = True
+    time_and_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.sample_every < 1:

@@ -111,7 +111,7 @@ class Probe:
                 f"{self.name}: the model has no trainable parameters; only logged scalars "
                 "will be recorded"
             )
-        self._resources = StepResources(self.module, self._fail)  # its time and memory
+        self._resources = StepResources(self.module, self._fail, options.time_and_memory)
         self._oom_reported = False
         self._control, self.sender = self._connect()
         self._boundary = StepBoundary(
@@ -137,7 +137,7 @@ class Probe:
             measurer=self._measurer,
             updated=self._measurer.clearing.updated,
             send=self.send,  # (the low-precision stall's alerts: runtime/measure/dtype_stall.py)
-            timed=(self._resources.clock.update_begins, self._resources.clock.update_ends),
+            timed=(self._resources.update_begins, self._resources.update_ends),
         )
         clip.install()  # frameworks clip through torch's function: read before it
         see_compiles()  # a torch.compile wrapper made later is where the model is entered
@@ -173,7 +173,8 @@ class Probe:
             sync=self.data_parallel,
             options=options,
         )
-        hello["memory_source"] = self._resources.memory_source
+        if self._resources.memory_source is not None:
+            hello["memory_source"] = self._resources.memory_source
         sender = paced_sender(self.address, hello, options, self.identity, control, connected)
         return control, sender
 
@@ -301,7 +302,7 @@ class Probe:
             # the weights it sees: N updates done (the step that updates them next)
             at = boundary.index if boundary.in_step else boundary.index + 1
             self._eval = EvalScope(modules, at)
-            self._resources.clock.evaluation_begins()
+            self._resources.evaluation_begins()
         except Exception as exc:
             self._fail(exc)
             return False
@@ -313,7 +314,7 @@ class Probe:
         if scope is None:
             return
         try:
-            self._resources.clock.evaluation_ends()
+            self._resources.evaluation_ends()
             self._scalars.file(scope.tensors, scope.floats, scalars)
             self._boundary.put_after_step(dict(scope.record()))
         except Exception as exc:
@@ -416,9 +417,8 @@ class Probe:
             self.sender.close(reason=reason)
 
     def report_out_of_memory(self, error: BaseException) -> None:
-        """A step ran out of memory (``error``): the report (its phase, the memory of the
-        last steps, the largest tensors by module) goes to the monitor and stderr, once.
-        For ``probes.runtime.lifecycle`` when the error ends the script unseen by a step."""
+        """A step ran out of memory (``error``): its report (``docs/time-and-memory.md``)
+        to the monitor and stderr, once (and at exit, for an error no step saw)."""
         boundary = self._boundary
         if not (self._oom_reported or boundary.closed or boundary.disabled):
             self._oom_reported = True

@@ -52,11 +52,11 @@ def train(
             scope.__enter__()
         optimizer.zero_grad()
         for _ in range(accumulate):
-            started = time.perf_counter()
+            started, ran = time.perf_counter(), running_or_runnable()
             if wait:
                 time.sleep(wait)  # the loader: blocked, as on a worker's queue or a disk
-            if waited is not None:  # (what the loop itself measures of its wait)
-                waited.append(time.perf_counter() - started)
+            if waited is not None:  # (what the loop itself measures of its wait: blocked)
+                waited.append(time.perf_counter() - started - (running_or_runnable() - ran))
             x, y = torch.randn(32, 16), torch.randn(32, 1)
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
@@ -70,6 +70,17 @@ def train(
     return list(collector.frames)
 
 
+def running_or_runnable() -> float:
+    """This thread's seconds on a CPU or waiting for one (Linux; else its CPU time): a
+    sleep's wall time less these is the time it was blocked (on a crowded machine a
+    woken thread also waits for a core, which is not waiting for data)."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as handle:
+            return time.thread_time() + int(handle.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return time.thread_time()
+
+
 def step_records(frames: list[Frame]) -> list[Frame]:
     return [f for f in frames if f["kind"] == "step"]
 
@@ -81,12 +92,26 @@ def kinds(frames: list[Frame]) -> set[str]:
 # --- the phases -----------------------------------------------------------------------------
 
 
+def busy(seconds: float) -> None:
+    """Compute (hold the CPU) for ``seconds``: the loop's own work between steps."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
 @pytest.mark.parametrize("explicit", [True, False], ids=["step-api", "watch-alone"])
-def test_the_wait_for_the_batch_is_the_data_phase(
+def test_the_wait_for_the_batch_is_the_data_phase_and_the_loops_own_work_is_not(
     collector: FrameCollector, explicit: bool
 ) -> None:
     waited: list[float] = []
-    frames = train(collector, 12, explicit=explicit, wait=0.005, waited=waited)
+    frames = train(
+        collector,
+        12,
+        explicit=explicit,
+        wait=0.005,
+        waited=waited,
+        after_step=lambda loss, step: busy(0.005),  # an EMA update, say: computing
+    )
     records = step_records(frames)[1:]  # (step 0 has no update before it)
     assert len(records) == 11
     extra = []
@@ -98,13 +123,15 @@ def test_the_wait_for_the_batch_is_the_data_phase(
         # the phases fill the step, the probe's own time at its boundaries left out
         assert sum(record[phase] for phase in PHASES) <= record["cycle"]
         assert record["samples"] == 32
-    # and no more than the loop's zero_grad besides (a busy machine stretches some steps)
-    assert sorted(extra)[len(extra) // 2] < 0.001
+    # and not the 5 ms the loop computed between steps (a busy machine stretches some)
+    assert sorted(extra)[len(extra) // 2] < 0.0025
 
 
 def test_accumulated_batches_each_wait_for_their_own_data(collector: FrameCollector) -> None:
-    records = step_records(train(collector, 8, wait=0.004, accumulate=3))[1:]
-    assert all(r["data_time"] >= 3 * 0.004 for r in records)
+    waited: list[float] = []
+    records = step_records(train(collector, 8, wait=0.004, accumulate=3, waited=waited))[1:]
+    for record, index in zip(records, range(3, 3 * 8, 3), strict=True):
+        assert record["data_time"] >= sum(waited[index : index + 3]) - 3 * 0.0002
     assert all(r["samples"] == 3 * 32 for r in records)
 
 
@@ -114,7 +141,7 @@ def test_a_closures_forward_and_backward_are_the_optimizers(collector: FrameColl
     x, y = torch.randn(64, 16), torch.randn(64, 1)
     probe = watch_unthinned(model, optimizer, collector)
     for _ in range(6):
-        time.sleep(0.003)
+        time.sleep(0.003)  # (a quiet machine's: the test asks for a third of it)
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad()
@@ -127,7 +154,7 @@ def test_a_closures_forward_and_backward_are_the_optimizers(collector: FrameColl
     probe.close()
     wait_for_bye(collector)
     for record in step_records(list(collector.frames))[1:]:
-        assert record["data_time"] >= 0.003
+        assert record["data_time"] >= 0.001
         assert record["optimizer_time"] > record["forward_time"]  # LBFGS's calls are its own
 
 

@@ -22,35 +22,46 @@ from probes.runtime.measure.retained import RetainedGraphs
 
 
 class StepResources:
-    """Where each step's time and memory go (see the module).
+    """Where each step's time and memory go (see the module); with ``enabled`` False
+    (``watch(time_and_memory=False)``), nothing: no hook, no field.
 
     Args:
         module: the watched model, unwrapped.
         on_error: switches the probe off after an internal error.
+        enabled: measure at all.
     """
 
-    def __init__(self, module: nn.Module, on_error: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self, module: nn.Module, on_error: Callable[[BaseException], None], enabled: bool = True
+    ) -> None:
         self._module = module
         self.graphs = RetainedGraphs()
-        self.clock = PhaseClock(module, on_error, on_backward=self.graphs.mark)
         self.gauge = MemoryGauge(module)
-        if self.gauge.device is not None:  # on CUDA, the device's phases (events)
-            self.clock.device = DeviceClock()
+        self.clock: PhaseClock | None = None
+        if enabled:
+            self.clock = PhaseClock(module, on_error, on_backward=self.graphs.mark)
+            if self.gauge.device is not None:  # on CUDA, the device's phases (events)
+                self.clock.device = DeviceClock()
         self.recent_memory: deque[float] = deque(maxlen=HISTORY_SHOWN)  # (an OOM's report)
 
     @property
-    def memory_source(self) -> str:
-        """What a step's memory is: ``cuda`` (the allocator's bytes) or ``rss``."""
-        return self.gauge.source
+    def memory_source(self) -> str | None:
+        """What a step's memory is: ``cuda`` (the allocator's bytes) or ``rss`` (None:
+        not measured)."""
+        return self.gauge.source if self.clock is not None else None
+
+    # --- where the probe tells it what happens ---------------------------------------------
 
     def step_begins(self, index: int, sampled: bool) -> None:
         """A measured step begins (on sampled ones, its loss is marked)."""
-        if sampled:
+        if sampled and self.clock is not None:
             self.graphs.arm(index)
 
     def step_ends(self, index: int, into: dict[str, Any]) -> None:
         """A measured step ends: its phases, memory, kept graphs and compilations ``into``
         its record's fields."""
+        if self.clock is None:
+            return
         self.clock.harvest(into)
         self.gauge.read(into)
         self.recent_memory.append(into["memory"])
@@ -59,26 +70,53 @@ class StepResources:
         if compiles:
             into["compiles"] = compiles
 
+    def step_not_measured(self) -> None:
+        """A step ended that no record stands for (``every`` > 1): its time is dropped."""
+        self.restart()
+
+    def restart(self) -> None:
+        """Forget the time since the last step (a pause is nobody's phase)."""
+        if self.clock is not None:
+            self.clock.restart()
+
+    def exclude_since(self, started: float) -> None:
+        """The probe's own work since ``started`` is no phase of the run's."""
+        if self.clock is not None:
+            self.clock.exclude_since(started)
+
+    def update_begins(self) -> None:
+        if self.clock is not None:
+            self.clock.update_begins()
+
+    def update_ends(self) -> None:
+        if self.clock is not None:
+            self.clock.update_ends()
+
+    def evaluation_begins(self) -> None:
+        if self.clock is not None:
+            self.clock.evaluation_begins()
+
+    def evaluation_ends(self) -> None:
+        if self.clock is not None:
+            self.clock.evaluation_ends()
+
     def out_of_memory(self, error: BaseException, step: int, optimizer: Any) -> Alert:
         """The report of a step that ran out of memory (``error``): the phase under way,
         the last steps' memory and the largest tensors by module (``oom``)."""
         return oom_alert(
             error,
             step=step,
-            phase=self.clock.phase,
+            phase=self.clock.phase if self.clock is not None else "unknown",
             history=list(self.recent_memory),
-            source=self.memory_source,
+            source=self.gauge.source,
             module=self._module,
             optimizer=optimizer,
         )
 
-    def step_not_measured(self) -> None:
-        """A step ended that no record stands for (``every`` > 1): its time is dropped."""
-        self.clock.restart()
-
     def remove(self) -> None:
         """Every hook off, the memory file closed (idempotent)."""
-        self.clock.remove()
+        if self.clock is not None:
+            self.clock.remove()
         self.gauge.close()
 
 

@@ -254,7 +254,7 @@ class StepBoundary:
                 self._control.boundary(next_index, self.flush_last)
                 # A pause is neither the step's time nor the probe's.
                 self._step_started = time.perf_counter()
-                self._resources.clock.restart()
+                self._resources.restart()
             if flush and (self._last is not None or self._after_last):
                 self.flush_last()
             self.index = next_index
@@ -272,7 +272,7 @@ class StepBoundary:
         except Exception as exc:
             self._fail(exc)
         self._probe_time = time.perf_counter() - self._step_started
-        self._resources.clock.exclude_since(self._step_started)
+        self._resources.exclude_since(self._step_started)
 
     def gradients_final(self) -> None:
         """Read the gradients now if not read yet (``Probe.gradients_final``)."""
@@ -315,7 +315,7 @@ class StepBoundary:
             swallow = False  # the probe failed: the step's own error goes on as it came
             self._fail(exc)
         self.in_step = False
-        self._resources.clock.exclude_since(started)
+        self._resources.exclude_since(started)
         return swallow
 
     def _anomaly_caught(self, error: BaseException) -> None:
@@ -404,7 +404,7 @@ class StepBoundary:
         except Exception as exc:
             self._fail(exc)
         self._probe_time += time.perf_counter() - started
-        self._resources.clock.exclude_since(started)
+        self._resources.exclude_since(started)
 
     def clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
         """``clip_grad_norm_`` (``runtime.optimizers.clip``) is about to clip, via the probe."""
