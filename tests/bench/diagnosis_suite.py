@@ -131,12 +131,13 @@ def slowed(probe: Any, delay: float) -> Any:
 
 
 def slow_forward(model: Any, delay: float) -> None:
-    """Every forward of ``model`` sleeps ``delay`` seconds first (a bench's own hook)."""
+    """Every forward of ``model`` sleeps ``delay`` seconds once computed (a bench's own
+    hook: after the forward, so that it is the forward's time whatever hooks ran first)."""
 
-    def sleep(module: Any, args: Any) -> None:
+    def sleep(module: Any, args: Any, output: Any) -> None:
         time.sleep(delay)
 
-    model.register_forward_pre_hook(sleep)
+    model.register_forward_hook(sleep)
 
 
 def run(case: Case, *, twin: bool, mode: str, steps: int | None = None) -> Outcome:
