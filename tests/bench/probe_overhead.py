@@ -179,10 +179,14 @@ def make_variants(work: Workload, address: str, names: list[str]) -> list[Varian
 
         return Variant("bare loop", model, opt, step)
 
-    def probed(label: str, *, guard: bool = False, anomaly: bool = False) -> Variant:
+    def probed(
+        label: str, *, guard: bool = False, anomaly: bool = False, timed: bool = True
+    ) -> Variant:
         model = copy.deepcopy(base)
         opt = work.optimizer(model.parameters())
-        probe = probes.watch(model, opt, run=label, address=address, guard=guard)
+        probe = probes.watch(
+            model, opt, run=label, address=address, guard=guard, time_and_memory=timed
+        )
         own = count_own_time(probe)
 
         def step() -> None:
@@ -225,6 +229,7 @@ def make_variants(work: Workload, address: str, names: list[str]) -> list[Varian
         "probe": lambda: probed("traintop probe"),
         "guard": lambda: probed("probe, guard on", guard=True),
         "anomaly": lambda: probed("probe, anomaly step", anomaly=True),
+        "untimed": lambda: probed("probe, no time/memory", timed=False),
         "tensorboard": tensorboard,
     }
     return [v for v in (builders[name]() for name in names) if v is not None]
@@ -341,6 +346,9 @@ def run_workload(work: Workload, address: str, *, costly_too: bool = True) -> li
     costly = make_variants(work, address, ["bare", "guard", "anomaly"]) if costly_too else []
     if costly:
         own.update(measure(costly, work))
+    # What the step's time and memory add: the probe with and without, in one pass.
+    timing = make_variants(work, address, ["bare", "untimed", "probe"])
+    timing_own = measure(timing, work)
     foreach, naive = floor_costs(work)
     in_step = floor_in_step(work, min(work.rounds * work.block, 400))
     budget = 1.5 * in_step + 30e-6
@@ -361,7 +369,21 @@ def run_workload(work: Workload, address: str, *, costly_too: bool = True) -> li
             "  not on by default (a separate pass against its own bare loop):",
             *table(costly, own, budget),
         ]
-    return rows
+    return rows + timing_rows(timing, timing_own, budget)
+
+
+def timing_rows(variants: list[Variant], own: dict[str, float], budget: float) -> list[str]:
+    """The probe with and without the step's time and memory, against one bare loop in
+    the same pass: what the phases, the memory and the graph markers add a step."""
+    off, on = variants[1], variants[2]
+    added_own = (own[on.name] + on.sender) - (own[off.name] + off.sender)
+    added_step = statistics.median(on.times) - statistics.median(off.times)
+    return [
+        "  the step's time and memory (a pass of its own):",
+        *table(variants, own, budget),
+        f"  time and memory add {added_own * 1e6:.1f} us a step of the probe's own time, "
+        f"{added_step * 1e6:.1f} us to the median step",
+    ]
 
 
 # --- the frameworks: a bare Trainer against the same Trainer with the callback --------

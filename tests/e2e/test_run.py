@@ -326,3 +326,9 @@ def test_an_out_of_memory_error_ends_the_script_as_without_traintop(tmp_path: An
     assert "DefaultCPUAllocator: can't allocate memory" in last
     assert last in watched.stderr  # the script's own traceback, as it ends bare
     assert "about to run out" in watched.stdout
+    # and the report, before the script ended: between steps (after an update), the
+    # memory of the steps before it
+    [report] = [line for line in watched.stdout.splitlines() if line.startswith("ALERT error out_")]
+    assert report.startswith("ALERT error out_of_memory step=4 subject=data phase=data")
+    assert "traintop: ALERT error out_of_memory" in watched.stdout + watched.stderr  # its log
+    assert 'history="' in report and "largest=" in report

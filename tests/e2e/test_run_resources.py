@@ -1,7 +1,9 @@
 """``traintop run --headless`` on unmodified scripts that lose time or memory
 (``tests/run_scripts/resources``): the loader the loop waits for is ``input_bound``, the
-FAQ's ``total_loss += loss`` is a ``retained_graph``; their fixed twins raise nothing, and
-every script's numbers are those of the same training without traintop."""
+FAQ's ``total_loss += loss`` is a ``retained_graph``, features kept for an epoch that never
+ends a ``memory_creep``, a growing context compiled with ``dynamic=False`` ``recompiles``,
+one rank's slow reader the job's ``straggler``; their fixed twins raise nothing, and every
+script's numbers are those of the same training without traintop."""
 
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ pytestmark = pytest.mark.slow  # (a traintop run child each)
         ("slow_loader", ("--decoded",), set()),
         ("running_loss", (), {"retained_graph"}),
         ("running_loss", ("--item",), set()),
+        ("epoch_logits", (), {"memory_creep"}),
+        ("epoch_logits", ("--per-epoch",), set()),
+        ("growing_context", (), {"recompiles"}),
+        ("growing_context", ("--dynamic",), set()),
     ],
 )
 def test_time_and_memory_lost_by_an_unmodified_script_are_named(
@@ -32,7 +38,12 @@ def test_time_and_memory_lost_by_an_unmodified_script_are_named(
     done, frames = traintop_run(tmp_path, f"resources/{script}", *args)
     assert done.returncode == 0, done.stderr[-2000:]
     assert kinds(frames) == expected
-    flag = {"slow_loader": "decoded", "running_loss": "item"}[script]
+    flag = {
+        "slow_loader": "decoded",
+        "running_loss": "item",
+        "epoch_logits": "per_epoch",
+        "growing_context": "dynamic",
+    }[script]
     assert result_lines(done.stdout) == [untouched(f"resources/{script}", **{flag: bool(args)})]
     steps = [f for f in frames if f["kind"] == "step"]
     # the phases and the memory are in every record the monitor got

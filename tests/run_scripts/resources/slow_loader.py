@@ -31,7 +31,7 @@ class Images(Dataset):
 def train(decoded: bool, steps: int = 160) -> str:
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4)
+        nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 4)
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     loader = DataLoader(Images(32 * steps, decoded), batch_size=32, shuffle=True)
