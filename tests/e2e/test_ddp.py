@@ -62,6 +62,7 @@ def ranks_of(monitor: LiveMonitor) -> list:
     return monitor.call(members)
 
 
+@pytest.mark.slow  # (a two-rank job, paused and resumed: 12 s)
 def test_pause_stops_every_rank_at_one_step_and_resume_goes_on(monitor: LiveMonitor) -> None:
     job = start_job(monitor, name="ddp-pause", steps=200, delay=0.01, timeout_s=30.0)
     state = monitor.monitor.state

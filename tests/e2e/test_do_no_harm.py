@@ -74,7 +74,11 @@ WAYS = {
     for way in [
         Way("step_api", "step_api.py", LOOP_ACTIONS, common.HEAVY),
         Way("watch_alone", "watch_alone.py", LOOP_ACTIONS, common.HEAVY),
-        Way("traintop_run", "unmodified.py", LOOP_ACTIONS, common.HEAVY, bare_again=True),
+        # (-m slow: traintop run's child and the bare twin's take half a minute; the
+        # step API and watch() alone cover the same actions in the default tier)
+        Way(
+            "traintop_run", "unmodified.py", LOOP_ACTIONS, common.HEAVY, bare_again=True, slow=True
+        ),
         Way(
             "hf",
             "hf_trainer.py",

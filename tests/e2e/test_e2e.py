@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from probes.kernel.wire import Address
 from tests.waiting import until
 from tui.monitor import Monitor
@@ -39,6 +41,7 @@ async def wait_for_run(monitor: Monitor, timeout: float = 60.0) -> RunState:
     return await until(finished, "the run to finish", timeout)
 
 
+@pytest.mark.slow  # (a trainer child, a monitor started after it: 20 s)
 async def test_monitor_started_late_still_sees_step_zero(socket_path: str) -> None:
     address = Address("unix", path=socket_path)
     trainer = start_trainer(address, "healthy", "--steps", "400", "--delay", "0.005")

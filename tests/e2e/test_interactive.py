@@ -89,6 +89,7 @@ async def test_pause_step_anomaly_resume_from_the_keyboard(
         assert run().control.get("paused") is False
 
 
+@pytest.mark.slow  # (a trainer child and a monitor that dies: 14 s)
 async def test_a_run_paused_by_a_monitor_that_dies_finishes(
     socket_path: str, trainer: Callable[..., subprocess.Popen]
 ) -> None:

@@ -306,6 +306,8 @@ for step in range(5):
 """
 
 
+@pytest.mark.slow  # (traintop run's child and the bare twin: 19 s; the step API's report
+# is in the default tier, tests/runtime/test_step_resources.py)
 def test_an_out_of_memory_error_ends_the_script_as_without_traintop(tmp_path: Any) -> None:
     script = os.path.join(tmp_path, "oom.py")
     with open(script, "w", encoding="utf-8") as handle:

@@ -38,16 +38,16 @@ SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "12
 SnapCompare = Callable[..., bool]  # the plugin's fixture
 
 
-def until(predicate: Callable[[App], bool]) -> Callable[[Pilot], Awaitable[None]]:
+def until(predicate: Callable[[App], bool], redraws: int = 2) -> Callable[[Pilot], Awaitable[None]]:
     """A ``run_before`` that lets the app redraw until ``predicate(app)`` holds, then
-    until the views' timer has redrawn twice more (they lay out on the tick after the
-    one that drew: a table's columns widen as its cells fill)."""
+    until the views' timer has redrawn ``redraws`` times more (they lay out on the tick
+    after the one that drew: a table's columns widen as its cells fill)."""
 
     async def wait(pilot: Pilot) -> None:
         app = pilot.app
         await settle(pilot, lambda: predicate(app), timeout=10)
         drawn = app.redraws  # type: ignore[attr-defined]
-        await settle(pilot, lambda: app.redraws >= drawn + 2)  # type: ignore[attr-defined]
+        await settle(pilot, lambda: app.redraws >= drawn + redraws)  # type: ignore[attr-defined]
 
     return wait
 
@@ -306,14 +306,21 @@ def input_bound_run() -> list:
 def resources_drawn(app: App) -> bool:
     """The replay is over, its alert listed, the memory in the status line; on a wide
     terminal, the time and memory charts drawn at their width."""
-    status = app.query_one("#status").text  # type: ignore[attr-defined]
+    line = app.query_one("#status")
+    status = line.text  # type: ignore[attr-defined]
     if not (replay_over(app) and app.query_one(AlertsPanel).entries and "mem " in status):
+        return False
+    # the data field redrawn in the alert's style (the status line redraws at frame rate)
+    if not any(field.startswith("data") for field in line.styled):  # type: ignore[attr-defined]
         return False
     if app.size.width < 140:
         return True
+    chart = app.query_one(TimeChart)
     return (
         app.query_one(ResourceViews).region.width == 64
-        and bool(app.query_one(TimeChart).bars)
+        and bool(chart.bars)
+        # binned at the chart's own width (a first draw may come before its layout)
+        and chart.drawn_width == chart.size.width
         and bool(app.query_one(MemoryChart).plotted)
     )
 
@@ -324,5 +331,5 @@ def test_time_and_memory(snap_compare: SnapCompare, size: tuple[int, int]) -> No
     status line at every size; at 160x48 the time a step by phase (stacked, the data
     wait on top) and the memory beside the loss chart."""
     assert snap_compare(
-        app_on(input_bound_run()), terminal_size=size, run_before=until(resources_drawn)
+        app_on(input_bound_run()), terminal_size=size, run_before=until(resources_drawn, redraws=5)
     )

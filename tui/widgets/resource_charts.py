@@ -93,16 +93,24 @@ class TimeChart(PlotextPlot):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.bars: dict[str, list[float]] = {}  # phase -> seconds a step, each bar drawn
         self.title_text = ""  # the title and legend as shown (tests, captures)
+        self.drawn_width = 0  # the width the bars were binned for
+        self._run: RunState | None = None  # the run last shown (drawn again on a resize)
+
+    def on_resize(self) -> None:
+        """Laid out at another width (after the view's own ``fit``): bin again."""
+        if self._run is not None:
+            self.show(self._run)
 
     def show(self, run: RunState | None) -> None:
         """Redraw from the run's phases."""
+        self._run = run
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
         self.bars = {}
         resources = None if run is None else run.resources
         if resources is not None and resources.timed:
-            width = self.size.width or 60
+            width = self.drawn_width = self.size.width or 60
             steps, means = binned(resources, max((width - 8) // BAR_COLUMNS, 1))
             if steps:
                 # one colour and mark a series: plotext takes lists here (its
@@ -145,9 +153,16 @@ class MemoryChart(PlotextPlot):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.plotted: list[float] = []  # the bytes drawn
         self.title_text = ""
+        self._run: RunState | None = None  # the run last shown (drawn again on a resize)
+
+    def on_resize(self) -> None:
+        """Laid out at another width: sample the series again for it."""
+        if self._run is not None:
+            self.show(self._run)
 
     def show(self, run: RunState | None) -> None:
         """Redraw from the run's memory series."""
+        self._run = run
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()

@@ -25,6 +25,7 @@ class StatusLine(Static):
     """
 
     text: str = ""  # the plain text shown (for tests and captures)
+    styled: tuple[str, ...] = ()  # the fields shown in a style of their own (an alert's)
 
     def show(self, run: RunState | None, monitor: MonitorState, listening: str) -> None:
         """Redraw from state, fitted to the widget's width."""
@@ -34,4 +35,5 @@ class StatusLine(Static):
             text.append(separator, style="dim")
             text.append(field, style=getattr(field, "style", ""))  # a StatusField's
         self.text = text.plain
+        self.styled = tuple(str(f) for f in fields[1:] if getattr(f, "style", ""))
         self.update(text)
