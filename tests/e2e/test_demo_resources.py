@@ -94,6 +94,7 @@ def waits_of(name: str, fixed: bool, steps: int = 40) -> list[float]:
     return phases.waits()
 
 
+@pytest.mark.slow  # (-m slow runs alone: it compares each wait to a fraction of a ms)
 @pytest.mark.timeout(60)
 def test_the_input_bound_loop_waits_for_its_loader_and_the_fix_does_not() -> None:
     waits = waits_of("input-bound", fixed=False)

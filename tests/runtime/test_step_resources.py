@@ -99,6 +99,7 @@ def busy(seconds: float) -> None:
         pass
 
 
+@pytest.mark.slow  # (as above: it compares each step's wait to a fraction of a millisecond)
 @pytest.mark.parametrize("explicit", [True, False], ids=["step-api", "watch-alone"])
 def test_the_wait_for_the_batch_is_the_data_phase_and_the_loops_own_work_is_not(
     collector: FrameCollector, explicit: bool
@@ -127,6 +128,8 @@ def test_the_wait_for_the_batch_is_the_data_phase_and_the_loops_own_work_is_not(
     assert sorted(extra)[len(extra) // 2] < 0.0025
 
 
+@pytest.mark.slow  # (-m slow runs alone: beside a parallel worker's child processes the
+# training thread's GIL handoffs blur the microseconds this compares)
 def test_accumulated_batches_each_wait_for_their_own_data(collector: FrameCollector) -> None:
     waited: list[float] = []
     records = step_records(train(collector, 8, wait=0.004, accumulate=3, waited=waited))[1:]
