@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from probes.kernel.schema import StepView
+from probes.kernel.units import human_bytes
 from tui.series import BucketedSeries
 
 #: The phases of a step, bottom to top of the time chart: the data wait on top.
@@ -160,13 +161,8 @@ class RunResources:
 
 
 def byte_size(value: float) -> str:
-    """``3.1G``, ``512M``, ``12K``, ``800B`` (binary units)."""
-    magnitude = abs(value)
-    for unit, scale in (("T", 1024.0**4), ("G", 1024.0**3), ("M", 1024.0**2), ("K", 1024.0)):
-        if magnitude >= scale:
-            shown = value / scale
-            return f"{shown:.1f}{unit}" if abs(shown) < 10 else f"{shown:.0f}{unit}"
-    return f"{value:.0f}B"
+    """``3.1G``, ``512M``, ``12K``, ``800B`` (binary units, ``probes.kernel.units``)."""
+    return human_bytes(value, compact=True)
 
 
 def slope_words(slope: float) -> str:

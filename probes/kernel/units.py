@@ -8,9 +8,10 @@ import math
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
-def human_bytes(n: float) -> str:
+def human_bytes(n: float, *, compact: bool = False) -> str:
     """``n`` bytes in binary units: ``512 B``, ``502 KiB``, ``1.9 GiB`` (one decimal under
-    10 of a unit, none above); ``?`` for what is not a finite number. Never raises."""
+    10 of a unit, none above); ``compact``, as the monitor's status line has room for:
+    ``512B``, ``502K``, ``1.9G``. ``?`` for what is not a finite number. Never raises."""
     try:
         value = float(n)
     except (TypeError, ValueError, OverflowError):
@@ -26,8 +27,9 @@ def human_bytes(n: float) -> str:
     if round(value) >= 1024 and unit < len(_UNITS) - 1:  # (1023.7 KiB: 1.0 MiB)
         value /= 1024
         unit += 1
+    name, space = (_UNITS[unit][0], "") if compact else (_UNITS[unit], " ")
     if unit == 0:
-        return f"{sign}{value:.0f} B"
+        return f"{sign}{value:.0f}{space}B"
     if round(value, 1) < 10:
-        return f"{sign}{value:.1f} {_UNITS[unit]}"
-    return f"{sign}{value:.0f} {_UNITS[unit]}"
+        return f"{sign}{value:.1f}{space}{name}"
+    return f"{sign}{value:.0f}{space}{name}"
