@@ -67,3 +67,15 @@ async def settle(pilot: Pilot[object], predicate: Callable[[], T], timeout: floa
     """Let a Textual app (under ``pilot``) redraw until ``predicate()`` holds (its views
     redraw on a timer, not per frame)."""
     return await until(predicate, "the screen", timeout, pause=pilot.pause)
+
+
+def running_or_runnable() -> float:
+    """This thread's seconds on a CPU or waiting for one (Linux: its run-queue wait from
+    ``/proc/thread-self/schedstat``; elsewhere its CPU time): a sleep's wall time less
+    these is the time it was blocked (on a crowded machine a woken thread also waits for
+    a core, which is not waiting for data). The probe's phase clock reads the same."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as handle:
+            return time.thread_time() + int(handle.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return time.thread_time()

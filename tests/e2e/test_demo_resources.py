@@ -32,6 +32,7 @@ from demo.scenarios import BUILDERS
 from demo.scenarios_resources import SLOW_LOADER_S
 from demo.setups import Setup
 from demo.trainer import train
+from tests.waiting import running_or_runnable
 
 # ---------------------------------------------------------------------------------------
 # The bugs themselves, with no rule: fast
@@ -45,15 +46,6 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def running_or_runnable() -> float:
-    """This thread's seconds on a CPU or waiting for one (Linux; else its CPU time)."""
-    try:
-        with open("/proc/thread-self/schedstat", encoding="ascii") as handle:
-            return time.thread_time() + int(handle.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return time.thread_time()
 
 
 @dataclass

@@ -21,6 +21,7 @@ from tests.collector import (
     wait_for_bye,
     watch_unthinned,
 )
+from tests.waiting import running_or_runnable
 
 PHASES = ("data_time", "forward_time", "backward_time", "optimizer_time")
 
@@ -68,17 +69,6 @@ def train(
     probe.close()
     wait_for_bye(collector)
     return list(collector.frames)
-
-
-def running_or_runnable() -> float:
-    """This thread's seconds on a CPU or waiting for one (Linux; else its CPU time): a
-    sleep's wall time less these is the time it was blocked (on a crowded machine a
-    woken thread also waits for a core, which is not waiting for data)."""
-    try:
-        with open("/proc/thread-self/schedstat", encoding="ascii") as handle:
-            return time.thread_time() + int(handle.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return time.thread_time()
 
 
 def step_records(frames: list[Frame]) -> list[Frame]:
