@@ -78,7 +78,26 @@ def _legend(title: str, entries: list[tuple[str, str, str]], width: int) -> Text
         entries = entries[:-1]
 
 
-class TimeChart(PlotextPlot):
+class RunChart(PlotextPlot):
+    """A chart of one run's series: drawn again, from the run it last showed, when it is
+    laid out at another width (``ResourceViews.fit`` resizes it after the redraw it asked
+    for), since what it draws is binned or sampled for its width."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.title_text = ""  # the title and legend as shown (tests, captures)
+        self._run: RunState | None = None  # the run last shown
+
+    def on_resize(self) -> None:
+        if self._run is not None:
+            self.show(self._run)
+
+    def show(self, run: RunState | None) -> None:
+        """Redraw from ``run``."""
+        self._run = run
+
+
+class TimeChart(RunChart):
     """Seconds a step by phase, stacked, over the steps (the data wait on top)."""
 
     DEFAULT_CSS = """
@@ -90,20 +109,13 @@ class TimeChart(PlotextPlot):
     """
 
     def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(**kwargs)
         self.bars: dict[str, list[float]] = {}  # phase -> seconds a step, each bar drawn
-        self.title_text = ""  # the title and legend as shown (tests, captures)
         self.drawn_width = 0  # the width the bars were binned for
-        self._run: RunState | None = None  # the run last shown (drawn again on a resize)
-
-    def on_resize(self) -> None:
-        """Laid out at another width (after the view's own ``fit``): bin again."""
-        if self._run is not None:
-            self.show(self._run)
 
     def show(self, run: RunState | None) -> None:
         """Redraw from the run's phases."""
-        self._run = run
+        super().show(run)
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -138,7 +150,7 @@ class TimeChart(PlotextPlot):
         self.refresh()
 
 
-class MemoryChart(PlotextPlot):
+class MemoryChart(RunChart):
     """The memory in use at each record's end, over the steps."""
 
     DEFAULT_CSS = """
@@ -150,19 +162,12 @@ class MemoryChart(PlotextPlot):
     """
 
     def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(**kwargs)
         self.plotted: list[float] = []  # the bytes drawn
-        self.title_text = ""
-        self._run: RunState | None = None  # the run last shown (drawn again on a resize)
-
-    def on_resize(self) -> None:
-        """Laid out at another width: sample the series again for it."""
-        if self._run is not None:
-            self.show(self._run)
 
     def show(self, run: RunState | None) -> None:
         """Redraw from the run's memory series."""
-        self._run = run
+        super().show(run)
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
