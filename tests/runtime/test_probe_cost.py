@@ -16,7 +16,7 @@ from probes.kernel.thinning import ESCALATION, Member, ceiling, plan
 from probes.runtime.live_checks.structure import UpdateCheck
 from probes.runtime.measure.host_copy import HostRing
 from probes.runtime.measure.layers import LayerMap, combine_layer_norms, map_layers
-from probes.runtime.measure.stats import Measurement
+from probes.runtime.measure.stats import GRADS, Measurement
 from tests.collector import FrameCollector, wait_for_bye, watch_unthinned
 
 
@@ -66,7 +66,8 @@ def test_a_measurement_gives_its_pair_back_once_read() -> None:
     host.copy_(torch.tensor([3.0, 4.0]))
     event.done = False  # the copy still in flight
     step = Measurement(layers, 0, 0.0, False)
-    step.values, step.event, step.ring, step.grad_count = host, event, ring, 2
+    step.values, step.event, step.ring = host, event, ring
+    step.layout.add(GRADS, 2)
     assert not step.ready()
     event.done = True
     assert step.ready()

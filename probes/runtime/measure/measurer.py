@@ -28,9 +28,13 @@ from probes.runtime.measure.layers import LayerMap
 from probes.runtime.measure.local_grads import LocalGradients
 from probes.runtime.measure.sampled import ActivationStats, UpdateNorms
 from probes.runtime.measure.stats import (
+    ACTIVATIONS,
     CLIP_TOTAL,
+    GRADS,
     INPUT_RMS,
     LOCAL_GRAD_NORM,
+    PARAMS,
+    UPDATES,
     Measurement,
     NormReducer,
     compose_order,
@@ -245,10 +249,11 @@ class StepMeasurer:
         if not step.grads_read:
             self.read_grads(step)
         values: list[torch.Tensor] = list(step.grad_norms)
-        step.grad_count = len(values)
+        layout = step.layout  # each section appended says so: the record reads by it
+        layout.add(GRADS, len(values))
         step.grad_present = compose_order(step.grad_present, step.grad_order)
         if step.update_norms:
-            step.update_count = len(step.update_norms)
+            layout.add(UPDATES, len(step.update_norms))
             values += step.update_norms
         elif self._measure_update:
             # No optimizer.step() in this step: take the next one, until the next sampled
@@ -256,7 +261,7 @@ class StepMeasurer:
             self._update_pending = (step.step + 1) % self.sample_every != 0
         if step.sampled:
             param_norms, step.param_order = self._param_norms()
-            step.param_count = len(param_norms)
+            layout.add(PARAMS, len(param_norms))
             values += param_norms
             counts, totals, hooked = self.activations.take()
             step.probe_time += hooked  # (the forward's hooks: the boundary did not see them)
@@ -264,6 +269,7 @@ class StepMeasurer:
                 step.tensor_scalars[INPUT_RMS] = self.activations.input_rms
             if counts:
                 step.activation_totals = totals
+                layout.add(ACTIVATIONS, len(counts))
                 values += counts
         if not step.lrs:  # no optimizer.step() in this step: the rates now
             step.lrs = self._learning_rates()

@@ -32,6 +32,48 @@ INPUT_RMS = "input/rms"
 #: (``probes.runtime.measure.local_grads``).
 LOCAL_GRAD_NORM = "local/grad_norm"
 
+#: The sections of a step's copied values (``ValuesLayout``), as the measurer appends
+#: them: per-parameter gradient norms; on a measured update, its changes' then its
+#: weights' norms (``probes.runtime.measure.sampled.UpdateNorms``); on sampled steps,
+#: the per-parameter weight norms and the activations' hit counts.
+GRADS = "grads"
+UPDATES = "updates"
+PARAMS = "params"
+ACTIVATIONS = "activations"
+
+
+class ValuesLayout:
+    """Where each section of a step's values lies in the one vector copied to the host:
+    the sections in the order the measurer appended them, then the tensor scalars.
+    The record, the merge and the peaks all read the values through it, so a new
+    measured section is one ``add`` where it is appended and one ``of`` where it is
+    read."""
+
+    __slots__ = ("_spans", "size")
+
+    def __init__(self) -> None:
+        self._spans: dict[str, tuple[int, int]] = {}
+        self.size = 0  # values in the sections; the tensor scalars follow
+
+    def add(self, section: str, count: int) -> None:
+        """``count`` values of ``section`` were appended after the others."""
+        self._spans[section] = (self.size, self.size + count)
+        self.size += count
+
+    def count(self, section: str) -> int:
+        """How many values ``section`` holds (0: not measured this step)."""
+        span = self._spans.get(section)
+        return 0 if span is None else span[1] - span[0]
+
+    def of(self, values: list[float], section: str) -> list[float]:
+        """``section``'s values, read from the host copy."""
+        span = self._spans.get(section)
+        return [] if span is None else values[span[0] : span[1]]
+
+    def scalars(self, values: list[float]) -> list[float]:
+        """The tensor scalars' values (named by ``Measurement.tensor_scalar_names``)."""
+        return values[self.size :]
+
 
 class Measurement:
     """One step's numbers: filled in on the training thread as the step runs (0-d
@@ -52,7 +94,6 @@ class Measurement:
         "duration",
         "event",
         "float_scalars",
-        "grad_count",
         "grad_norms",
         "grad_order",
         "grad_present",
@@ -62,6 +103,7 @@ class Measurement:
         "late_scalars",
         "layer_map",
         "layer_values",
+        "layout",
         "local_grad_norm",
         "lrs",
         "merged",
@@ -69,7 +111,6 @@ class Measurement:
         "not_cleared",
         "not_stepped",
         "optimizer_step",
-        "param_count",
         "param_order",
         "probe_time",
         "ring",
@@ -79,7 +120,6 @@ class Measurement:
         "tensor_scalar_names",
         "tensor_scalars",
         "time",
-        "update_count",
         "update_norms",
         "update_order",
         "values",
@@ -118,10 +158,8 @@ class Measurement:
         self.values: torch.Tensor | list[torch.Tensor] | None = None  # see ``to_host``
         self.event: torch.cuda.Event | None = None
         self.ring: HostRing | None = None  # where ``values`` and ``event`` go back, once read
-        self.grad_count = 0
-        self.param_count = 0  # >0 on sampled steps: parameter norms follow the updates
+        self.layout = ValuesLayout()  # the sections of ``values``, as the step ends
         self.param_order: tuple[int, ...] | None = None
-        self.update_count = 0  # >0 where an update was measured: its norms follow the grads
         self.activation_totals: list[int] = []  # elements seen per activation module
         self.tensor_scalar_names: tuple[str, ...] = ()
         self.lrs: list[float] = []
@@ -166,7 +204,7 @@ class Measurement:
     def _grads_by_layer(self) -> tuple[list[float | None], float | None]:
         """The per-layer gradient norms and their total (made once)."""
         if self._grad_layers is None:
-            grads = self._values()[: self.grad_count]
+            grads = self.layout.of(self._values(), GRADS)
             layers = combine_layer_norms(grads, self.grad_present, self.layer_map)
             self._grad_layers = layers, _total(grads)
         return self._grad_layers
@@ -177,28 +215,18 @@ class Measurement:
 
     def to_record(self) -> dict[str, Any]:
         """The step record (a dict of plain numbers); waits for the copy if needed."""
-        layers = self.layer_map
+        layers, layout = self.layer_map, self.layout
         values = self._values()
-        at = 0
-
-        def take(count: int) -> list[float]:
-            nonlocal at
-            at += count
-            return values[at - count : at]
-
-        take(self.grad_count)
         grad_layers, grad_total = self._grads_by_layer()
-        updates = take(self.update_count)
-        params = take(self.param_count)
-        counts = take(sum(1 for total in self.activation_totals if total))
+        tail = layout.scalars(values)
         record: StepRecord = {
             "kind": "step",
             "step": self.step,
             "time": self.time,
             "duration": self.duration,
             "probe_time": self.probe_time,
-            "scalars": self._scalars(values[at:]),
-            "lr": self._lrs(values[at:]),
+            "scalars": self._scalars(tail),
+            "lr": self._lrs(tail),
             "grad_norms": list(grad_layers),  # (its own list: merging writes over it)
             "grad_norm_total": grad_total,
             "none_grads": self.none_grads,
@@ -206,16 +234,18 @@ class Measurement:
         if self.grad_present is not None and self.none_grads:
             present = set(self.grad_present)
             record["none_grad_params"] = [i for i in range(len(layers.params)) if i not in present]
-        if self.param_count:
+        if layout.count(PARAMS):
+            params = layout.of(values, PARAMS)
             record["param_norms"] = combine_layer_norms(params, self.param_order, layers)
-        if self.update_count:
-            record["update_ratios"] = self._update_ratios(updates)
+        if layout.count(UPDATES):
+            record["update_ratios"] = self._update_ratios(layout.of(values, UPDATES))
         if self.activation_totals:
+            counts = layout.of(values, ACTIVATIONS)
             record["activations"] = _fractions(counts, self.activation_totals)
         if self.not_cleared:
             record["grads_not_cleared"] = True
         if self.clipped is not None:
-            clip = record["clip"] = self._clip(values[at:])
+            clip = record["clip"] = self._clip(tail)
             record["clip_steps"], record["clip_active_steps"] = _clip_counts(clip)
         if self.grads_scaled is not None:
             record["grads_scaled"] = self.grads_scaled
@@ -223,10 +253,10 @@ class Measurement:
             record["optimizer_step"] = False
         if self.not_stepped:
             record["not_stepped"] = self.not_stepped
-        input_rms = self._tensor_scalar(values[at:], INPUT_RMS, self.input_rms)
+        input_rms = self._tensor_scalar(tail, INPUT_RMS, self.input_rms)
         if input_rms is not None:
             record["input_rms"] = input_rms
-        local = self._tensor_scalar(values[at:], LOCAL_GRAD_NORM, self.local_grad_norm)
+        local = self._tensor_scalar(tail, LOCAL_GRAD_NORM, self.local_grad_norm)
         if local is not None:
             record["local_grad_norm"] = local
         if self.span is not None:
@@ -244,10 +274,8 @@ class Measurement:
         grads, total, scalars = self._peak_values()
         clip: dict[str, Any] = {}
         if self.clipped is not None:
-            values = self._values()
-            at = self.grad_count + self.update_count + self.param_count
-            at += sum(1 for total in self.activation_totals if total)
-            clipped, active = _clip_counts(self._clip(values[at:]))
+            tail = self.layout.scalars(self._values())
+            clipped, active = _clip_counts(self._clip(tail))
             clip = {"clip_steps": clipped, "clip_active_steps": active}
         return {
             **clip,
@@ -264,16 +292,9 @@ class Measurement:
         }
 
     def _peak_values(self) -> tuple[list[float | None], float | None, dict[str, float]]:
-        values = self._values()
-        at = (
-            self.grad_count
-            + self.update_count
-            + self.param_count
-            + sum(1 for total in self.activation_totals if total)
-        )
         layers, total = self._grads_by_layer()
         scalars = (
-            self._scalars(values[at:])
+            self._scalars(self.layout.scalars(self._values()))
             if self.tensor_scalar_names or self.late_scalars
             else self.float_scalars
         )
