@@ -70,6 +70,7 @@ class RunState:
     grad_records: deque[Sequence[float | None]] = field(
         default_factory=lambda: deque(maxlen=SPARK_HISTORY)
     )
+    grad_max: list[float | None] = field(default_factory=list)  # per layer, sampled
     param_norms: list[float | None] = field(default_factory=list)
     update_ratios: list[float | None] = field(default_factory=list)
     learning_rates: list[float] = field(default_factory=list)
@@ -210,6 +211,7 @@ class RunState:
         if layers != self.layers:
             self.layers = layers
             self.grad_norms = [None] * len(layers)
+            self.grad_max = [None] * len(layers)
             self.param_norms = [None] * len(layers)
             self.update_ratios = [None] * len(layers)
             self.grad_records.clear()
@@ -269,6 +271,9 @@ class RunState:
                 kept = norms if None in norms else array("d", cast("list[float]", norms))
             self.grad_records.append(kept)
             self.heatmap.add(view.step, grads, first_step=view.first_step)
+        grad_max = view.more_layers.get("grad_max")
+        if grad_max is not None and len(grad_max) == count:
+            self.grad_max = _shared(grad_max)
         if view.param_norms is not None and len(view.param_norms) == count:
             self.param_norms = _shared(view.param_norms)
         if view.update_ratios is not None and len(view.update_ratios) == count:

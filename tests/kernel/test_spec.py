@@ -112,6 +112,7 @@ def test_the_sender_shortens_exactly_the_float32_lists() -> None:
     assert set(spec.FLOAT32_FIELDS) == {
         "grad_norms",
         "grad_norms_max",
+        "grad_max",
         "param_norms",
         "update_ratios",
         "activations",

@@ -316,3 +316,30 @@ async def test_the_probes_automatic_check_is_said_in_a_toast_not_pushed_over_the
         assert "blocks.4" in toast and "SqrtBackward0" in toast and "v: the report" in toast
         await pilot.press("v")  # the report is one key away
         await settle(pilot, lambda: isinstance(app.screen, AnomalyReportScreen))
+
+
+def _with_grad_max(frames: list, every: int = 10) -> list:
+    """``frames`` whose sampled steps (every ``every``th) carry each layer's largest
+    gradient element, as a probe measures it."""
+    for frame in frames:
+        if frame["kind"] == "step" and frame["step"] % every == 0:
+            frame["grad_max"] = [0.125 * (i + 1) + frame["step"] / 1000 for i in range(3)]
+    return frames
+
+
+async def test_the_largest_element_shows_once_measured_where_the_table_has_room() -> None:
+    app = make_app(FrameListSource(_with_grad_max(short_run(30))))
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.query_one(LayerTable)
+        await settle(pilot, lambda: table.row_count == 3 and len(table.row_text("head")) == 7)
+        await settle(pilot, lambda: table.row_text("head")[6] == "0.395")  # sampled step 20
+        assert table.row_text("head")[3] == "7"  # the others where they were
+
+
+async def test_no_largest_element_column_for_a_run_that_does_not_measure_it() -> None:
+    app = make_app(FrameListSource(short_run(30)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        status = app.query_one(StatusLine)
+        await settle(pilot, lambda: "step 29" in status.text)
+        table = app.query_one(LayerTable)
+        assert [len(table.row_text(name)) for name in LAYERS] == [6, 6, 6]

@@ -13,7 +13,7 @@ from tui.format import GIVE_WAY, StatusField, fit_status, status_fields
 from tui.state import MonitorState
 from tui.text import ELLIPSIS, cut_words, shorten_middle
 from tui.widgets.alerts_panel import fit_columns
-from tui.widgets.layer_table import COLUMNS, SPARK_MIN, SPARK_WIDTH, fit_widths
+from tui.widgets.layer_table import COLUMNS, PEAK_COLUMN, SPARK_MIN, SPARK_WIDTH, fit_widths
 from tui.widgets.loss_chart import chart_title
 
 # --- shortening a name from the middle -----------------------------------------------
@@ -53,11 +53,26 @@ def test_a_cut_ends_after_a_word_where_one_is_near() -> None:
 
 
 def test_at_80_columns_every_layer_column_stays_on_screen() -> None:
-    names, spark = fit_widths(80, GPT_LAYERS)
+    names, spark, peaks = fit_widths(80, GPT_LAYERS, peaks=True)
     fixed = sum(w for key, _, w in COLUMNS if key not in ("layer", "history"))
     assert names + spark + fixed + 2 * len(COLUMNS) + 2 <= 80  # padding, scroll bar
     assert spark == SPARK_MIN and names >= 18  # the history gave way first
-    assert fit_widths(200, GPT_LAYERS) == (max(map(len, GPT_LAYERS)), SPARK_WIDTH)
+    assert not peaks  # ... and the largest element's column before the names
+    longest = max(map(len, GPT_LAYERS))
+    assert fit_widths(200, GPT_LAYERS) == (longest, SPARK_WIDTH, False)  # not measured
+    assert fit_widths(200, GPT_LAYERS, peaks=True) == (longest, SPARK_WIDTH, True)
+
+
+def test_the_peak_column_shows_where_names_stay_whole_and_the_history_keeps_its_minimum() -> None:
+    short = ["fc1", "fc2", "head"]
+    names, spark, peaks = fit_widths(80, short, peaks=True)
+    fixed = sum(w for key, _, w in (*COLUMNS, PEAK_COLUMN) if key not in ("layer", "history"))
+    assert peaks and names == len("layer") and spark >= SPARK_MIN
+    assert names + spark + fixed + 2 * (len(COLUMNS) + 1) + 2 <= 80
+    # one column narrower than it needs: it gives way, the others keep their widths
+    needed = 2 + 2 * (len(COLUMNS) + 1) + fixed + len("layer") + SPARK_MIN
+    assert fit_widths(needed, short, peaks=True)[2]
+    assert not fit_widths(needed - 1, short, peaks=True)[2]
 
 
 def test_alert_columns_fit_80_and_keep_the_folded_count() -> None:

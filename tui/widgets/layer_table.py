@@ -1,4 +1,6 @@
-"""Per-layer gradient table: layer, grad norm, its recent history, param norm."""
+"""Per-layer gradient table: layer, grad norm, its recent history, param norm, update
+ratio, status, and the largest gradient element where the run measures it and the
+table has room."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("update", "update/w", 8),
     ("status", "status", 10),
 )
+#: Shown after the others, once the run has measured it (sampled steps) and where the
+#: names stay whole and the history keeps ``SPARK_MIN``: the first to give way.
+PEAK_COLUMN: tuple[str, str, int] = ("max", "grad max", 9)
 NAME_WIDTH = 40  # longer layer names are shortened in the middle
 NAME_MIN = 12  # characters of a name kept at least (the table scrolls sideways below)
 CELL_PADDING = 2  # a DataTable cell's padding, both sides
@@ -52,7 +57,8 @@ class LayerTable(DataTable[Text | str]):
         self._layers: list[str] = []
         self._shown: dict[tuple[str, str], str] = {}  # what each cell shows (plain text)
         self._run: RunState | None = None
-        self._widths: tuple[int, int] = (0, 0)  # (name, history) the columns have
+        # (name, history) widths the columns have, and is the peak column there
+        self._widths: tuple[int, int, bool] = (0, 0, False)
 
     def on_mount(self) -> None:
         self._add_columns(NAME_WIDTH, SPARK_WIDTH)
@@ -60,13 +66,14 @@ class LayerTable(DataTable[Text | str]):
     def on_resize(self) -> None:
         """Refit the name and history columns to the new width (only then: the values
         change at the app's tick, with the other views')."""
-        if fit_widths(self.outer_size.width, self._labels(self._run)) != self._widths:
+        fit = fit_widths(self.outer_size.width, self._labels(self._run), _peaks(self._run))
+        if fit != self._widths:
             self.show(self._run)
 
-    def _add_columns(self, name_width: int, spark_width: int) -> None:
-        self._widths = (name_width, spark_width)
+    def _add_columns(self, name_width: int, spark_width: int, peaks: bool = False) -> None:
+        self._widths = (name_width, spark_width, peaks)
         fitted = {"layer": name_width, "history": spark_width}
-        for key, label, width in COLUMNS:
+        for key, label, width in (*COLUMNS, PEAK_COLUMN) if peaks else COLUMNS:
             if key == "history" and spark_width < len(label):
                 label = HISTORY_SHORT  # (a header cut mid-word says less)
             self.add_column(label, key=key, width=fitted.get(key, width))
@@ -77,15 +84,17 @@ class LayerTable(DataTable[Text | str]):
         as they scroll into view."""
         self._run = run
         layers = run.layers if run is not None else []
-        widths = fit_widths(self.outer_size.width, self._labels(run))  # (scroll bar too)
+        # (the scroll bar too)
+        widths = fit_widths(self.outer_size.width, self._labels(run), _peaks(run))
         if layers != self._layers or widths != self._widths:
             self.clear(columns=widths != self._widths)
             if not self.columns:
                 self._add_columns(*widths)
             self._shown.clear()
             self._layers = list(layers)
+            empty = ("-", "", "-", "-", "", "-") if widths[2] else ("-", "", "-", "-", "")
             for name in layers:
-                self.add_row(Text(self._layer_label(name)), "-", "", "-", "-", "", key=name)
+                self.add_row(Text(self._layer_label(name)), *empty, key=name)
         if run is not None:
             self._fill(run)
 
@@ -113,6 +122,8 @@ class LayerTable(DataTable[Text | str]):
             self._set(name, "param", Text(number(_at(run.param_norms, i))))
             self._set(name, "update", Text(number(_at(run.update_ratios, i), 2)))
             self._set(name, "status", Text(status.get(name, "").replace("_", " "), style=style))
+            if self._widths[2]:
+                self._set(name, "max", Text(number(_at(run.grad_max, i))))
 
     def _set(self, row: str, column: str, text: Text) -> None:
         """Update a cell only when what it shows changed (a deep model has many)."""
@@ -139,20 +150,31 @@ class LayerTable(DataTable[Text | str]):
         return shorten_middle(plain_name(layer), self._widths[0])
 
 
-def fit_widths(width: int, names: list[str]) -> tuple[int, int]:
+def fit_widths(width: int, names: list[str], peaks: bool = False) -> tuple[int, int, bool]:
     """The widths of the name and history columns in a table ``width`` wide, so that
     every column stays on screen: the history gives way (to ``SPARK_MIN``) before
     names are shortened (to ``NAME_MIN``); an unlaid table (``width`` 0) gets both
-    whole."""
+    whole. The third: whether the peak column (``peaks``: the run measures it) is
+    shown, only where it leaves the names whole and the history its minimum."""
     longest = min(max((len(name) for name in names), default=5), NAME_WIDTH)
     longest = max(longest, len("layer"))
     if width <= 0:
-        return longest, SPARK_WIDTH
+        return longest, SPARK_WIDTH, peaks
     fixed = sum(w for key, _, w in COLUMNS if key not in ("layer", "history"))
     room = width - SCROLL_BAR - CELL_PADDING * len(COLUMNS) - fixed  # name and history
+    peak_room = PEAK_COLUMN[2] + CELL_PADDING
+    if peaks and room - peak_room >= longest + SPARK_MIN:
+        room -= peak_room
+    else:
+        peaks = False
     spark = max(min(SPARK_WIDTH, room - longest), SPARK_MIN)
     name = min(longest, max(room - spark, NAME_MIN))
-    return name, spark
+    return name, spark, peaks
+
+
+def _peaks(run: RunState | None) -> bool:
+    """Has the run measured its gradients' largest elements (sampled steps)?"""
+    return run is not None and any(value is not None for value in run.grad_max)
 
 
 def short_name(name: str, width: int = NAME_WIDTH) -> str:

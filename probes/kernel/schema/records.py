@@ -92,6 +92,7 @@ class StepRecord(_StepRecordRequired, total=False):
 
     dropped: int  # records the probe's queue dropped so far (added by the sender)
     none_grad_params: list[int]
+    grad_max: list[float | None]  # per layer, its largest |gradient element|, sampled
     param_norms: list[float | None]  # sampled steps
     update_ratios: list[float | None]  # per layer |dw|/|w|, sampled updates
     activations: list[float | None]  # dead / saturated fractions, sampled

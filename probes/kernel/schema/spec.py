@@ -133,6 +133,8 @@ STEP_FIELDS = (
     _F("grad_norms", _T.NULLABLE_NUMBERS, "gradient norms", LAYER, peaks=MAX_ONLY, required=True),
     _F("grad_norm_total", _T.NUMBER, "total gradient norm", peaks=MAX_ONLY, required=True,
        checked=False),
+    _F("grad_max", _T.NULLABLE_NUMBERS, "largest |gradient element| (sampled steps)", LAYER,
+       Merge.MAX),
     _F("param_norms", _T.NULLABLE_NUMBERS, "weight norms (sampled steps)", LAYER),
     _F("update_ratios", _T.NULLABLE_NUMBERS, "|dw|/|w| (sampled updates)", LAYER),
     _F("activations", _T.NULLABLE_NUMBERS, "dead / saturated fractions (sampled)", ACTIVATION),

@@ -11,6 +11,7 @@ its own left (``lm_head`` without a bias) has no row of its own.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections import Counter
 from collections.abc import Iterator
@@ -134,6 +135,22 @@ def combine_layer_norms(
         previous = sums[layer]
         sums[layer] = norm * norm if previous is None else previous + norm * norm
     return [None if s is None else s**0.5 for s in sums]
+
+
+def combine_layer_peaks(
+    param_peaks: list[float], present: tuple[int, ...] | None, layer_map: LayerMap
+) -> list[float | None]:
+    """Per-layer largest |element| from per-parameter ones (``combine_layer_norms``'
+    arguments); a NaN in any parameter of a layer makes the layer's NaN."""
+    peaks: list[float | None] = [None] * layer_map.num_layers
+    indices = range(len(param_peaks)) if present is None else present
+    param_layer = layer_map.param_layer
+    for peak, param_index in zip(param_peaks, indices, strict=True):
+        layer = param_layer[param_index]
+        previous = peaks[layer]
+        if previous is None or math.isnan(peak) or (not math.isnan(previous) and peak > previous):
+            peaks[layer] = peak
+    return peaks
 
 
 Runs = list[tuple[int, int, int]]

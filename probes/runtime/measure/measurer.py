@@ -30,6 +30,7 @@ from probes.runtime.measure.sampled import ActivationStats, UpdateNorms
 from probes.runtime.measure.stats import (
     ACTIVATIONS,
     CLIP_TOTAL,
+    GRAD_MAX,
     GRADS,
     INPUT_RMS,
     LOCAL_GRAD_NORM,
@@ -252,6 +253,10 @@ class StepMeasurer:
         layout = step.layout  # each section appended says so: the record reads by it
         layout.add(GRADS, len(values))
         step.grad_present = compose_order(step.grad_present, step.grad_order)
+        if step.grad_max:
+            layout.add(GRAD_MAX, len(step.grad_max))
+            values += step.grad_max
+            step.grad_max = []  # the values hold them now
         if step.update_norms:
             layout.add(UPDATES, len(step.update_norms))
             values += step.update_norms
@@ -311,14 +316,25 @@ class StepMeasurer:
             grads = [every[i] for i in present]
             step.none_grads = len(every) - len(grads)
             step.grad_present = present
-        if grads and grads[0].requires_grad:
-            # Grads made by backward(create_graph=True): the norms must not grow a graph.
-            with torch.no_grad():
-                step.grad_norms, step.grad_order = self.norms.norms(grads)
-        elif grads:
-            step.grad_norms, step.grad_order = self.norms.norms(grads)
+        if grads:
+            step.grad_norms, step.grad_order = self._norms_of(grads)
+            # Sampled steps: each gradient's largest |element| too (one kernel more). Not
+            # with several optimizers: each reads its gradients at its own step, and only
+            # the norms are kept across those reads (``optimizers.PerOptimizerReads``).
+            if step.sampled and self.merge_reads is None:
+                step.grad_max, order = self._norms_of(grads, math.inf)
+                step.grad_max_order = compose_order(step.grad_present, order)
         if self.merge_reads is not None:
             self.merge_reads(step)
+
+    def _norms_of(
+        self, grads: list[torch.Tensor], order: float = 2.0
+    ) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
+        if grads[0].requires_grad:
+            # Grads made by backward(create_graph=True): the norms must not grow a graph.
+            with torch.no_grad():
+                return self.norms.norms(grads, order)
+        return self.norms.norms(grads, order)
 
     def _param_norms(self) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
         if not self.layers.params:

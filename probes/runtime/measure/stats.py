@@ -18,7 +18,7 @@ import torch
 
 from probes.kernel.merge import apply as apply_merged
 from probes.kernel.schema.records import ClipFields, StepRecord
-from probes.runtime.measure.layers import LayerMap, combine_layer_norms
+from probes.runtime.measure.layers import LayerMap, combine_layer_norms, combine_layer_peaks
 
 if TYPE_CHECKING:
     from probes.runtime.measure.host_copy import HostRing
@@ -40,6 +40,8 @@ GRADS = "grads"
 UPDATES = "updates"
 PARAMS = "params"
 ACTIVATIONS = "activations"
+#: ... and, on sampled steps, each gradient's largest element, unclipped (``grad_max``).
+GRAD_MAX = "grad_max"
 
 
 class ValuesLayout:
@@ -94,6 +96,8 @@ class Measurement:
         "duration",
         "event",
         "float_scalars",
+        "grad_max",
+        "grad_max_order",
         "grad_norms",
         "grad_order",
         "grad_present",
@@ -138,6 +142,9 @@ class Measurement:
         self.grad_present: tuple[int, ...] | None = None  # None: every parameter had a grad
         self.grad_order: tuple[int, ...] | None = None
         self.none_grads = 0
+        # sampled steps: each gradient's largest |element| (the ``grad_norms``' present)
+        self.grad_max: list[torch.Tensor] = []
+        self.grad_max_order: tuple[int, ...] | None = None
         self.not_cleared = False  # the last step's gradient was never cleared
         self.clipped: float | None = None  # max_norm of a clip_grad_norm_ in the step
         self.clip_norm_type = 2.0
@@ -237,6 +244,8 @@ class Measurement:
         if layout.count(PARAMS):
             params = layout.of(values, PARAMS)
             record["param_norms"] = combine_layer_norms(params, self.param_order, layers)
+        if layout.count(GRAD_MAX):
+            record["grad_max"] = self._grad_max(values)
         if layout.count(UPDATES):
             record["update_ratios"] = self._update_ratios(layout.of(values, UPDATES))
         if self.activation_totals:
@@ -277,8 +286,12 @@ class Measurement:
             tail = self.layout.scalars(self._values())
             clipped, active = _clip_counts(self._clip(tail))
             clip = {"clip_steps": clipped, "clip_active_steps": active}
+        peaks: dict[str, Any] = {}
+        if self.layout.count(GRAD_MAX):  # (a thinned record: the span's largest)
+            peaks["grad_max"] = self._grad_max(self._values())
         return {
             **clip,
+            **peaks,
             "grads_scaled": self.grads_scaled,
             "grad_norms": grads,
             "grad_norm_total": total,
@@ -299,6 +312,11 @@ class Measurement:
             else self.float_scalars
         )
         return layers, total, scalars
+
+    def _grad_max(self, values: list[float]) -> list[float | None]:
+        """Per layer, its gradients' largest |element| (sampled steps)."""
+        peaks = self.layout.of(values, GRAD_MAX)
+        return combine_layer_peaks(peaks, self.grad_max_order, self.layer_map)
 
     def _update_ratios(self, updates: list[float]) -> list[float | None]:
         """Per layer |dw|/|w|: the values are the sampled changes, then the sampled
@@ -398,12 +416,13 @@ class NormReducer:
         self._plans: dict[tuple[object, ...], tuple[bool, torch.dtype, bool]] = {}
 
     def norms(
-        self, tensors: list[torch.Tensor]
+        self, tensors: list[torch.Tensor], ord: float = 2.0
     ) -> tuple[list[torch.Tensor], tuple[int, ...] | None]:
         """0-d norm tensors on the first tensor's device, and their input order.
 
-        The norms are float32, or float64 when any input is float64. The order is the
-        input index of each norm when grouping reordered them, else None.
+        The norms are float32, or float64 when any input is float64; ``ord`` is the
+        norm's (``math.inf``: the largest |element|). The order returned is the input
+        index of each norm when grouping reordered them, else None.
         """
         first, last = tensors[0], tensors[-1]
         # A list's kind: its length and the device/dtype at both ends (a model moved
@@ -415,8 +434,8 @@ class NormReducer:
         single, wide, widen = plan
         if single:
             if widen:  # e.g. float16 grads: norms in float32 (a float16 norm overflows)
-                return list(torch._foreach_norm(tensors, 2, dtype=wide)), None
-            return list(torch._foreach_norm(tensors)), None
+                return list(torch._foreach_norm(tensors, ord, dtype=wide)), None
+            return list(torch._foreach_norm(tensors, ord)), None
         grouped = torch.utils._foreach_utils._group_tensors_by_device_and_dtype(
             [cast(list[torch.Tensor | None], tensors)], with_indices=True
         )
@@ -424,7 +443,7 @@ class NormReducer:
         order: list[int] = []
         for [group], indices in grouped.values():
             present = cast(list[torch.Tensor], group)  # (every tensor given is one)
-            group_norms = list(torch._foreach_norm(present, 2, dtype=wide))
+            group_norms = list(torch._foreach_norm(present, ord, dtype=wide))
             if present[0].device != first.device:
                 group_norms = [n.to(first.device, non_blocking=True) for n in group_norms]
             norms.extend(group_norms)
