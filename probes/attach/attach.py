@@ -413,7 +413,7 @@ def torch_imported(module: ModuleType) -> None:
     if _installed:
         return
     _installed = True
-    from probes.runtime.evaluation import autoeval
+    from probes.runtime.evaluation import functional
     from probes.runtime.optimizers import clip
     from probes.runtime.patches import module_hooks
 
@@ -423,7 +423,7 @@ def torch_imported(module: ModuleType) -> None:
     _process.hold(seams.OPTIMIZER_STEP_PRE_HOOK, Layer("traintop run", _before_any_step))
     _process.hold(seams.BACKWARD, Layer("traintop run", _backward, order=40))
     clip.install()  # (held for the process: never uninstalled)
-    autoeval.hold_losses()
+    functional.hold_losses()
     _process.hold(seams.JIT_SCRIPT, Layer("traintop run", module_hooks.script_untouched))
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from probes.kernel.replay import ReplayHistory
-from probes.runtime.evaluation import autoeval
+from probes.runtime.evaluation import functional
 from probes.runtime.evaluation.autoeval import series_names
 from tests.collector import FrameCollector, wait_for_bye
 from tests.e2e.test_run import _FLOAT, ROOT, SCRIPTS
@@ -489,13 +489,13 @@ class Taking:
 def taking() -> Iterator[Taking]:
     """The loss functions' layers on, with one open evaluation taking their losses."""
     evaluation = Taking()
-    autoeval._watch_losses()
-    autoeval._open.append(evaluation)  # type: ignore[arg-type]
+    functional.watch_losses()
+    functional.start(evaluation)  # type: ignore[arg-type]
     try:
         yield evaluation
     finally:
-        autoeval._open.remove(evaluation)  # type: ignore[arg-type]
-        autoeval._unwatch_losses()
+        functional.stop(evaluation)  # type: ignore[arg-type]
+        functional.unwatch_losses()
 
 
 @pytest.mark.parametrize("case", list(CASES))

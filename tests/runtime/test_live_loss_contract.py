@@ -30,7 +30,7 @@ from torch import nn
 
 import probes
 from probes.checks.loss_contract import LIVE_FUNCTIONS, live_contract
-from probes.runtime.evaluation import autoeval
+from probes.runtime.evaluation import functional
 from probes.runtime.live_checks import loss_contract_live
 from probes.runtime.patches import seams
 from probes.runtime.patches.patches import REGISTRY, Layer
@@ -470,7 +470,7 @@ def test_a_check_that_fails_is_swallowed(
 
 
 def test_the_functions_checked_have_stand_ins_from_torchs_import_under_traintop_run() -> None:
-    assert set(LIVE_FUNCTIONS) <= set(autoeval.LOSSES)  # held by ``hold_losses``
+    assert set(LIVE_FUNCTIONS) <= set(functional.LOSSES)  # held by ``hold_losses``
     assert "gaussian_nll_loss" not in LIVE_FUNCTIONS and "kl_div" not in LIVE_FUNCTIONS
 
 

@@ -11,11 +11,9 @@ Training mode only matters where a module behaves differently in it
 (``is_mode_sensitive``: dropout, batch norm and instance norm with running
 statistics, recurrent and attention layers with dropout): those are hooked too, and
 ``sensitive_train_forwards`` counts their forwards in training mode. Dropout called as
-a function (``F.dropout(x, p)``, whose ``training`` defaults to True) survives
-``model.eval()``: while an evaluation is open, the dropout functions of
-``torch.nn.functional`` are wrapped (the same wrappers each time, so a compiled
-evaluation is not recompiled) and count their calls with ``training=True`` and
-``p > 0`` (``dropout_train_calls``).
+a function (``F.dropout(x, p)``) is counted by the dropout functions' stand-ins while
+the evaluation is open (``probes.runtime.evaluation.functional``:
+``dropout_train_calls``).
 
 A module inside a compiled region is never hooked (``probes.runtime.patches.hooks``): the model's
 counts are taken where the compiled model is entered, which also counts, once per call,
@@ -26,8 +24,6 @@ compiled part (the wrapper would recompile it: dynamo guards on ``F.dropout``).
 
 from __future__ import annotations
 
-import functools
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,10 +32,9 @@ import torch
 from torch import nn
 
 from probes.kernel.schema import EvalRecord
-from probes.runtime.patches import seams
+from probes.runtime.evaluation.functional import DROPOUT_CALLS
 from probes.runtime.patches.hooks import EntryHandle, compiled_modules, eager, entry_pre_hook
 from probes.runtime.patches.module_hooks import ModuleHookHandle, add_hook
-from probes.runtime.patches.patches import REGISTRY, Layer, Seam
 
 #: Modules that behave differently in training mode whatever their settings.
 ALWAYS_SENSITIVE: tuple[type[nn.Module], ...] = (nn.modules.dropout._DropoutNd,)
@@ -50,9 +45,6 @@ DROPOUT_CARRIERS: tuple[type[nn.Module], ...] = (
     nn.TransformerEncoderLayer,
     nn.TransformerDecoderLayer,
 )
-#: The functions of ``torch.nn.functional`` whose ``training`` defaults to True (the
-#: alpha dropouts default to False: a True there is written on purpose).
-DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d")
 
 
 def is_mode_sensitive(module: nn.Module) -> bool:
@@ -74,62 +66,6 @@ def is_mode_sensitive(module: nn.Module) -> bool:
 def count_mode_sensitive(model: nn.Module) -> int:
     """Modules of ``model`` that behave differently in train and eval mode."""
     return sum(map(is_mode_sensitive, model.modules()))
-
-
-class _DropoutCalls:
-    """The dropout functions of ``torch.nn.functional``, counted while any evaluation
-    is open (one layer for all open scopes, across probes and threads; the registry
-    gives each function the same stand-in every time)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: list[EvalScope] = []
-        self._layer = Layer("evaluation dropout", self._counting)
-
-    def open(self, scope: EvalScope) -> None:
-        with self._lock:
-            self._open.append(scope)
-            if len(self._open) == 1:
-                for seam in self._seams():
-                    REGISTRY.add(seam, self._layer)
-
-    def close(self, scope: EvalScope) -> None:
-        with self._lock:
-            if scope not in self._open:
-                return
-            self._open.remove(scope)
-            if not self._open:
-                for seam in self._seams():
-                    REGISTRY.remove(seam, self._layer)
-
-    @staticmethod
-    def _seams() -> list[Seam]:
-        return [seam for seam in map(seams.functional, DROPOUT_FUNCTIONS) if seam is not None]
-
-    def _counting(
-        self,
-        proceed: Callable[..., torch.Tensor],
-        input: torch.Tensor,
-        p: float = 0.5,
-        training: bool = True,
-        *args: Any,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        # Traced by dynamo: a constant there, so a compiled graph is left whole.
-        if training and p > 0 and not torch.compiler.is_compiling():
-            self._note_eagerly()
-        return proceed(input, p, training, *args, **kwargs)
-
-    @functools.cached_property
-    def _note_eagerly(self) -> Callable[[], None]:
-        return eager(self._note)  # a count, never traced into a compiled graph
-
-    def _note(self) -> None:
-        for scope in self._open:
-            scope.dropout_train_calls += 1
-
-
-DROPOUT_CALLS = _DropoutCalls()
 
 
 class EvalScope:

@@ -29,7 +29,7 @@ that fails is dropped (the call is left unchecked), never raised.
 
 A function imported by name before the probe was made (``from torch.nn.functional
 import cross_entropy``) is not seen under ``watch()``; under ``traintop run`` the
-stand-ins are there from torch's import (``probes.runtime.evaluation.autoeval.hold_losses``).
+stand-ins are there from torch's import (``probes.runtime.evaluation.functional.hold_losses``).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ LOOKS_PER_STEP = 16
 #: output layer's weights are a few nodes away (a softmax, a view, the matmul).
 GRAPH_NODES = 256
 #: The layer's place in each loss function's chain (``Layer.order``): inside the
-#: evaluations' layer (``autoeval``, 50). Every layer there returns torch's result as it
-#: came, so the order changes what none of them sees.
+#: evaluations' layer (``evaluation.functional``, 50). Every layer there returns torch's
+#: result as it came, so the order changes what none of them sees.
 ORDER = 60
 CHECK = "loss contract (live)"
 
