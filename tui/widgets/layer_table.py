@@ -123,7 +123,7 @@ class LayerTable(DataTable[Text | str]):
             self._set(name, "update", Text(number(_at(run.update_ratios, i), 2)))
             self._set(name, "status", Text(status.get(name, "").replace("_", " "), style=style))
             if self._widths[2]:
-                self._set(name, "max", Text(number(_at(run.grad_max, i))))
+                self._set(name, "max", _value_text(_at(run.grad_max, i)))
 
     def _set(self, row: str, column: str, text: Text) -> None:
         """Update a cell only when what it shows changed (a deep model has many)."""
