@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import signal
 import time
 from collections.abc import Callable
 
@@ -13,6 +11,8 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.driver import Driver
+from textual.drivers.linux_driver import LinuxDriver
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, OptionList
 
@@ -40,6 +40,7 @@ from tui.screens.confirm_stop import StoppableScript, ask_to_stop
 from tui.screens.help import HelpScreen
 from tui.sources import FrameSource
 from tui.state import MonitorState
+from tui.terminal import HangupSafeDriver, Leaving, TerminalWatch
 from tui.text import plain_name
 from tui.widgets import (
     AlertsPanel,
@@ -55,9 +56,6 @@ from tui.widgets.resource_charts import ResourceViews
 
 FRAME_RATE_HZ = 8  # views redraw at most this often, whatever the record rate
 REPLAY_NOT_LIVE = "replay: the run is not live"  # what a command key says in a replay
-# Signals that end the monitor the way q does, so the terminal is given back as it was
-# (no alternate screen, no mouse tracking) and a demo's trainer and folder are cleaned.
-EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 class TraintopApp(App[int]):
@@ -120,6 +118,10 @@ class TraintopApp(App[int]):
         compare_on_start: bool = False,
     ) -> None:
         super().__init__()
+        # what the screen is written through, and what ends it from outside (signals,
+        # a terminal that hung up)
+        self.terminal = TerminalWatch()
+        self._leaving = Leaving(self.terminal, lambda code: self.exit(return_code=code))
         self.script = script
         self.source = source
         self.mode = mode
@@ -159,27 +161,25 @@ class TraintopApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in EXIT_SIGNALS:  # (not possible off the main thread: tests' pilots)
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signum, self._exit_on_signal, signum)
+        self._leaving.install()
         self.feed()
         self.set_interval(1 / FRAME_RATE_HZ, self.redraw)
         self.set_interval(1.0, self.monitor.tick)  # ranks gone quiet, held alerts
+        self.set_interval(1.0, self._leaving.check_terminal)
         if self.companion is not None:
             self.set_interval(0.5, self._check_companion)
         self.redraw()
         if self.compare_on_start:
             self.push_screen(CompareScreen(self.state))
 
-    def _exit_on_signal(self, signum: int) -> None:
-        self.exit(return_code=128 + signum)
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's driver for this platform; on Linux, one that writes through the
+        app's ``TerminalWatch`` (``tui.terminal``)."""
+        driver_class = super().get_driver_class()
+        return HangupSafeDriver if driver_class is LinuxDriver else driver_class
 
     def on_unmount(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in EXIT_SIGNALS:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(signum)
+        self._leaving.remove()
         self.monitor.close()
 
     def on_resize(self) -> None:

@@ -151,3 +151,32 @@ def test_a_hang_up_restores_the_terminal_of_a_replay(private_tmp: str) -> None:
         assert modes["alternate"] == "0" and modes["mouse_any"] == "0"
     finally:
         term.close()
+
+
+def test_a_terminal_that_hangs_up_with_no_sighup_ends_the_monitor_and_its_demo(
+    private_tmp: str,
+) -> None:
+    # A shell that runs more after the monitor (``; sleep``) is the pane's process: when
+    # the terminal hangs up (the tmux server killed, as an SSH session dropped), the
+    # shell gets the SIGHUP and forwards none. The monitor must find out for itself.
+    demo = command(private_tmp, "demo", "healthy", "--steps", "100000", "--delay", "0.01")
+    term = Tmux(demo.replace("&& exec env", "&& env") + "; sleep 600")
+    monitors: list[int] = []
+    trainers: list[int] = []
+    try:
+        wait_until(
+            lambda: "running" in term.screen(), "the demo to show a running run", 60, every=0.1
+        )
+        monitors += [pid for pid, cmd in children(term.pid()) if "tui.cli demo" in cmd]
+        assert len(monitors) == 1
+        trainers += [pid for pid, cmd in children(monitors[0]) if TRAINER_RUNNER in cmd]
+        assert len(trainers) == 1
+        term.close()  # the terminal hangs up
+        wait_until(lambda: not alive(monitors[0]), "the monitor to leave", 30, every=0.1)
+        wait_until(lambda: not alive(trainers[0]), "the demo trainer to stop", 30, every=0.1)
+        assert not list(Path(private_tmp).glob("traintop-demo-*"))  # its folder removed
+    finally:
+        term.close()
+        for pid in monitors + trainers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
