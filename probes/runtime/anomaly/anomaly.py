@@ -17,7 +17,7 @@ import math
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,11 +71,14 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def _all_finite(tensors: list[torch.Tensor]) -> bool:
+def all_finite(values: Iterable[Any]) -> bool:
+    """False if a floating or complex tensor among ``values`` holds a NaN or an Inf (a
+    host read each: only the anomaly checks call it); other values (None, integer
+    tensors) are skipped. The forward checks and the backward locator both ask it."""
     return all(
         bool(torch.isfinite(t.detach()).all())
-        for t in tensors
-        if t.is_floating_point() or t.is_complex()
+        for t in values
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
     )
 
 
@@ -171,16 +174,16 @@ class AnomalyStep:
         if self.first is not None:
             return
         outputs = _tensors(output)
-        if _all_finite(outputs):
+        if all_finite(outputs):
             return
         inputs = _tensors(args)
-        if not _all_finite(inputs):
+        if not all_finite(inputs):
             return  # inherited: not born here
         self.first = FirstNonFinite(
             name=self._names.get(id(module), type(module).__name__),
             type=type(module).__name__,
             inputs=[tensor_stats(t) for t in inputs[:4]],
-            output=tensor_stats(next(t for t in outputs if not _all_finite([t]))),
+            output=tensor_stats(next(t for t in outputs if not all_finite([t]))),
         )
 
     def finish(

@@ -28,7 +28,13 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from probes.kernel.schema import AnomalyReport
-from probes.runtime.anomaly.anomaly import AnomalyStep, locate_module, parse_frames, user_frames
+from probes.runtime.anomaly.anomaly import (
+    AnomalyStep,
+    all_finite,
+    locate_module,
+    parse_frames,
+    user_frames,
+)
 from probes.runtime.link.sender import warn
 from probes.runtime.patches.patches import REGISTRY, Layer
 from probes.runtime.patches.seams import BACKWARD
@@ -126,21 +132,13 @@ class BackwardLocator:
     def _watch(self, node: Any) -> Callable[[Sequence[Any], Sequence[Any]], None]:
         def hook(grad_inputs: Sequence[Any], grad_outputs: Sequence[Any]) -> None:
             try:
-                if self.op is None and _finite(grad_outputs) and not _finite(grad_inputs):
+                if self.op is None and all_finite(grad_outputs) and not all_finite(grad_inputs):
                     self.op = str(node.name())
                     self.traceback = list(node.metadata.get("traceback_") or ())
             except Exception as exc:  # a backward hook must never raise into backward
                 self.on_error(exc)
 
         return hook
-
-
-def _finite(gradients: Sequence[Any]) -> bool:
-    return all(
-        bool(torch.isfinite(g).all())
-        for g in gradients
-        if isinstance(g, torch.Tensor) and (g.is_floating_point() or g.is_complex())
-    )
 
 
 class ScopedCheck:
