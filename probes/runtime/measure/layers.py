@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import operator
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -127,14 +127,8 @@ def combine_layer_norms(
         combined = _combine_all(param_norms, layer_map.param_layer)
         if combined is not None:
             return combined
-    sums: list[float | None] = [None] * layer_map.num_layers
-    indices = range(len(param_norms)) if present is None else present
-    param_layer = layer_map.param_layer
-    for norm, param_index in zip(param_norms, indices, strict=True):
-        layer = param_layer[param_index]
-        previous = sums[layer]
-        sums[layer] = norm * norm if previous is None else previous + norm * norm
-    return [None if s is None else s**0.5 for s in sums]
+    squares = _by_layer([norm * norm for norm in param_norms], present, layer_map, operator.add)
+    return [None if s is None else s**0.5 for s in squares]
 
 
 def combine_layer_peaks(
@@ -142,15 +136,30 @@ def combine_layer_peaks(
 ) -> list[float | None]:
     """Per-layer largest |element| from per-parameter ones (``combine_layer_norms``'
     arguments); a NaN in any parameter of a layer makes the layer's NaN."""
-    peaks: list[float | None] = [None] * layer_map.num_layers
-    indices = range(len(param_peaks)) if present is None else present
+    return _by_layer(param_peaks, present, layer_map, _larger)
+
+
+def _larger(a: float, b: float) -> float:
+    """The larger of two, NaN if either is (``max`` keeps whichever comes first)."""
+    return a if math.isnan(a) or (not math.isnan(b) and a >= b) else b
+
+
+def _by_layer(
+    values: list[float],
+    present: tuple[int, ...] | None,
+    layer_map: LayerMap,
+    join: Callable[[float, float], float],
+) -> list[float | None]:
+    """Per-parameter ``values`` folded into one per layer with ``join``, in parameter
+    order; None for a layer none of whose parameters is present."""
+    folded: list[float | None] = [None] * layer_map.num_layers
+    indices = range(len(values)) if present is None else present
     param_layer = layer_map.param_layer
-    for peak, param_index in zip(param_peaks, indices, strict=True):
+    for value, param_index in zip(values, indices, strict=True):
         layer = param_layer[param_index]
-        previous = peaks[layer]
-        if previous is None or math.isnan(peak) or (not math.isnan(previous) and peak > previous):
-            peaks[layer] = peak
-    return peaks
+        previous = folded[layer]
+        folded[layer] = value if previous is None else join(previous, value)
+    return folded
 
 
 Runs = list[tuple[int, int, int]]
