@@ -44,7 +44,7 @@ import torch
 
 from probes.runtime.patches import seams
 from probes.runtime.patches.hooks import eager
-from probes.runtime.patches.patches import REGISTRY, Layer, Seam
+from probes.runtime.patches.patches import REGISTRY, Layer, Seam, Shared
 
 #: The functions of ``torch.nn.functional`` whose ``training`` defaults to True (the
 #: alpha dropouts default to False: a True there is written on purpose).
@@ -63,25 +63,14 @@ class _DropoutCalls:
     gives each function the same stand-in every time)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: list[DropoutCounter] = []
-        self._layer = Layer("evaluation dropout", self._counting)
+        layer = Layer("evaluation dropout", self._counting)
+        self._open: Shared[DropoutCounter] = Shared(lambda: [(s, layer) for s in self._seams()])
 
     def open(self, scope: DropoutCounter) -> None:
-        with self._lock:
-            self._open.append(scope)
-            if len(self._open) == 1:
-                for seam in self._seams():
-                    REGISTRY.add(seam, self._layer)
+        self._open.join(scope)
 
     def close(self, scope: DropoutCounter) -> None:
-        with self._lock:
-            if scope not in self._open:
-                return
-            self._open.remove(scope)
-            if not self._open:
-                for seam in self._seams():
-                    REGISTRY.remove(seam, self._layer)
+        self._open.leave(scope)
 
     @staticmethod
     def _seams() -> list[Seam]:
@@ -106,11 +95,8 @@ class _DropoutCalls:
         return eager(self._note)  # a count, never traced into a compiled graph
 
     def _note(self) -> None:
-        for scope in self._open:
+        for scope in self._open.members:
             scope.dropout_train_calls += 1
-
-
-DROPOUT_CALLS = _DropoutCalls()
 
 
 DROPOUT_CALLS = _DropoutCalls()

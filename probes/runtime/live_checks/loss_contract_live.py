@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -54,7 +53,7 @@ from probes.checks.loss_contract import (
 from probes.checks.reports import CheckReport, Finding, Probe
 from probes.runtime.options import WatchOptions
 from probes.runtime.patches import seams
-from probes.runtime.patches.patches import REGISTRY, Layer, Seam
+from probes.runtime.patches.patches import AnySeam, Layer, Seam, Shared
 
 
 class Run(Probe, Protocol):
@@ -163,13 +162,13 @@ class LiveContract:
 
     def remove(self) -> None:
         """Stop checking (idempotent); the layers go with the last probe's."""
-        _LISTENERS.remove(self)
+        _LISTENERS.leave(self)
 
 
 def watch(run: Run, count_time: Callable[[float], None]) -> LiveContract:
     """Check ``run``'s losses against their contract (see the module)."""
     contract = LiveContract(run, count_time)
-    _LISTENERS.add(contract)
+    _LISTENERS.join(contract)
     return contract
 
 
@@ -216,7 +215,7 @@ def _look(
 ) -> None:
     """A loss call returned ``result``: check it for each open probe it is due for
     (``told``: torch warned of its sizes, and that warning's alert says it already)."""
-    due = [each for each in _LISTENERS.listening if each.due()]
+    due = [each for each in _LISTENERS.members if each.due()]
     if not due or (told and function in REGRESSION_FUNCTIONS):
         return  # (every call of every other step: a few attribute reads, nothing more)
     started = time.perf_counter()
@@ -241,7 +240,7 @@ def _checking(function: str, proceed: Callable[..., Any], *args: Any, **kwargs: 
     heard = _heard[0]
     result = proceed(*args, **kwargs)
     # (traced by dynamo as a constant: a compiled loss is left whole, nothing guarded)
-    if _LISTENERS.listening and not torch.compiler.is_compiling():
+    if _LISTENERS.members and not torch.compiler.is_compiling():
         # a check that fails leaves the call unchecked, and the run as it was
         with contextlib.suppress(Exception):
             _look(function, args, kwargs, result, _heard[0] != heard)
@@ -265,34 +264,18 @@ def _hearing(
     return proceed(message, category, *args, **kwargs)
 
 
-class _Listeners:
-    """The open probes' contracts, and the layers on the loss functions while any is."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.listening: tuple[LiveContract, ...] = ()
-        self._layers = [
-            (seam, Layer(CHECK, functools.partial(_checking, name), order=ORDER))
-            for name, seam in ((name, seams.functional(name)) for name in LIVE_FUNCTIONS)
-            if isinstance(seam, Seam)
-        ]
-        self._layers.append((seams.SHOW_WARNING, Layer(CHECK, _hearing, order=ORDER)))
-
-    def add(self, contract: LiveContract) -> None:
-        with self._lock:
-            self.listening = (*self.listening, contract)
-            if len(self.listening) == 1:
-                for seam, layer in self._layers:
-                    REGISTRY.add(seam, layer)
-
-    def remove(self, contract: LiveContract) -> None:
-        with self._lock:
-            if contract not in self.listening:
-                return
-            self.listening = tuple(each for each in self.listening if each is not contract)
-            if not self.listening:
-                for seam, layer in reversed(self._layers):
-                    REGISTRY.remove(seam, layer)
+def _contract_layers() -> list[tuple[AnySeam, Layer]]:
+    """The layers on the loss functions and on torch's warnings, made once (the same
+    layers each time the first probe opens)."""
+    layers: list[tuple[AnySeam, Layer]] = [
+        (seam, Layer(CHECK, functools.partial(_checking, name), order=ORDER))
+        for name, seam in ((name, seams.functional(name)) for name in LIVE_FUNCTIONS)
+        if isinstance(seam, Seam)
+    ]
+    layers.append((seams.SHOW_WARNING, Layer(CHECK, _hearing, order=ORDER)))
+    return layers
 
 
-_LISTENERS = _Listeners()
+_LAYERS = _contract_layers()
+#: The open probes' contracts; the layers are on while any is.
+_LISTENERS: Shared[LiveContract] = Shared(lambda: _LAYERS)

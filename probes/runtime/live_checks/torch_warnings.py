@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from types import FrameType
@@ -43,7 +42,7 @@ from probes.kernel.diagnosis import Alert, Severity
 from probes.kernel.diagnosis.catalog import entry
 from probes.kernel.diagnosis.vocabulary import AlertKind
 from probes.runtime.patches import patches
-from probes.runtime.patches.patches import REGISTRY, Layer
+from probes.runtime.patches.patches import Layer, Shared
 from probes.runtime.patches.seams import SHOW_WARNING
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -148,22 +147,14 @@ class _ShowHook:
     """The one layer on ``warnings.showwarning``, shared by every open probe's listener."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._listeners: list[TorchWarnings] = []
-        self._layer = Layer("torch warnings", self.show)
+        layer = Layer("torch warnings", self.show)
+        self._listeners: Shared[TorchWarnings] = Shared(lambda: [(SHOW_WARNING, layer)])
 
     def add(self, listener: TorchWarnings) -> None:
-        with self._lock:
-            self._listeners.append(listener)
-            if len(self._listeners) == 1:
-                REGISTRY.add(SHOW_WARNING, self._layer)
+        self._listeners.join(listener)
 
     def remove(self, listener: TorchWarnings) -> None:
-        with self._lock:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-                if not self._listeners:
-                    REGISTRY.remove(SHOW_WARNING, self._layer)
+        self._listeners.leave(listener)
 
     def show(
         self,
@@ -176,9 +167,9 @@ class _ShowHook:
         line: str | None = None,
     ) -> None:
         try:
-            listeners = self._listeners
+            listeners = self._listeners.members
             if listeners and issubclass(category, UserWarning) and _from_torch(filename):
-                for listener in list(listeners):
+                for listener in listeners:
                     listener.heard(str(message), category)
         except Exception:
             pass

@@ -33,7 +33,9 @@ import functools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+Member = TypeVar("Member")
 
 
 @dataclass(frozen=True, eq=False)
@@ -311,3 +313,39 @@ class Held:
 
     def __bool__(self) -> bool:
         return bool(self._held)
+
+
+class Shared(Generic[Member]):
+    """Layers on seams kept while any member listens: each layer's code reads
+    ``members`` (who hears the call), added when the first member joins and removed,
+    in reverse, when the last leaves. One for each process-wide listener (the
+    evaluations' dropout count, torch's warnings, the live loss contract): the probes
+    that open and close share it, across threads.
+
+    Args:
+        layers: the (seam, layer) pairs to hold, made when the first member joins (a
+            seam may exist only once torch has loaded it).
+    """
+
+    def __init__(self, layers: Callable[[], list[tuple[AnySeam, Layer]]]) -> None:
+        self._layers = layers
+        self._lock = threading.Lock()
+        self._held = Held()
+        #: who listens now, in the order they joined (a tuple: read without the lock)
+        self.members: tuple[Member, ...] = ()
+
+    def join(self, member: Member) -> None:
+        with self._lock:
+            self.members = (*self.members, member)
+            if len(self.members) == 1:
+                for seam, layer in self._layers():
+                    self._held.hold(seam, layer)
+
+    def leave(self, member: Member) -> None:
+        """``member`` stops listening (one that does not: nothing)."""
+        with self._lock:
+            if member not in self.members:
+                return
+            self.members = tuple(each for each in self.members if each is not member)
+            if not self.members:
+                self._held.release()
