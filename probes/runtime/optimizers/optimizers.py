@@ -166,7 +166,8 @@ class PerOptimizerReads:
         # Per optimizer, the clearing watch of its own layers: their passes as its step
         # sees them (the measurer's watch takes one layer's gradient as the sign that all
         # were cleared: under several optimizers each clears its own). Unhooked until
-        # ``check_clearing`` turns the check on (passes from the versions alone).
+        # ``check_clearing`` turns the check on: without the check no hook of theirs is
+        # worth a call a backward pass (passes from the versions alone).
         self._check = False
         self._clearings = [
             ClearingWatch(params, on_error=on_error, hooked=False) for params in self._layer_params
