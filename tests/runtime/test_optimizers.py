@@ -212,3 +212,49 @@ def test_a_failure_in_the_per_optimizer_hooks_never_reaches_training(
     errors = [f for f in frames if f["kind"] == "event" and f["name"] == "probe_error"]
     assert len(errors) == 1 and "broken hook" in errors[0]["message"]
     assert "probe switched off" in capsys.readouterr().err
+
+
+def test_each_optimizers_passes_are_counted_as_one_optimizers_are(
+    collector: FrameCollector,
+) -> None:
+    """Each optimizer's gradient is watched by the clearing watch one optimizer has
+    (``probes.runtime.optimizers.clearing``): a clip of it, in place after its pass,
+    is no pass, and an in-place clear of the generator's, before its pass, neither."""
+    gan = Gan()
+    opt_g = torch.optim.SGD(gan.g.parameters(), lr=1e-3)
+    opt_d = torch.optim.SGD(gan.d.parameters(), lr=1e-3)
+    ones, zeros = torch.ones(8, 1), torch.zeros(8, 1)
+    probe = watch_unthinned(gan, [opt_g, opt_d], collector, sample_every=1)
+    for _ in range(4):
+        with probe.step():
+            opt_d.zero_grad()
+            fake = gan.g(torch.randn(8, 2))
+            d_loss = F.binary_cross_entropy_with_logits(gan.d(torch.randn(8, 2) + 3), ones)
+            d_loss = d_loss + F.binary_cross_entropy_with_logits(gan.d(fake.detach()), zeros)
+            d_loss.backward()
+            torch.nn.utils.clip_grad_norm_(gan.d.parameters(), 0.5)
+            opt_d.step()
+            opt_g.zero_grad(set_to_none=False)
+            F.binary_cross_entropy_with_logits(gan.d(fake), ones).backward()
+            torch.nn.utils.clip_grad_norm_(gan.g.parameters(), 0.5)
+            opt_g.step()
+    steps = [f for f in frames_of(probe, collector) if f["kind"] == "step"]
+    assert [s["backward_passes"] for s in steps] == [[1, 1, 1, 1]] * 4
+    assert not any(s.get("grads_not_cleared") for s in steps)
+
+
+def test_accumulating_on_purpose_each_optimizers_passes_are_counted_without_hooks(
+    collector: FrameCollector,
+) -> None:
+    """With ``grad_accumulation`` nothing checks clearing: the optimizers' watches hook
+    nothing (the model's own watch keeps its anchor, the first layer's weight) and
+    count each one's passes from the versions alone."""
+    gan = Gan()
+    opt_g = torch.optim.SGD(gan.g.parameters(), lr=1e-3)
+    opt_d = torch.optim.SGD(gan.d.parameters(), lr=1e-3)
+    probe = watch_unthinned(gan, [opt_g, opt_d], collector, sample_every=1, grad_accumulation=True)
+    hooked = [p for p in gan.parameters() if p._post_accumulate_grad_hooks]
+    assert hooked == [gan.g[0].weight]
+    train_gan_accumulating(probe, gan, opt_g, opt_d, 3, micro=3)
+    steps = [f for f in frames_of(probe, collector) if f["kind"] == "step"]
+    assert [s["backward_passes"] for s in steps] == [[3, 3, 3, 3]] * 3

@@ -1,5 +1,7 @@
 """Were the gradients cleared between updates, and how many backward passes went into
-them: on every loop shape, without reading a value.
+them: on every loop shape, without reading a value. One algorithm, for the model's
+layers under its update (the measurer's watch) and for each optimizer's own layers when
+several share a run (a GAN's generator and discriminator, ``PerOptimizerReads``).
 
 One parameter, the *anchor* (the first layer's first parameter, or the first to hold a
 gradient), carries two hooks of ours: a tensor hook, called by autograd before each
@@ -11,9 +13,11 @@ the pass lands on and its version counter, so:
   first pass after it must find that gradient gone (set to None: a new tensor) or
   changed in place (``zero_grad(set_to_none=False)`` bumps the version); finding the
   very tensor at the very version means the pass adds to the last update's gradient,
-  unless a clear still comes before the next update uses it (a GAN: the generator's
-  backward adds into the discriminator's gradient, which its next ``zero_grad()``
-  throws away): the verdict is the next update's.
+  unless a clear still comes before the next update uses it: a later pass that finds
+  the gradient changed where no pass explains it (a new tensor, or a version moved by
+  more than the in-place ops we know of). The verdict is the next update's. Any number
+  of passes: a loop that accumulates k micro-batches without clearing is seen as one
+  that runs one backward.
   The update is ``optimizer.step()`` (its post-hook; no gradient is touched in place
   between it and the next backward but by a clear) and each closure call (LBFGS
   evaluates it many times a step; each call should clear). Without an optimizer the
@@ -22,11 +26,24 @@ the pass lands on and its version counter, so:
   the first pass of the next step checks it. Gradient accumulation over micro-batches,
   DDP's ``no_sync``, AMP's ``unscale_`` (before the update) and clips are all healthy
   by construction: none of them sits between an update and the next backward.
+- **a game?** Passes that land after an update and are cleared before the next one
+  used them are healthy, and say the run is a game (``discarded``): another loss went
+  through these parameters and its gradient was thrown away, not stepped on (the
+  canonical GAN loop: the generator's backward adds into the discriminator's gradient
+  after it stepped, and the discriminator's next ``zero_grad()`` throws it away). The
+  losses of such a run are two players' and do not simply fall
+  (``probes.kernel.diagnosis`` judges them so).
 - **passes** (``backward_passes``, per layer): each layer's gradient version counts
   one in-place change a pass after the one that made the tensor; what else changed it
   in place (AMP's ``unscale_``, a clip, torch's or ours: the anchor's version moved
   since its last pass) and an in-place clear are measured on the anchor and taken off
   every layer (they touch every gradient alike). Host integers, no device sync.
+
+Several optimizers: each has a watch of its own, on the layers it holds, told of its
+own ``step()`` alone (one note for the whole step would compare one optimizer's
+gradient with another's step). Without the clearing check (the user accumulates on
+purpose) such a watch hooks nothing and counts from the versions alone: a clear in
+place or a clip then counts as a pass.
 """
 
 from __future__ import annotations
@@ -49,18 +66,25 @@ _Ref = weakref.ref[torch.Tensor] | None
 
 
 class ClearingWatch:
-    """The anchor's hooks and what they tell (see the module).
+    """The anchor's hooks and what they tell, for one set of layers (see the module).
 
     Args:
-        layer_params: each layer's first trainable parameter, in layer order.
+        layer_params: each layer's first trainable parameter, in layer order (the
+            model's, or those of the layers one optimizer holds).
         on_error: called with an exception raised inside a hook of ours.
+        hooked: False: no hooks (no verdict; passes from the versions alone).
     """
 
     def __init__(
-        self, layer_params: Sequence[nn.Parameter], *, on_error: Callable[[Exception], None]
+        self,
+        layer_params: Sequence[nn.Parameter],
+        *,
+        on_error: Callable[[Exception], None],
+        hooked: bool = True,
     ) -> None:
         self._layer_params = list(layer_params)
         self._on_error = on_error
+        self._hooked = hooked
         self._anchor: nn.Parameter | None = None
         self._handles: list[RemovableHandle] = []
         # the anchor's grad at the last update (None: none), and its version then
@@ -80,8 +104,8 @@ class ClearingWatch:
         self._note_passes: list[int | None] = []
         self.passes = 0  # backward passes into the anchor's gradient since it was cleared
         # Passes after an update were cleared before any update used them: another
-        # player's loss went through this model (a GAN's D under G's loss). Once seen,
-        # the run is a game (``discarded_grads``), as ``OptimizerClearing`` says it.
+        # player's loss went through these layers (a GAN's D under G's loss). Once seen,
+        # the run is a game (``discarded_grads``).
         self.discarded = False
         # ... or this model's loss made such a gradient in another watched model (the
         # other player: a GAN's G, told by D's probe): the run is a game too.
@@ -90,7 +114,9 @@ class ClearingWatch:
         # does not see them): the probe's own time too, drained by the measurer.
         self.spent = 0.0
         if self._layer_params:
-            self._hook(self._layer_params[0])
+            self._anchor = self._layer_params[0]
+            if hooked:
+                self._hook(self._anchor)
 
     def _hook(self, anchor: nn.Parameter) -> None:
         self.remove()
@@ -239,9 +265,9 @@ class ClearingWatch:
 
     def _reanchor_if_idle(self) -> None:
         """The anchor never had a gradient (a layer unused, say): hook the first layer
-        that has one instead, from the next pass on."""
+        that has one instead, from the next pass on (unhooked: the versions alone)."""
         anchor = self._anchor
-        if anchor is None or anchor.grad is not None or self.passes:
+        if anchor is None or anchor.grad is not None or self.passes or not self._hooked:
             return
         for param in self._layer_params:
             if param.grad is not None:

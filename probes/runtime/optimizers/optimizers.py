@@ -19,7 +19,6 @@ optimizer hooks' own: a layer counts as stepped when any optimizer of the step m
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any, Protocol
@@ -29,7 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from probes.runtime.measure.layers import LayerMap
 from probes.runtime.measure.stats import Measurement, compose_order
-from probes.runtime.optimizers.optimizer_clearing import OptimizerClearing
+from probes.runtime.optimizers.clearing import ClearingWatch
 from probes.runtime.patches.hooks import unwrap_optimizer
 
 
@@ -151,35 +150,41 @@ class PerOptimizerReads:
         #: per watched parameter, the optimizer that holds it (None: none does)
         self.owner = [owners.get(id(p)) for p in layers.params]
         self._count = len(layers.params)
-        self._params = layers.params
         self._current = current
         self._step: Measurement | None = None
         self._grads: dict[int, torch.Tensor] = {}  # parameter -> its kept gradient norm
         self._updates: dict[int, torch.Tensor] = {}  # update_order index -> kept norm
         self._stepping: int | None = None  # the optimizer whose step() ran last
-        # per optimizer, the clearing check of its own gradients (made when ``attach``
-        # turns it on: its hooks land on one parameter of each optimizer)
-        self._clearings: list[OptimizerClearing] = []
         self.spent = 0.0  # seconds in its hooks on each optimizer: the probe's own time
-        self._optimizer_params = [
-            [p for p, o in zip(layers.params, self.owner, strict=True) if o == index]
+        firsts = _first_params(layers)
+        # per optimizer, the layers whose first parameter it holds
+        self._layers = [
+            [layer for layer, first in enumerate(firsts) if self.owner[first] == index]
             for index in range(len(optimizers))
         ]
-        self._layer_first = _first_params(layers)
-        self._layer_owner = [self.owner[i] for i in self._layer_first]
+        self._layer_params = [[layers.params[firsts[i]] for i in of] for of in self._layers]
+        # Per optimizer, the clearing watch of its own layers: their passes as its step
+        # sees them (the measurer's watch takes one layer's gradient as the sign that all
+        # were cleared: under several optimizers each clears its own). Unhooked until
+        # ``check_clearing`` turns the check on: without the check no hook of theirs is
+        # worth a call a backward pass (passes from the versions alone).
+        self._check = False
+        self._clearings = [
+            ClearingWatch(params, on_error=on_error, hooked=False) for params in self._layer_params
+        ]
         self._passes: dict[int, int | None] = {}  # layer -> its passes at its optimizer's step
-        # layer -> its first gradient at its optimizer's last step, its version, its passes
-        self._layer_notes: dict[int, tuple[weakref.ref[torch.Tensor], int, int | None]] = {}
         self._handles: list[RemovableHandle] = []
         for index, optimizer in enumerate(optimizers):
             self._handles.append(optimizer.register_step_pre_hook(self._before(index)))
             self._handles.append(optimizer.register_step_post_hook(self._after(index)))
 
-    def check_clearing(self) -> list[OptimizerClearing]:
-        """Check each optimizer's own gradients were cleared since its last step; the
-        checks (their hooks' time is the probe's own)."""
+    def check_clearing(self) -> list[ClearingWatch]:
+        """Check each optimizer's own gradients were cleared since its last step (its
+        watch hooked on one of its parameters); the watches (their hooks' time is the
+        probe's own)."""
+        self._check = True
         self._clearings = [
-            OptimizerClearing(params, self._on_error) for params in self._optimizer_params
+            ClearingWatch(params, on_error=self._on_error) for params in self._layer_params
         ]
         return self._clearings
 
@@ -206,10 +211,13 @@ class PerOptimizerReads:
                 step = self._current()
                 if step is not None:
                     self._of(step)
-                self._count_passes(index)
-                if self._clearings and self._clearings[index].before_step() and step is not None:
+                clearing = self._clearings[index]
+                uncleared = clearing.take_uncleared()
+                for layer, passes in zip(self._layers[index], clearing.count_passes(), strict=True):
+                    self._passes[layer] = passes
+                if uncleared and step is not None:
                     step.not_cleared = True
-                if self._clearings and self._clearings[index].discarded and step is not None:
+                if clearing.discarded and step is not None:
                     step.layer_values["discarded_grads"] = True  # (a game: a GAN's players)
             except Exception as exc:
                 self._on_error(exc)
@@ -221,8 +229,8 @@ class PerOptimizerReads:
         def after(optimizer: Any, args: Any, kwargs: Any) -> None:
             started = perf_counter()
             try:
-                if self._clearings:
-                    self._clearings[index].after_step()
+                if self._check:  # (the next pass must find its gradient cleared)
+                    self._clearings[index].updated()
                 self._keep(index)
             except Exception as exc:
                 # Switching off removes post-hooks, and torch is iterating them now:
@@ -247,29 +255,6 @@ class PerOptimizerReads:
             if owner[param] == index:
                 self._grads[param] = norm
         step.grads_read = False
-
-    def _count_passes(self, index: int) -> None:
-        """Per layer of optimizer ``index``, the backward passes into its gradient since
-        it was cleared, as its step sees them: its first parameter's gradient counts one
-        version a pass after the first; the same tensor as at the last step adds its
-        change since. (The measurer's own count takes one layer's gradient as the sign
-        that all were cleared: under several optimizers each clears its own.)"""
-        params = self._params
-        for layer, owner in enumerate(self._layer_owner):
-            if owner != index:
-                continue
-            grad = params[self._layer_first[layer]].grad
-            note = self._layer_notes.get(layer)
-            if grad is None:
-                self._passes[layer] = None
-                self._layer_notes.pop(layer, None)
-                continue
-            if note is not None and note[0]() is grad and note[2] is not None:
-                passes = note[2] + grad._version - note[1]
-            else:
-                passes = grad._version + 1
-            self._passes[layer] = passes
-            self._layer_notes[layer] = (weakref.ref(grad), grad._version, passes)
 
     def _write_passes(self, step: Measurement) -> None:
         passes = step.layer_values.get("backward_passes")
