@@ -81,8 +81,8 @@ class Probe:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs an nn.Module, got {type(model).__name__}")
         self.options = options = options or WatchOptions()
-        # The optimizer inside accelerate's or Lightning's wrapper (TypeError otherwise).
-        self.optimizer = real_optimizer = optimizers.optimizer_of(optimizer)  # (or several)
+        # the optimizer inside accelerate's or Lightning's wrapper, or several (TypeError:)
+        self.optimizer = real_optimizer = optimizers.optimizer_of(optimizer)
         self.model = model
         self.module = unwrap(model)  # inside torch.compile / DDP wrappers: plain names
         self.layers: LayerMap = map_layers(self.module)
@@ -103,7 +103,7 @@ class Probe:
             register_post_hook=self._hooks.add_post_hook,
             local_grads=self.data_parallel not in (None, "fsdp"),  # a rank's, pre all-reduce
         )
-        self._per_optimizer = optimizers.attach(real_optimizer, self.layers, measurer, self._fail)
+        self._per_optimizer = optimizers.attach(self._hooks, self.layers, measurer, self._fail)
         if options.guard and real_optimizer is None:
             warn("guard=True needs the optimizer: pass it to probes.watch")
         if not self.layers.params:

@@ -11,6 +11,8 @@ update (``add_post_hook``): registered then, so it runs after any hook the train
 code added meanwhile, as it always has. On sampled steps, where the model has bfloat16
 or float16 parameters, the same two hooks count the weights the step left bit-identical
 (``probes.runtime.measure.dtype_stall``; a float32 model has none, and pays one ``is None``).
+Several optimizers (``optimizers.OptimizerSet``) carry those hooks on each, and a pair
+of their own each (``add_each``): each one's parameters read at its own step.
 
 A hook of ours is never removed while torch runs the optimizer's hooks: removing one
 there (the probe switched off by an error inside a hook) would change the dictionary
@@ -119,6 +121,20 @@ class OptimizerHooks:
         self._handles.append(optimizer.register_step_pre_hook(self._before))
         if self._check is not None or timed is not None:
             self._handles.append(optimizer.register_step_post_hook(self._after))
+
+    def add_each(
+        self,
+        before: Callable[[int], Callable[..., None]],
+        after: Callable[[int], Callable[..., None]],
+    ) -> None:
+        """Hook each optimizer of a set (``optimizers.OptimizerSet``) on its own:
+        ``before(i)`` and ``after(i)`` on the i-th, for the life of the probe (each
+        optimizer's own reads: ``optimizers.PerOptimizerReads``). Added before
+        ``install``, they run before the boundary's hooks."""
+        for index, optimizer in enumerate(getattr(self.optimizer, "optimizers", ())):
+            pre = optimizer.register_step_pre_hook(self._guarded(before(index)))
+            post = optimizer.register_step_post_hook(self._guarded(after(index)))
+            self._handles += [pre, post]
 
     def add_post_hook(self, hook: PostHook) -> RemovableHandle:
         """Register ``hook`` after ``optimizer.step()`` for now (the measurer's, on the

@@ -173,10 +173,6 @@ class PerOptimizerReads:
             ClearingWatch(params, on_error=on_error, hooked=False) for params in self._layer_params
         ]
         self._passes: dict[int, int | None] = {}  # layer -> its passes at its optimizer's step
-        self._handles: list[RemovableHandle] = []
-        for index, optimizer in enumerate(optimizers):
-            self._handles.append(optimizer.register_step_pre_hook(self._before(index)))
-            self._handles.append(optimizer.register_step_post_hook(self._after(index)))
 
     def check_clearing(self) -> list[ClearingWatch]:
         """Check each optimizer's own gradients were cleared since its last step (its
@@ -189,16 +185,22 @@ class PerOptimizerReads:
         return self._clearings
 
     def remove(self) -> None:
-        """Remove its hooks (idempotent)."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        """Remove its clearing watches' hooks (idempotent; those on the optimizers are
+        ``OptimizerHooks``', removed with the rest)."""
         for clearing in self._clearings:
             clearing.remove()
 
     def _of(self, step: Measurement) -> None:
         if self._step is not step:  # a new step: nothing kept yet
             self._step, self._grads, self._updates, self._passes = step, {}, {}, {}
+
+    def before(self, index: int) -> Callable[..., None]:
+        """The hook before optimizer ``index``'s step (``OptimizerHooks.add_each``)."""
+        return self._before(index)
+
+    def after(self, index: int) -> Callable[..., None]:
+        """The hook after optimizer ``index``'s step."""
+        return self._after(index)
 
     def _before(self, index: int) -> Callable[..., None]:
         def before(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -305,17 +307,32 @@ class MergingMeasurer(Protocol):
     merge_updates: Callable[[Measurement], None] | None
 
 
+class EachOptimizerHooks(Protocol):
+    """The owner of every hook on the optimizers (``OptimizerHooks``)."""
+
+    optimizer: torch.optim.Optimizer | None
+
+    def add_each(
+        self,
+        before: Callable[[int], Callable[..., None]],
+        after: Callable[[int], Callable[..., None]],
+    ) -> None: ...
+
+
 def attach(
-    optimizer: torch.optim.Optimizer | None,
+    hooks: EachOptimizerHooks,
     layers: LayerMap,
     measurer: MergingMeasurer,
     on_error: Callable[[Exception], None],
 ) -> PerOptimizerReads | None:
-    """Under an ``OptimizerSet``, read each optimizer's parameters at its own step (the
-    measurer calls the merges); None for one optimizer or none."""
+    """Under an ``OptimizerSet`` (``hooks.optimizer``), read each optimizer's parameters
+    at its own step (the measurer calls the merges; ``hooks`` hooks each optimizer);
+    None for one optimizer or none."""
+    optimizer = hooks.optimizer
     if not isinstance(optimizer, OptimizerSet) or not layers.params:
         return None
     reads = PerOptimizerReads(optimizer.optimizers, layers, lambda: measurer.current, on_error)
+    hooks.add_each(reads.before, reads.after)
     measurer.merge_reads, measurer.merge_updates = reads.merge_reads, reads.merge_updates
     # One note for the whole step would compare one optimizer's gradient with another's
     # step (a GAN's generator backward adds into the discriminator's after it stepped).
