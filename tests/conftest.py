@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -18,6 +19,15 @@ from tests.collector import FrameCollector
 # gives it its own copy. This is CPython's documented switch (3.11 "Disabling use of
 # vfork()"); it costs a few milliseconds a start in these tests, nothing in traintop.
 subprocess._USE_VFORK = False  # type: ignore[misc]
+
+# A suite started as a background job of a shell without job control (``cmd &`` in a
+# script, CI runners' wrappers) inherits SIGINT ignored, and so would every process its
+# tests start: the scripts that must take a Ctrl-C (``traintop run``'s SIGINT tests)
+# would never see it, and hang. A terminal's foreground job, as a user runs traintop,
+# has it at its default: restore that (a Python handler is reset to the default in a
+# child at exec, where an ignored signal would stay ignored).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -30,7 +30,10 @@ import pytest
 from demo.catalog import SCENARIOS
 from tests.warm_demo import WarmTrainers
 
-pytestmark = pytest.mark.xdist_group("gallery")
+# The slow tier: every scenario and its fix through the command line is 70 s of work,
+# a third of the default tier's. The default tier keeps the demo's own end-to-end runs
+# (``test_demo_launcher.py``, the terminal's and the keyboard's tests).
+pytestmark = [pytest.mark.xdist_group("gallery"), pytest.mark.slow]
 
 # Shorter runs where the scenario's point is made early (the NaN ones pause each step);
 # the fixed versions run their full length, so a fix is judged on a whole run.
