@@ -196,13 +196,7 @@ class PerOptimizerReads:
 
     def before(self, index: int) -> Callable[..., None]:
         """The hook before optimizer ``index``'s step (``OptimizerHooks.add_each``)."""
-        return self._before(index)
 
-    def after(self, index: int) -> Callable[..., None]:
-        """The hook after optimizer ``index``'s step."""
-        return self._after(index)
-
-    def _before(self, index: int) -> Callable[..., None]:
         def before(optimizer: Any, args: Any, kwargs: Any) -> None:
             started = perf_counter()
             if self._failed is not None:  # (said here, not where torch iterates post-hooks)
@@ -227,7 +221,9 @@ class PerOptimizerReads:
 
         return before
 
-    def _after(self, index: int) -> Callable[..., None]:
+    def after(self, index: int) -> Callable[..., None]:
+        """The hook after optimizer ``index``'s step."""
+
         def after(optimizer: Any, args: Any, kwargs: Any) -> None:
             started = perf_counter()
             try:
