@@ -137,7 +137,7 @@ class Probe:
             measurer=self._measurer,
             updated=self._measurer.clearing.updated,
             send=self.send,  # (the low-precision stall's alerts: runtime/measure/dtype_stall.py)
-            timed=(self._resources.update_begins, self._resources.update_ends),
+            timed=self._resources.update_marks,
         )
         clip.install()  # frameworks clip through torch's function: read before it
         see_compiles()  # a torch.compile wrapper made later is where the model is entered

@@ -84,13 +84,14 @@ class StepResources:
         if self.clock is not None:
             self.clock.exclude_since(started)
 
-    def update_begins(self) -> None:
-        if self.clock is not None:
-            self.clock.update_begins()
-
-    def update_ends(self) -> None:
-        if self.clock is not None:
-            self.clock.update_ends()
+    @property
+    def update_marks(self) -> tuple[Callable[[], None], Callable[[], None]] | None:
+        """The clock's marks on each side of ``optimizer.step()`` (its hooks call them
+        straight, every update); None when time and memory are not watched: no mark,
+        and no hook after the step for them."""
+        if self.clock is None:
+            return None
+        return self.clock.update_begins, self.clock.update_ends
 
     def evaluation_begins(self) -> None:
         if self.clock is not None:
