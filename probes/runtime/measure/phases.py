@@ -10,9 +10,9 @@ The time between two marks is given to a phase by what was under way:
 - **data**: between the end of an update (or of the last backward, between accumulated
   passes) and the next forward, the loop waiting for its batch: the time inside a
   ``DataLoader``'s ``__next__`` (workers to wait for, or samples decoded right there),
-  and the rest of that gap where the training thread was idle (blocked on a queue, a
-  disk, a sleep: its wall time less its CPU time). What the loop computes there (an EMA
-  update, mixing a batch, ``zero_grad``) is other;
+  and the rest of that gap where the training thread was blocked (on a queue, a disk, a
+  sleep: its wall time less its CPU time and its wait for a core). What the loop
+  computes there (an EMA update, mixing a batch, ``zero_grad``) is other;
 - **forward**: from a forward's start to the backward that follows (the loss included);
 - **backward**: inside ``backward()`` (in DDP, the wait for the other ranks' gradients
   too: the all-reduce runs inside it);
@@ -26,9 +26,10 @@ the record's ``probe_time`` carries it. ``harvest`` closes the step: its phases,
 Only forwards with gradients on and the model in training mode count (an evaluation's
 forwards are not the step's), and an evaluation the probe is told of is other.
 
-On the CPU these are wall-clock seconds, as the loop feels them. On CUDA they are the
-host's view (kernels are queued, not waited for); device time would come from CUDA events
-read a step later, which this clock does not take yet.
+On the CPU these are wall-clock seconds, as the loop feels them. On CUDA the host's view
+would say little (kernels are queued, not waited for): each mark also records an event
+(``device``: ``probes.runtime.measure.device_phases``), and the record carries the
+device's phases, read a step or more later.
 
 Cost: one ``perf_counter`` and a few assignments a mark, four to six marks a step.
 """
