@@ -87,3 +87,26 @@ def test_several_optimizers_do_not_measure_it(collector: FrameCollector) -> None
     [record] = close_and_collect(probe, collector).values()
 
     assert "grad_norms" in record and "grad_max" not in record
+
+
+def test_under_a_grad_scaler_it_is_the_unscaled_gradients_largest_element(
+    collector: FrameCollector,
+) -> None:
+    model = mlp(5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    probe = watch_unthinned(model, opt, collector, sample_every=1)
+    expected: dict[int, list[float]] = {}
+    for i in range(3):
+        with probe.step():
+            opt.zero_grad()
+            scaler.scale(loss_of(model, i)).backward()
+            scaler.step(opt)  # unscales in place, then steps: the grads read are unscaled
+            scaler.update()
+            expected[i] = largest_elements(model)
+    records = close_and_collect(probe, collector)
+
+    for i, want in expected.items():
+        assert "grads_scaled" not in records[i]
+        for value, unscaled in zip(records[i]["grad_max"], want, strict=True):
+            assert value is not None and math.isclose(value, unscaled, rel_tol=1e-6)
