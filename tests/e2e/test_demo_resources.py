@@ -163,7 +163,12 @@ def test_the_memory_creep_loop_grows_the_resident_memory_and_the_fix_levels_off(
     grown = creep[-1] - creep[20]  # 99 snapshots later
     assert grown > 0.8 * 99 * snapshot, f"{grown / 2**20:.1f} MiB"
     level = memory_by_step(fixed=True)
-    assert level[-1] - level[20] < 8 * snapshot, f"{(level[-1] - level[20]) / 2**20:.1f} MiB"
+    # The bounded history holds 8 copies: past step 20 its own size is flat, and what the
+    # process still gains is the allocator's and the worker's other threads' churn (CI
+    # once saw 2.7 MiB, 10 copies' worth, over 99 steps). A fifth of the bug's growth
+    # tells a level from a creep with that churn left over.
+    levelled = level[-1] - level[20]
+    assert levelled < grown / 5, f"{levelled / 2**20:.1f} MiB beside {grown / 2**20:.1f} MiB"
 
 
 def test_the_straggler_job_slows_rank_1s_loader_alone_and_the_fix_none() -> None:
