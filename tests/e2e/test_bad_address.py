@@ -107,6 +107,9 @@ def trainings(tmp_path_factory: pytest.TempPathFactory) -> Trainings:
     return Trainings(result.returncode, folder, by_address, result.stdout + result.stderr)
 
 
+# One worker for every address: the module-scoped training would run once a worker
+# (6 s of torch starting and training six times).
+@pytest.mark.xdist_group("bad addresses")
 @pytest.mark.parametrize(("address", "said"), BAD_ADDRESSES)
 def test_an_unusable_address_is_one_line_and_the_run_trains_unchanged(
     address: str, said: str, trainings: Trainings
