@@ -1,5 +1,7 @@
-"""No module of the probe or the monitor grows past what one can hold in one's head, and
-no function past one screen."""
+"""No function of the probe or the monitor grows past one screen: the budget is per
+function. A module is cut where its concept ends, not at a line count (a cap of 500
+lines once cut modules in the middle of one idea); past a backstop of twice that, a
+module holds two concepts for certain."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_LINES = 500
+#: Not a budget, a backstop: the largest concept here is about 500 lines.
+MAX_LINES = 1000
 MODULES = sorted(p for part in ("probes", "tui") for p in (ROOT / part).rglob("*.py"))
 
 
@@ -18,9 +21,9 @@ def test_there_are_modules_to_check() -> None:
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_module_is_at_most_500_lines(path: Path) -> None:
+def test_module_is_within_the_backstop(path: Path) -> None:
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines: split it"
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines: cut it by concept"
 
 
 # --- the budget per function -----------------------------------------------------------------
