@@ -105,7 +105,7 @@ def producer_evidence(report: Record) -> dict[str, Any]:
     op = report.get("backward_op")
     if not module and not op:
         return {}
-    found: dict[str, Any] = {"producer": module or "-"}
+    found: dict[str, Any] = {Evidence.PRODUCER: module or "-"}
     if op:
         found["producer_op"] = op
     frames = report.get("forward_traceback") or []
@@ -229,7 +229,7 @@ class Diagnoser:
         joined = False
         for table in (self.incidents, self.active, self.probe_alerts):
             alert = table.get(key)
-            if alert is not None and "producer" not in alert.evidence:
+            if alert is not None and Evidence.PRODUCER not in alert.evidence:
                 table[key] = replace(alert, evidence={**alert.evidence, **found})
                 joined = True
         self.revision += joined

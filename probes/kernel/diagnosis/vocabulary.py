@@ -224,3 +224,6 @@ class Evidence(StrEnum):
     # alerts it explains fold under it on that rank alone, with that phase
     RANK = "rank"
     PHASE = "phase"
+    # non_finite's module that produced the value, joined from an anomaly report: the
+    # first report found joins, a later one does not overwrite it
+    PRODUCER = "producer"
