@@ -72,7 +72,7 @@ def run_demo(args: argparse.Namespace, options: MonitorOptions) -> int:
 # ``python -m demo`` would put the working folder first on the import path, where a
 # ``demo/`` (or ``probes/``) package of the user's would run instead of ours: the
 # trainer runs the demo package this monitor imported, from the folder that holds it.
-# (``python -P`` does this from Python 3.11 on; this project supports 3.10.)
+# (``python -P`` would drop the working folder only; the runner also puts ours first.)
 TRAINER_RUNNER = (
     "import runpy, sys\n"
     "if not getattr(sys.flags, 'safe_path', False): del sys.path[0]  # the working folder\n"

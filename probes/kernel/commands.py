@@ -9,11 +9,11 @@ of that key.
 
 from __future__ import annotations
 
-from enum import Enum, unique
+from enum import StrEnum, unique
 
 
 @unique
-class Command(str, Enum):
+class Command(StrEnum):
     """A command from the monitor, applied by the probe at a step boundary.
 
     Arguments travel in the frame's ``args``: ``anomaly`` takes ``count`` and
