@@ -16,6 +16,7 @@ from textual.drivers.linux_driver import LinuxDriver
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, OptionList
 
+from probes.kernel.commands import Command
 from tui import toasts
 from tui.dispatch import dispatch, handles
 from tui.events import (
@@ -378,7 +379,7 @@ class TraintopApp(App[int]):
             return False
         return True
 
-    def _command(self, command: str, **args: object) -> None:
+    def _command(self, command: Command, **args: object) -> None:
         if not self._live():
             return
         run = self.current_run
@@ -392,18 +393,18 @@ class TraintopApp(App[int]):
     def action_pause_resume(self) -> None:
         run = self.current_run
         paused = bool(run and run.control.get("paused"))
-        self._command("resume" if paused else "pause")
+        self._command(Command.RESUME if paused else Command.PAUSE)
 
     def action_single_step(self) -> None:
-        self._command("step")
+        self._command(Command.STEP)
 
     def action_anomaly_step(self) -> None:
         count, self.count_prefix = max(self.count_prefix, 1), 0
-        self._command("anomaly", count=count)
+        self._command(Command.ANOMALY, count=count)
 
     def action_toggle_guard(self) -> None:
         run = self.current_run
-        self._command("guard", on=not bool(run and run.control.get("guard")))
+        self._command(Command.GUARD, on=not bool(run and run.control.get("guard")))
 
     def action_scale_lr(self, factor: float) -> None:
         run = self.current_run
@@ -412,7 +413,7 @@ class TraintopApp(App[int]):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._command("lr_scale", factor=factor)
+                self._command(Command.LR_SCALE, factor=factor)
 
         lrs = ", ".join(f"{x:.3g}" for x in run.learning_rates) or "?"
         self.push_screen(

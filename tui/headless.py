@@ -36,6 +36,7 @@ from typing import TextIO
 
 from probes.kernel.diagnosis import Alert
 from probes.kernel.diagnosis.book import AlertEntry, trips_fail_on
+from probes.kernel.schema.spec import FrameKind
 from probes.kernel.wire import Frame
 from tui.dispatch import dispatch, handles
 from tui.events import (
@@ -117,7 +118,7 @@ class HeadlessMonitor:
         # and anomaly reports are printed as history, and an old pause is not resumed.
         self._replaying = bool(frame.get("replayed"))
         self.monitor.frame_received(conn, frame)
-        if frame["kind"] == "step":
+        if frame["kind"] == FrameKind.STEP:
             run = self.state.runs.get(str(frame.get("run"))) or self.state.run_for(conn.id)
             if run is not None:
                 self._maybe_summarise(run)

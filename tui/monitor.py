@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from probes.kernel.commands import Command
 from probes.kernel.schema import check_frame
+from probes.kernel.schema.spec import FrameKind
 from probes.kernel.wire import Frame, command_signature, make_frame
 from tui.events import MonitorEvent
 from tui.run import RunState
@@ -51,7 +52,7 @@ class Monitor:
             self.frame_rejected(conn, f"bad {frame.get('kind')} frame: {type(exc).__name__}: {exc}")
             return
         self._record(frame)
-        if frame["kind"] == "hello":
+        if frame["kind"] == FrameKind.HELLO:
             self.connections[str(frame.get("run"))] = conn
         self._emit(events)
 

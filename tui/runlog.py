@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from probes.kernel.schema.spec import FrameKind
 from probes.kernel.wire import (
     MAX_FRAME_BYTES,
     Frame,
@@ -87,7 +88,7 @@ def check_run_log(path: str) -> None:
             f"{path} is not a run log: its first line is not a traintop frame "
             "(traintop --record FILE writes one)"
         ) from None
-    if frame["kind"] != "hello":
+    if frame["kind"] != FrameKind.HELLO:
         raise ValueError(
             f"{path} is not a run log: it opens with a {frame['kind']} frame, not a run's hello"
         )

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from probes.kernel import auth
 from probes.kernel.endings import CLOSED_BY_THE_RUN, CONNECTION_LOST
+from probes.kernel.schema.spec import FrameKind
 from probes.kernel.wire import (
     READS,
     Address,
@@ -284,7 +285,7 @@ class MonitorServer:
         answer = items[0] if items else FrameError("an empty line instead of an answer")
         if isinstance(answer, FrameError):
             return str(answer)
-        if answer.get("kind") != "answer":
+        if answer.get("kind") != FrameKind.ANSWER:
             return (
                 f"this monitor authenticates with TRAINTOP_TOKEN and the run sent "
                 f"{answer.get('kind')!r}, not an answer to its challenge: set the same token "
@@ -298,7 +299,7 @@ class MonitorServer:
         return ""
 
     def _check_hello(self, frame: Frame) -> str:
-        if frame.get("kind") != "hello":
+        if frame.get("kind") != FrameKind.HELLO:
             return f"the first frame must be a hello, got {frame.get('kind')!r}"
         return ""
 

@@ -16,6 +16,7 @@ from probes.kernel.diagnosis import Alert, AlertChange, Thresholds
 from probes.kernel.diagnosis.book import AlertBook
 from probes.kernel.endings import CLOSED
 from probes.kernel.schema import EvalView, RunInfo, StepView
+from probes.kernel.schema.spec import EventName, FrameKind
 from probes.kernel.wire import Frame
 from tui.events import (
     AckReceived,
@@ -66,7 +67,7 @@ class MonitorState:
         """Take one frame from connection ``conn_id``; return what happened of note."""
         kind = frame["kind"]
         self.version += 1
-        if kind == "hello":
+        if kind == FrameKind.HELLO:
             return self._hello(conn_id, frame)
         run = self.runs.get(str(frame.get("run", ""))) or self.run_for(conn_id)
         if run is None:
@@ -74,7 +75,7 @@ class MonitorState:
         run.last_frame_at = time.monotonic()
         if not self._fresh(run, frame):
             return []
-        if kind == "step":
+        if kind == FrameKind.STEP:
             view = StepView.from_record(frame)  # parsed once, for the state and diagnosis
             if not run.apply_step(view):
                 return [
@@ -86,22 +87,22 @@ class MonitorState:
             if run.book.awaiting_a_step:
                 changes += self._ended_by_a_step(run, view.first)
             return self._job_incidents(run) + self._alert_events(run, changes)
-        if kind == "eval":
+        if kind == FrameKind.EVAL:
             eval_view = EvalView.from_record(frame)
             run.apply_eval(eval_view)
             return self._alert_events(run, run.diagnose(eval_view))
-        if kind == "alert":
+        if kind == FrameKind.ALERT:
             return self._probe_alert(run, frame)
-        if kind == "ack":
+        if kind == FrameKind.ACK:
             run.control.update(frame.get("state") or {})
             return [AckReceived(run, frame)]
-        if kind == "anomaly":
+        if kind == FrameKind.ANOMALY:
             run.control.update(frame.get("state") or {})
             run.anomaly_reports.append(frame)
             del run.anomaly_reports[:-MAX_ALERTS]
             run.book.anomaly_report(frame)  # the producer joins the non-finite incident
             return [AnomalyReported(run, frame)]
-        if kind == "bye":
+        if kind == FrameKind.BYE:
             run.ended = True
             run.end_reason = str(frame.get("reason") or CLOSED)
             return self._alert_events(run, run.finish_diagnosis(), force=True)
@@ -111,16 +112,16 @@ class MonitorState:
     def _event(run: RunState, frame: Frame) -> list[MonitorEvent]:
         name = frame.get("name")
         run.control.update(frame.get("state") or {})
-        if name == "check_report":
+        if name == EventName.CHECK_REPORT:
             run.check_reports.append(frame)
             del run.check_reports[:-MAX_ALERTS]
             return []
         run.events.append(frame)
-        if name == "paused":
+        if name == EventName.PAUSED:
             return [
                 RunPaused(run, int(frame.get("step", run.last_step)), str(frame.get("reason", "")))
             ]
-        if name == "probe_error":
+        if name == EventName.PROBE_ERROR:
             run.probe_error = str(frame.get("message", "unknown error"))
             return [ProbeSwitchedOff(run, run.probe_error)]
         return []

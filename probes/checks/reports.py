@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from probes.kernel.diagnosis import Alert, Severity
+from probes.kernel.schema.spec import EventName
 
 
 class Probe(Protocol):
@@ -97,7 +98,7 @@ class CheckReport:
         probe.send(
             {
                 "kind": "event",
-                "name": "check_report",
+                "name": EventName.CHECK_REPORT,
                 "step": step,
                 "check": self.check,
                 "ok": self.ok,

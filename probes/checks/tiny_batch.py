@@ -20,6 +20,7 @@ from torch import nn
 from probes.checks.batch_checks import LossFn, forward, split_batch
 from probes.checks.reports import CheckReport, Finding
 from probes.kernel.diagnosis.vocabulary import AlertKind, Severity
+from probes.kernel.schema.spec import EventName
 
 if TYPE_CHECKING:
     from probes.runtime.probe import Probe
@@ -79,7 +80,7 @@ def overfit_batch(
         loss.backward()
         opt.step()
         if probe is not None and (step % max(steps // 50, 1) == 0):
-            probe.event("overfit_batch", loss=curve[-1], at=step)
+            probe.event(EventName.OVERFIT_BATCH, loss=curve[-1], at=step)
     return _overfit_report(curve, target, steps, time.perf_counter() - started).send(probe)
 
 

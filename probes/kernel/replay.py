@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 from probes.kernel.fold import fold_pairs
+from probes.kernel.schema.spec import FrameKind
 from probes.kernel.thinning import RECORDS
 
 Record = dict[str, Any]
@@ -49,12 +50,12 @@ class ReplayHistory:
     def add(self, record: Record) -> None:
         """Remember one record (the sender calls this for every record it sends)."""
         kind = record.get("kind")
-        if kind == "step":
+        if kind == FrameKind.STEP:
             if self._first_step is None:
                 self._first_step = record
             else:
                 self._append_thinned(self._steps, record)
-        elif kind == "eval":
+        elif kind == FrameKind.EVAL:
             self._append_thinned(self._evals, record)
         else:
             self._others.append(record)

@@ -43,7 +43,7 @@ from itertools import repeat
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from probes.kernel.merge import Peaks, apply, finite_number, has_non_finite, peak_or_own
-from probes.kernel.schema.spec import EVAL, STEP
+from probes.kernel.schema.spec import EVAL, STEP, FrameKind
 
 Record = dict[str, Any]
 T = TypeVar("T")
@@ -362,7 +362,7 @@ class RecordSteps:
     """Step records (and, in the history, eval records) as the policy reads them."""
 
     def is_step(self, item: Any) -> bool:
-        return isinstance(item, dict) and item.get("kind") == "step"
+        return isinstance(item, dict) and item.get("kind") == FrameKind.STEP
 
     def step(self, item: Record) -> int:
         return int(item.get("step", 0))
@@ -393,7 +393,7 @@ class RecordSteps:
             return group[0]
         bad = [has_non_finite(record) for record in group]
         shown = bad.index(True) if True in bad else len(group) - 1
-        peaks = Peaks(STEP if group[shown].get("kind") == "step" else EVAL)
+        peaks = Peaks(STEP if group[shown].get("kind") == FrameKind.STEP else EVAL)
         for record, non_finite in zip(group, bad, strict=True):
             peaks.add(record, step=self.step(record), non_finite=non_finite)
         return self.stand_for(group, shown, peaks)

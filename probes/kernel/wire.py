@@ -54,7 +54,7 @@ from typing import Any, Literal
 # Its home is probes.kernel.auth; importable from here too, where it always was.
 from probes.kernel.auth import command_signature as command_signature
 from probes.kernel.schema.floats import Float32List
-from probes.kernel.schema.spec import FLOAT32_FIELDS
+from probes.kernel.schema.spec import FLOAT32_FIELDS, FrameKind
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024
@@ -63,10 +63,22 @@ TOKEN_ENV = "TRAINTOP_TOKEN"
 
 #: Frames a probe sends to the monitor.
 PROBE_KINDS = frozenset(
-    {"hello", "step", "eval", "event", "anomaly", "alert", "ack", "bye", "answer"}
+    {
+        FrameKind.HELLO,
+        FrameKind.STEP,
+        FrameKind.EVAL,
+        FrameKind.EVENT,
+        FrameKind.ANOMALY,
+        FrameKind.ALERT,
+        FrameKind.ACK,
+        FrameKind.BYE,
+        FrameKind.ANSWER,
+    }
 )
 #: Frames a monitor sends to a probe.
-MONITOR_KINDS = frozenset({"command", "refuse", "challenge", "welcome"})
+MONITOR_KINDS = frozenset(
+    {FrameKind.COMMAND, FrameKind.REFUSE, FrameKind.CHALLENGE, FrameKind.WELCOME}
+)
 KINDS = PROBE_KINDS | MONITOR_KINDS
 #: A monitor's ``welcome`` names this in ``reads`` when it reads packed float32 lists.
 PACKED_FLOAT32 = "float32-base64"
@@ -138,7 +150,7 @@ def decode_frame(line: bytes | str) -> Frame:
     kind = frame.get("kind")
     if kind not in KINDS:
         raise FrameError(f"malformed frame: unknown kind {kind!r}")
-    if kind == "step":
+    if kind == FrameKind.STEP:
         for name in FLOAT32_FIELDS:
             value = frame.get(name)
             if type(value) is str:

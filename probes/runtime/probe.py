@@ -35,6 +35,7 @@ from torch import nn
 
 from probes.kernel.commands import Command
 from probes.kernel.schema import validation_loss_name
+from probes.kernel.schema.spec import EventName
 from probes.kernel.wire import TOKEN_ENV
 from probes.runtime import lifecycle
 from probes.runtime.evaluation.evaluation import EvalScope
@@ -459,7 +460,7 @@ class Probe:
                 self._eval.remove_hooks()
             self._eval = None
         warn(f"probe switched off after an error: {type(exc).__name__}: {exc}")
-        self.event("probe_error", message=f"{type(exc).__name__}: {exc}")
+        self.event(EventName.PROBE_ERROR, message=f"{type(exc).__name__}: {exc}")
 
 
 def watch(

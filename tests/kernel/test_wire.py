@@ -8,10 +8,13 @@ import os
 
 import pytest
 
+from probes.kernel.schema.spec import FRAMES, FrameKind
 from probes.kernel.wire import (
     ADDRESS_ENV,
     KINDS,
     MAX_FRAME_BYTES,
+    MONITOR_KINDS,
+    PROBE_KINDS,
     PROTOCOL_VERSION,
     Address,
     FrameError,
@@ -61,6 +64,18 @@ def test_decode_accepts_str() -> None:
 def test_make_frame_sets_version_and_kind(kind: str) -> None:
     frame = make_frame(kind, run="r1")
     assert frame == {"v": PROTOCOL_VERSION, "kind": kind, "run": "r1"}
+
+
+def test_every_frame_kind_is_one_sides_and_each_probe_frame_but_the_answer_has_a_spec() -> None:
+    assert set(FrameKind) == PROBE_KINDS | MONITOR_KINDS
+    assert not PROBE_KINDS & MONITOR_KINDS
+    assert set(FRAMES) == PROBE_KINDS - {FrameKind.ANSWER}  # (read before the hello)
+
+
+def test_a_frame_kind_travels_as_its_bare_string() -> None:
+    frame = make_frame(FrameKind.EVENT, run="r")
+    assert encode_frame(frame).startswith(b'{"v":1,"kind":"event",')
+    assert decode_frame(encode_frame(frame))["kind"] == FrameKind.EVENT
 
 
 def test_make_frame_rejects_unknown_kind() -> None:

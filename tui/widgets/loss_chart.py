@@ -10,6 +10,7 @@ from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
 from probes.kernel.diagnosis import Severity
+from probes.kernel.schema.spec import EventName
 from tui.format import axis_ticks, downsample, number, wants_log_scale
 from tui.run import RunState
 from tui.series import BucketedSeries
@@ -227,9 +228,9 @@ def _lr_markers(run: RunState | None) -> list[tuple[int, str]]:
     """(step, colour) of each learning-rate experiment run from the monitor."""
     if run is None:
         return []
-    return [(int(e.get("step", 0)), LR_COLOR) for e in run.events if e.get("name") == "lr_scale"][
-        -MAX_MARKERS:
-    ]
+    return [
+        (int(e.get("step", 0)), LR_COLOR) for e in run.events if e.get("name") == EventName.LR_SCALE
+    ][-MAX_MARKERS:]
 
 
 def _first_non_finite(run: RunState | None) -> float | None:

@@ -50,6 +50,7 @@ from probes.kernel.diagnosis.update_ratio import UpdateRatio
 from probes.kernel.diagnosis.values import NonFinite
 from probes.kernel.diagnosis.views import EvalView, RecentPast, RunInfo, StepView
 from probes.kernel.diagnosis.vocabulary import AlertKind, Evidence
+from probes.kernel.schema.spec import FrameKind
 
 Record = Mapping[str, Any]
 
@@ -175,9 +176,9 @@ class Diagnoser:
         The rules keep the record's per-layer lists for their windows, unchanged: a
         caller must not change a record's lists after passing it."""
         kind = record.get("kind")
-        if kind == "step":
+        if kind == FrameKind.STEP:
             return self.observe_step(StepView.from_record(record))
-        if kind == "eval":
+        if kind == FrameKind.EVAL:
             return self.observe_eval(EvalView.from_record(record))
         return []
 

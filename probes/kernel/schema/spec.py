@@ -16,8 +16,41 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from enum import Enum
+from enum import Enum, StrEnum, unique
 from typing import Any
+
+
+@unique
+class FrameKind(StrEnum):
+    """What a frame is, as its ``kind`` says on the wire."""
+
+    # a probe's
+    HELLO = "hello"
+    STEP = "step"
+    EVAL = "eval"
+    EVENT = "event"
+    ALERT = "alert"
+    ACK = "ack"
+    ANOMALY = "anomaly"
+    BYE = "bye"
+    ANSWER = "answer"  # its proof of the shared token, to a monitor's challenge
+    # a monitor's
+    COMMAND = "command"
+    REFUSE = "refuse"
+    CHALLENGE = "challenge"
+    WELCOME = "welcome"
+
+
+@unique
+class EventName(StrEnum):
+    """The names of the events traintop's probe sends (``probe.event`` sends others, any
+    name a script gives): the monitor acts on these."""
+
+    PAUSED = "paused"  # the run paused (its reason)
+    LR_SCALE = "lr_scale"  # the monitor's LR experiment applied
+    PROBE_ERROR = "probe_error"  # the probe switched itself off (its message)
+    CHECK_REPORT = "check_report"  # a pre-training check's report (kept apart)
+    OVERFIT_BATCH = "overfit_batch"  # the tiny-batch test's end
 
 
 class Type(Enum):
@@ -378,7 +411,7 @@ BYE_FIELDS = (
 class FrameSpec:
     """The fields of one kind of frame (``open``: it may carry others, as events do)."""
 
-    kind: str
+    kind: FrameKind
     fields: tuple[Field, ...]
     open: bool = False
     key: str | None = None  # a field no frame of this kind may lack
@@ -420,17 +453,17 @@ def frame_fields(fields: Iterable[Field]) -> tuple[Field, ...]:
     return tuple(out)
 
 
-STEP = FrameSpec("step", frame_fields(STEP_FIELDS), key="step")
-EVAL = FrameSpec("eval", EVAL_FIELDS)
-HELLO = FrameSpec("hello", HELLO_FIELDS)
-EVENT = FrameSpec("event", EVENT_FIELDS, open=True)
-ALERT = FrameSpec("alert", ALERT_FIELDS)
-ACK = FrameSpec("ack", ACK_FIELDS)
-ANOMALY = FrameSpec("anomaly", ANOMALY_FIELDS)
-BYE = FrameSpec("bye", BYE_FIELDS)
+STEP = FrameSpec(FrameKind.STEP, frame_fields(STEP_FIELDS), key="step")
+EVAL = FrameSpec(FrameKind.EVAL, EVAL_FIELDS)
+HELLO = FrameSpec(FrameKind.HELLO, HELLO_FIELDS)
+EVENT = FrameSpec(FrameKind.EVENT, EVENT_FIELDS, open=True)
+ALERT = FrameSpec(FrameKind.ALERT, ALERT_FIELDS)
+ACK = FrameSpec(FrameKind.ACK, ACK_FIELDS)
+ANOMALY = FrameSpec(FrameKind.ANOMALY, ANOMALY_FIELDS)
+BYE = FrameSpec(FrameKind.BYE, BYE_FIELDS)
 
 #: Every kind of frame a probe sends, by kind.
-FRAMES: dict[str, FrameSpec] = {
+FRAMES: dict[FrameKind, FrameSpec] = {
     spec.kind: spec for spec in (HELLO, STEP, EVAL, EVENT, ALERT, ACK, ANOMALY, BYE)
 }
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from probes.kernel.commands import Command
 from probes.kernel.schema.records import ControlStateFields
+from probes.kernel.schema.spec import EventName
 from probes.kernel.wire import command_signature
 from probes.runtime.link.sender import warn
 
@@ -141,7 +142,7 @@ class Control:
             self._event("pause_skipped", reason=f"{reason}; no monitor is connected")
             return
         self.state.paused = True
-        self._event("paused", reason=reason)
+        self._event(EventName.PAUSED, reason=reason)
 
     def take_anomaly_step(self) -> bool:
         """True if this step must run under anomaly mode (consumes one)."""
@@ -262,7 +263,7 @@ class Control:
         if self._scale_lr is None:
             return False, "no optimizer was given to probes.watch"
         new = self._scale_lr(factor)
-        self._event("lr_scale", factor=factor, lr=new)
+        self._event(EventName.LR_SCALE, factor=factor, lr=new)
         return True, f"learning rate x{factor:g}: now {', '.join(f'{x:.3g}' for x in new)}"
 
     def _event(self, name: str, **fields: Any) -> None:

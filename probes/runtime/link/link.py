@@ -21,6 +21,7 @@ import sys
 import time
 
 from probes.kernel import auth
+from probes.kernel.schema.spec import FrameKind
 from probes.kernel.wire import (
     Address,
     Frame,
@@ -195,7 +196,7 @@ def _next_frame(sock: socket.socket, reader: FrameReader, kind: str, address: Ad
     item = items[0]
     if isinstance(item, FrameError):
         raise Refused(f"the monitor at {address} sent a bad frame: {item}")
-    if item["kind"] == "refuse":
+    if item["kind"] == FrameKind.REFUSE:
         raise Refused(refusal(address, item))
     if item["kind"] != kind:
         raise Refused(f"the monitor at {address} sent {item['kind']!r}, not a {kind}")

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from probes.kernel import auth
 from probes.kernel.merge import Peaks
 from probes.kernel.replay import ReplayHistory
-from probes.kernel.schema.spec import FLOAT32_FIELDS
+from probes.kernel.schema.spec import FLOAT32_FIELDS, FrameKind
 from probes.kernel.thinning import Thinner
 from probes.kernel.wire import (
     PACKED_FLOAT32,
@@ -354,7 +354,7 @@ class Sender:
     def _encode(self, record: Record) -> bytes:
         frame = record if "v" in record else make_frame(record["kind"], **_without_kind(record))
         frame["run"] = self.run_id
-        if frame["kind"] == "step":
+        if frame["kind"] == FrameKind.STEP:
             if frame is record:  # (packed lists must not reach the history, kept to replay)
                 frame = dict(record)
             frame["dropped"] = self.dropped
@@ -396,12 +396,12 @@ class Sender:
         for item in self._reader.feed(data):
             if isinstance(item, FrameError):
                 self._warn_once("bad-frame", f"ignored a bad frame from the monitor: {item}")
-            elif item["kind"] == "refuse":
+            elif item["kind"] == FrameKind.REFUSE:
                 self._refused(refusal(self.address, item))
                 return False
-            elif item["kind"] == "command" and self._on_command is not None:
+            elif item["kind"] == FrameKind.COMMAND and self._on_command is not None:
                 self._on_command(item)
-            elif item["kind"] == "welcome":  # (a token's proof was read before the hello)
+            elif item["kind"] == FrameKind.WELCOME:  # (a token's proof was read before the hello)
                 reads = item.get("reads")
                 self._packed = isinstance(reads, list) and PACKED_FLOAT32 in reads
         return True
